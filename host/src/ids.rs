@@ -1,0 +1,92 @@
+//! Branded identifiers.
+//!
+//! `TaskId` is `<kind>-N`, issued by the registry from a per-kind counter.
+//! `SessionId` names an agent's session and is the unit of owner isolation.
+//! `AgentId` names a live agent slot in the [`crate::agents::AgentRegistry`];
+//! an id can be reused after disposal, so identity is the agent *instance*,
+//! never the id alone. The newtypes keep these strings from being mixed up.
+
+use std::fmt;
+use std::sync::Arc;
+
+macro_rules! branded_string {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            pub fn new(value: impl Into<Arc<str>>) -> Self {
+                Self(value.into())
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($name), &*self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                Self::new(value)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                Self::new(value)
+            }
+        }
+    };
+}
+
+branded_string!(
+    /// A registry-issued task id, `<kind>-N`.
+    TaskId
+);
+branded_string!(
+    /// The id of an agent's session: the owner of the tasks the agent starts.
+    SessionId
+);
+branded_string!(
+    /// The id under which an agent is registered; reusable after disposal.
+    AgentId
+);
+
+/// Whether `kind` is usable as a task kind (and so as an id prefix).
+///
+/// Lowercase ASCII letters, digits, `_` and `-`, starting with a letter, at
+/// most 64 bytes: ids stay readable in transcripts and unambiguous to parse.
+pub fn is_valid_kind(kind: &str) -> bool {
+    let mut chars = kind.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && kind.len() <= 64
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds() {
+        assert!(is_valid_kind("bash"));
+        assert!(is_valid_kind("subagent_fork"));
+        assert!(!is_valid_kind(""));
+        assert!(!is_valid_kind("Bash"));
+        assert!(!is_valid_kind("1bash"));
+        assert!(!is_valid_kind("ba sh"));
+        assert!(!is_valid_kind(&"a".repeat(65)));
+    }
+}

@@ -1,0 +1,5 @@
+//! The background task registry and its vocabulary.
+
+mod types;
+
+pub use types::*;

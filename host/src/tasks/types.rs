@@ -1,0 +1,234 @@
+//! The task vocabulary shared by producers, the registry and its surfaces.
+//!
+//! The status set is generic and closed; kind-specific meaning (exit codes,
+//! stop reasons) rides in `detail`, so the registry never learns process or
+//! agent semantics. A producer hands the registry a [`TaskStart`]; its `run`
+//! yields [`TaskHooks`] whose `done` settles at quiescence.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use futures::future::BoxFuture;
+
+use crate::agents::Agent;
+use crate::ids::{SessionId, TaskId};
+
+/// A task's lifecycle state. `Running` and `Stopping` are live; the other
+/// three are terminal and final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    Running,
+    /// Cancellation was requested and the producer has not settled yet.
+    Stopping,
+    Completed,
+    Killed,
+    Failed,
+}
+
+impl TaskStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Killed | Self::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Completed => "completed",
+            Self::Killed => "killed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a task ended, as a producer reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TerminalStatus {
+    Completed,
+    Killed,
+    Failed,
+}
+
+impl From<TerminalStatus> for TaskStatus {
+    fn from(status: TerminalStatus) -> Self {
+        match status {
+            TerminalStatus::Completed => Self::Completed,
+            TerminalStatus::Killed => Self::Killed,
+            TerminalStatus::Failed => Self::Failed,
+        }
+    }
+}
+
+/// The terminal report of a producer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskOutcome {
+    pub status: TerminalStatus,
+    /// Rendered into status lines: `exit code: 3`, `max-tokens`.
+    pub detail: Option<String>,
+    /// Final output of final-output-only kinds, read idempotently once settled.
+    pub output: Option<String>,
+}
+
+impl TaskOutcome {
+    pub fn completed(detail: impl Into<Option<String>>) -> Self {
+        Self { status: TerminalStatus::Completed, detail: detail.into(), output: None }
+    }
+
+    pub fn killed(detail: impl Into<Option<String>>) -> Self {
+        Self { status: TerminalStatus::Killed, detail: detail.into(), output: None }
+    }
+
+    pub fn failed(detail: impl Into<String>) -> Self {
+        Self { status: TerminalStatus::Failed, detail: Some(detail.into()), output: None }
+    }
+
+    pub fn with_output(mut self, output: impl Into<String>) -> Self {
+        self.output = Some(output.into());
+        self
+    }
+}
+
+/// The live half of a running task: what the registry may ask of it.
+///
+/// Implementations must be cheap to call concurrently with the task's `done`
+/// future; the registry never holds its own locks across these calls.
+#[async_trait::async_trait]
+pub trait TaskControl: Send + Sync + 'static {
+    /// Requests termination. Idempotent; a successful return must lead to
+    /// `done` settling. An error means the request could not even be made: it
+    /// reaches the caller, and the task is left untouched.
+    async fn cancel(&self, reason: Option<&str>) -> anyhow::Result<()>;
+
+    /// True for stream kinds, whose output is read incrementally.
+    fn streams_output(&self) -> bool;
+
+    /// Stream kinds: everything produced since the previous call, formatted
+    /// for the model. Consecutive calls never return the same output twice,
+    /// and the remainder stays readable after `done` settled.
+    /// Final-output-only kinds are never asked.
+    async fn read_output(&self) -> anyhow::Result<String> {
+        Ok(String::new())
+    }
+
+    /// The registry gave up on this task (a teardown cancel failed or timed
+    /// out) and has force-failed its record. Release whatever can be released
+    /// without the task's cooperation. The default does nothing.
+    fn abandon(&self) {}
+}
+
+/// What a producer's `run` returns.
+pub struct TaskHooks {
+    pub control: Box<dyn TaskControl>,
+    /// Settles with the outcome at QUIESCENCE, after the task released its
+    /// resources. An `Err` is a producer contract violation, contained as a
+    /// `failed` outcome whose detail carries the error.
+    pub done: BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+}
+
+/// Starts the work once every preflight check passed. Called exactly once.
+/// An error propagates to the caller and nothing is registered; the producer
+/// owns the cleanup of its own failed start.
+pub type TaskRunner = Box<dyn FnOnce() -> BoxFuture<'static, anyhow::Result<TaskHooks>> + Send>;
+
+/// A producer's request to register background work.
+pub struct TaskStart {
+    /// Producer kind, also the id prefix. See [`crate::ids::is_valid_kind`].
+    pub kind: String,
+    /// One-line model-facing label.
+    pub label: String,
+    /// The spawning agent, or `None` for an unowned task (open to every
+    /// caller, alive until the registry is disposed).
+    pub owner: Option<Agent>,
+    /// Free-form producer facts shown to hosts, never to the model (the
+    /// plugin version a wasm task runs on).
+    pub producer_info: Option<String>,
+    pub run: TaskRunner,
+}
+
+/// A read-only projection of a task record, never live state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSnapshot {
+    pub id: TaskId,
+    pub kind: String,
+    pub label: String,
+    pub owner_session: Option<SessionId>,
+    pub status: TaskStatus,
+    pub detail: Option<String>,
+    pub started_at: SystemTime,
+    pub finished_at: Option<SystemTime>,
+    /// The terminal state was (or is being) reported to the owner through an
+    /// explicit response: a kill, or a read or wait that returned it.
+    /// Completion notices are suppressed when set.
+    pub reported: bool,
+    /// Free-form facts the producer attached (for wasm plugins: the plugin
+    /// version the task runs on). Not part of the model-facing texts.
+    pub producer_info: Option<String>,
+}
+
+impl TaskSnapshot {
+    /// The model-facing status line: `[status: completed, exit code: 0]`.
+    pub fn status_line(&self) -> String {
+        match &self.detail {
+            Some(detail) if !detail.is_empty() => format!("[status: {}, {}]", self.status, detail),
+            _ => format!("[status: {}]", self.status),
+        }
+    }
+}
+
+/// The result of [`crate::tasks::TaskRegistry::read`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRead {
+    /// Stream kinds: the consuming delta. Final kinds: empty while live, then
+    /// the final output, idempotently.
+    pub text: String,
+    pub snapshot: TaskSnapshot,
+}
+
+/// The result of [`crate::tasks::TaskRegistry::kill`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KillResult {
+    /// Cancellation was requested; the task is `stopping` (or just settled).
+    Requested(TaskSnapshot),
+    /// The task had already settled; nothing was cancelled.
+    AlreadyTerminal(TaskSnapshot),
+}
+
+/// Why a registry operation was refused. Every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("unknown task id {0}: no background task has this id (task_list shows your tasks)")]
+    UnknownTask(TaskId),
+    #[error("task {0} belongs to another session")]
+    ForeignTask(TaskId),
+    #[error(
+        "background tasks unavailable: no control surface is attached \
+         (attach one with TaskRegistry::attach_surface, as the control tools do)"
+    )]
+    NoControlSurface,
+    #[error("invalid task kind {0:?}: use lowercase letters, digits, '_' or '-', starting with a letter")]
+    InvalidKind(String),
+    #[error("agent {0} is not a live agent: it was disposed or replaced, so it cannot own new tasks")]
+    OwnerNotLive(String),
+    #[error(
+        "too many live background tasks for {owner} ({limit} running or stopping): \
+         collect one with task_output or stop one with task_kill, then retry"
+    )]
+    TooManyTasks { owner: String, limit: usize },
+    #[error("the task registry is disposed; no new tasks can start")]
+    Disposed,
+    #[error("the wait for task {0} was aborted")]
+    WaitAborted(TaskId),
+    #[error("{context}: {source:#}")]
+    Producer {
+        context: String,
+        #[source]
+        source: anyhow::Error,
+    },
+}
