@@ -11,8 +11,12 @@
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
 //! - [`host`]: the facade that wires all of it together.
+//! - [`setup`]: a host from a configuration (which producers serve which tools).
+//! - [`surfaces`]: the MCP server (`taskhost serve`).
+//! - [`cli`]: the `taskhost` command line.
 
 pub mod agents;
+pub mod cli;
 pub mod config;
 pub mod host;
 pub mod ids;
@@ -20,6 +24,8 @@ pub mod native;
 pub mod notices;
 pub mod producer;
 pub mod prompt;
+pub mod setup;
+pub mod surfaces;
 pub mod tasks;
 pub mod tools;
 
