@@ -262,3 +262,30 @@ async fn http_without_tokens_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("serving over HTTP needs at least one client token"), "stderr: {stderr}");
 }
+
+#[tokio::test]
+async fn closing_the_response_stream_kills_a_foreground_call() {
+    let server = HttpServer::start("http-cancel").await;
+    let call = json!({
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "ticker", "arguments": {"count": 100000, "interval_ms": 50}}
+    });
+    // The client gives up after 500 ms and closes the connection.
+    let gave_up = reqwest::Client::new()
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .timeout(Duration::from_millis(500))
+        .json(&call)
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()), "the call must still be running when the client leaves");
+    common::wait_for_text(
+        &server.log,
+        "stopping a foreground task tool=ticker reason=the call was cancelled",
+        Duration::from_secs(10),
+    )
+    .await;
+    server.stop().await;
+}

@@ -1,7 +1,11 @@
 """The taskhost MCP scenario, driven by an independent client: the Python
-`mcp` SDK (pinned: mcp==2.3.0) over stdio.
+`mcp` SDK (pinned: mcp==2.3.0), over stdio or streamable HTTP.
 
-Usage: python3 mcp_scenario.py <taskhost binary> <legacy|auto> <work dir>
+Usage: python3 mcp_scenario.py <taskhost binary> <legacy|auto> <work dir> [<http url> <token>]
+
+Without a URL the script launches `taskhost serve` over stdio itself; with
+one it connects to a running `taskhost serve --http` with the bearer token
+(whose server must have `[serve] progress_interval_ms = 100`).
 
 `legacy` forces the initialize handshake; `auto` (the SDK's default) probes
 `server/discover` first and adopts the newest protocol both sides speak.
@@ -12,8 +16,10 @@ import os
 import sys
 
 import anyio
+import httpx2
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 
 def text_blocks(result):
@@ -26,18 +32,25 @@ def only_text(result):
     return blocks[0]
 
 
-async def scenario(binary: str, mode: str, work: str) -> None:
+def connection(binary: str, work: str, url: str | None, token: str | None):
+    if url is not None:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+        return streamable_http_client(url, http_client=http)
     config = os.path.join(work, "python.toml")
     with open(config, "w") as f:
         f.write("[serve]\nprogress_interval_ms = 100\n")
-    params = StdioServerParameters(
+    return StdioServerParameters(
         command=binary,
         args=["serve", "--config", config],
         cwd=work,
         env={"RUST_LOG": "info,taskhost=debug"},
     )
-    async with Client(params, mode=mode) as client:
-        print(f"mode={mode} protocol={client.protocol_version}")
+
+
+async def scenario(binary: str, mode: str, work: str, url: str | None, token: str | None) -> None:
+    transport = "http" if url else "stdio"
+    async with Client(connection(binary, work, url, token), mode=mode) as client:
+        print(f"mode={mode} transport={transport} protocol={client.protocol_version}")
         if mode == "legacy":
             assert client.protocol_version < "2026-07-28", client.protocol_version
         else:
@@ -100,9 +113,10 @@ async def scenario(binary: str, mode: str, work: str) -> None:
         assert len(progress) >= 2, progress
         assert all(later[0] > earlier[0] for earlier, later in zip(progress, progress[1:])), progress
         assert progress[0][1].startswith("ticker running for"), progress
-    print(f"mode={mode}: ok")
+    print(f"mode={mode} transport={transport}: ok")
 
 
 if __name__ == "__main__":
     binary, mode, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    anyio.run(scenario, binary, mode, work)
+    url, token = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else (None, None)
+    anyio.run(scenario, binary, mode, work, url, token)
