@@ -289,8 +289,7 @@ impl TaskRegistry {
             }
         };
 
-        let TaskHooks { control, done } = hooks;
-        let (id, cancel_now) = self.commit(reservation, kind, label, owner, producer_info, control, done);
+        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
 
@@ -358,16 +357,9 @@ impl TaskRegistry {
         Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
     }
 
-    fn commit(
-        &self,
-        mut reservation: Reservation,
-        kind: String,
-        label: String,
-        owner: Option<Agent>,
-        producer_info: Option<String>,
-        control: Arc<dyn TaskControl>,
-        done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
-    ) -> (TaskId, bool) {
+    fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
+        let Identity { kind, label, owner, producer_info } = identity;
+        let TaskHooks { control, done } = hooks;
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
@@ -815,6 +807,14 @@ async fn watch_done(
         }
     };
     TaskRegistry { shared }.settle(&id, outcome);
+}
+
+/// What a start says about its task, kept for the commit.
+struct Identity {
+    kind: String,
+    label: String,
+    owner: Option<Agent>,
+    producer_info: Option<String>,
 }
 
 /// A start that passed preflight. Dropped without commit (the runner failed
