@@ -11,11 +11,13 @@
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
 //! - [`host`]: the facade that wires all of it together.
+//! - [`builtin`]: the plugins built into the binary (embedded components).
 //! - [`setup`]: a host from a configuration (which producers serve which tools).
 //! - [`surfaces`]: the MCP server (`taskhost serve`).
 //! - [`cli`]: the `taskhost` command line.
 
 pub mod agents;
+pub mod builtin;
 pub mod cli;
 pub mod config;
 pub mod host;

@@ -21,12 +21,14 @@
 //!   (bounded by the teardown timeout, then force-fails with a possible-orphan
 //!   detail), waits for starts still in flight, and drops the owner's records.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
+// Ids are generated here, never chosen by a caller for insertion, so a fast
+// non-keyed hash is safe and keeps starts cheap.
+use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -135,7 +137,11 @@ struct Record {
     producer_info: Option<String>,
     streams_output: bool,
     control: Arc<dyn TaskControl>,
-    settled: CancellationToken,
+    /// The task awaiting the producer's `done`; aborted on force-fail.
+    watcher: tokio::task::AbortHandle,
+    /// Fires after settlement (and its listeners); made on first demand,
+    /// since most tasks are never waited on.
+    settled: Option<CancellationToken>,
 }
 
 impl Record {
@@ -156,6 +162,10 @@ impl Record {
 
     fn done_event(&self) -> TaskDone {
         TaskDone { snapshot: self.snapshot(), owner: self.owner.as_ref().and_then(|o| o.agent.upgrade()) }
+    }
+
+    fn settled_signal(&mut self) -> CancellationToken {
+        self.settled.get_or_insert_with(CancellationToken::new).clone()
     }
 
     fn bucket_key(&self) -> Option<u64> {
@@ -279,37 +289,9 @@ impl TaskRegistry {
             }
         };
 
-        let TaskHooks { control, done } = hooks;
-        let (id, settled, cancel_now) = self.commit(reservation, kind, label, owner, producer_info, control);
+        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
-
-        let registry = Arc::downgrade(&self.shared);
-        let watched_id = id.clone();
-        tokio::spawn(
-            async move {
-                let outcome = tokio::select! {
-                    outcome = AssertUnwindSafe(done).catch_unwind() => outcome,
-                    // Force-failed: the record is final; stop watching.
-                    _ = settled.cancelled() => return,
-                };
-                let Some(shared) = registry.upgrade() else { return };
-                let outcome = match outcome {
-                    Ok(Ok(outcome)) => outcome,
-                    Ok(Err(error)) => {
-                        tracing::warn!(error = %format!("{error:#}"), "producer's done failed; contained as failed");
-                        TaskOutcome::failed(format!("producer error: {error:#}"))
-                    }
-                    Err(panic) => {
-                        let message = panic_message(&panic);
-                        tracing::warn!(%message, "producer's done panicked; contained as failed");
-                        TaskOutcome::failed(format!("producer panicked: {message}"))
-                    }
-                };
-                TaskRegistry { shared }.settle(&watched_id, outcome);
-            }
-            .instrument(tracing::info_span!("task", task = %id)),
-        );
 
         if cancel_now {
             // The owner (or the registry) began disposing while this start
@@ -375,15 +357,9 @@ impl TaskRegistry {
         Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
     }
 
-    fn commit(
-        &self,
-        mut reservation: Reservation,
-        kind: String,
-        label: String,
-        owner: Option<Agent>,
-        producer_info: Option<String>,
-        control: Arc<dyn TaskControl>,
-    ) -> (TaskId, CancellationToken, bool) {
+    fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
+        let Identity { kind, label, owner, producer_info } = identity;
+        let TaskHooks { control, done } = hooks;
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
@@ -405,7 +381,9 @@ impl TaskRegistry {
             scope.tasks.push(id.clone());
             cancel_now |= scope.closing;
         }
-        let settled = CancellationToken::new();
+        // Spawned under the lock so the record can hold its abort handle; the
+        // watcher's first settle simply waits for this commit to finish.
+        let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
         let streams_output = control.streams_output();
         state.tasks.insert(
             id.clone(),
@@ -430,10 +408,11 @@ impl TaskRegistry {
                 producer_info,
                 streams_output,
                 control,
-                settled: settled.clone(),
+                watcher,
+                settled: None,
             },
         );
-        (id, settled, cancel_now)
+        (id, cancel_now)
     }
 
     /// A non-consuming snapshot. Fails for unknown ids and foreign callers.
@@ -555,7 +534,7 @@ impl TaskRegistry {
                 return Ok(record.snapshot());
             }
             record.pending_reporters += 1;
-            record.settled.clone()
+            record.settled_signal()
         };
         let mut pending = PendingReporter { registry: self, id, armed: true };
         let never = CancellationToken::new();
@@ -660,17 +639,26 @@ impl TaskRegistry {
                 record.reported = true;
                 record.notice_held = true;
             }
-            record.settled.cancel();
             let done = record.done_event();
+            let settled = record.settled.take();
+            if forced {
+                record.watcher.abort();
+            }
             let bucket_key = record.bucket_key();
             if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
                 bucket.live -= 1;
             }
-            done
+            (done, settled)
         };
+        let (done, settled) = done;
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
         self.notify_listeners(&done);
+        // Waiters (waits, teardown, disposal) wake only after the listeners
+        // ran, so a disposal that returned has no notice still in flight.
+        if let Some(settled) = settled {
+            settled.cancel();
+        }
     }
 
     fn notify_listeners(&self, done: &TaskDone) {
@@ -706,7 +694,7 @@ impl TaskRegistry {
                 return;
             }
             record.status = TaskStatus::Stopping;
-            (record.control.clone(), record.settled.clone())
+            (record.control.clone(), record.settled_signal())
         };
         let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
             .catch_unwind()
@@ -794,6 +782,39 @@ impl TaskRegistry {
         }
         state.buckets.remove(&Some(instance));
     }
+}
+
+/// Awaits a producer's `done` and settles its task; contains errors and
+/// panics as `failed` outcomes.
+async fn watch_done(
+    registry: Weak<Shared>,
+    id: TaskId,
+    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+) {
+    let outcome = AssertUnwindSafe(done).catch_unwind().await;
+    let Some(shared) = registry.upgrade() else { return };
+    let _span = tracing::info_span!("task", task = %id).entered();
+    let outcome = match outcome {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => {
+            tracing::warn!(error = %format!("{error:#}"), "producer's done failed; contained as failed");
+            TaskOutcome::failed(format!("producer error: {error:#}"))
+        }
+        Err(panic) => {
+            let message = panic_message(&panic);
+            tracing::warn!(%message, "producer's done panicked; contained as failed");
+            TaskOutcome::failed(format!("producer panicked: {message}"))
+        }
+    };
+    TaskRegistry { shared }.settle(&id, outcome);
+}
+
+/// What a start says about its task, kept for the commit.
+struct Identity {
+    kind: String,
+    label: String,
+    owner: Option<Agent>,
+    producer_info: Option<String>,
 }
 
 /// A start that passed preflight. Dropped without commit (the runner failed
