@@ -289,3 +289,26 @@ async fn closing_the_response_stream_kills_a_foreground_call() {
     .await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_host_header_outside_allowed_hosts_is_refused() {
+    let server = HttpServer::start("http-hosts").await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let send = |host: &'static str| {
+        reqwest::Client::new()
+            .post(&server.url)
+            .header("host", host)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {ALICE}"))
+            .json(&list)
+            .send()
+    };
+    // A DNS-rebinding page reaches the loopback server under its own name.
+    let refused = send("evil.example").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body = refused.text().await.unwrap();
+    assert_eq!(body, "Forbidden: Host header is not allowed");
+    assert_eq!(send("localhost").await.unwrap().status(), 200);
+    server.stop().await;
+}

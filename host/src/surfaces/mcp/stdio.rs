@@ -249,3 +249,53 @@ where
     }
     let _ = writer.flush().await;
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    async fn lines_of(input: &[u8], limit: usize) -> Vec<Result<String, usize>> {
+        let mut reader = BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match read_bounded_line(&mut reader, &mut line, limit).await.unwrap() {
+                LineRead::Eof => return out,
+                LineRead::Line => out.push(Ok(String::from_utf8(line.clone()).unwrap())),
+                LineRead::Oversized(length) => out.push(Err(length)),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_an_oversized_one_is_skipped_whole() {
+        let lines = lines_of(b"short\n0123456789abcdef\nok\nlast", 10).await;
+        assert_eq!(lines, [Ok("short\n".into()), Err(17), Ok("ok\n".into()), Ok("last".into())]);
+    }
+
+    /// Non-JSON and oversized lines get -32700 answers; JSON passes unchanged.
+    #[tokio::test]
+    async fn the_guard_answers_what_rmcp_would_drop() {
+        let (client, server_in) = tokio::io::duplex(1 << 20);
+        let (server_out, mut client_out) = tokio::io::duplex(1 << 20);
+        let mut guard = LineGuard::start(server_in, server_out);
+        let (_client_read, mut client_write) = tokio::io::split(client);
+        client_write.write_all(b"not json\n{\"jsonrpc\":\"2.0\"}\r\n").await.unwrap();
+        client_write.shutdown().await.unwrap();
+        let mut forwarded = String::new();
+        guard.from_client.read_to_string(&mut forwarded).await.unwrap();
+        assert_eq!(forwarded, "{\"jsonrpc\":\"2.0\"}\n");
+        // rmcp's side closes; the pump flushes and ends.
+        drop(guard.to_client);
+        guard.outbound.await.unwrap();
+        let mut answers = BufReader::new(&mut client_out).lines();
+        let answer: serde_json::Value = serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["id"], serde_json::Value::Null);
+        assert_eq!(answer["error"]["code"], -32700);
+        assert!(answer["error"]["message"].as_str().unwrap().starts_with("Parse error: the message is not valid JSON"));
+        assert!(answers.next_line().await.unwrap().is_none());
+    }
+}
