@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, GetTaskParams,
+    GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -21,7 +22,8 @@ use tracing::Instrument;
 
 use super::McpServer;
 use crate::agents::Agent;
-use crate::tools::{CallContext, ToolDefinition};
+use crate::tools::producer_tool::RUN_IN_BACKGROUND;
+use crate::tools::{CallContext, ToolDefinition, ToolError, ToolOutput};
 
 /// The owner a verified HTTP request runs as. The auth layer puts it in
 /// the request's extensions; nothing a client sends can set it.
@@ -87,7 +89,7 @@ pub fn mcp_tool(definition: ToolDefinition) -> Tool {
 
 impl ServerHandler for McpHandler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
             .with_server_info(Implementation::new("taskhost", env!("CARGO_PKG_VERSION")))
             .with_instructions(self.server.host().system_prompt_section())
     }
@@ -113,8 +115,25 @@ impl ServerHandler for McpHandler {
             tool = %request.name,
             request = %context.id,
         );
-        let result = self.server.call_tool(&owner, request, &context).instrument(span).await;
-        Ok(result.into())
+        Ok(self.server.call_tool(&owner, request, &context).instrument(span).await)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let owner = self.owner(&context)?;
+        self.server.tasks.get(self.server.host().registry(), &owner, &request.task_id)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let owner = self.owner(&context)?;
+        self.server.tasks.cancel(self.server.host().registry(), &owner, &request.task_id).await
     }
 }
 
@@ -125,10 +144,22 @@ impl McpServer {
         owner: &Agent,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let name = request.name.as_ref();
         let (text, is_error) = match self.check_argument_size(name, request.arguments.as_ref()) {
             Err(refusal) => (refusal, true),
+            Ok(()) if self.answers_as_task(name, request.arguments.as_ref(), context) => {
+                let mut args = request.arguments.unwrap_or_default();
+                args.insert(RUN_IN_BACKGROUND.to_string(), true.into());
+                // The task outlives this request: only tasks/cancel,
+                // task_kill or the owner's disposal stop it.
+                let call = CallContext::for_agent(owner);
+                match self.start_task(owner, name, args, &call).await {
+                    Ok(created) => return CallToolResponse::Task(created),
+                    Err(Ok(output)) => (output.text, output.is_error),
+                    Err(Err(error)) => (error.to_string(), true),
+                }
+            }
             Ok(()) => {
                 let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
                 // The request's token is cancelled on notifications/cancelled,
@@ -160,7 +191,53 @@ impl McpServer {
             tracing::debug!(count = notices.len(), "delivering notices with the result");
         }
         content.extend(notices.into_iter().map(|message| ContentBlock::text(message.text)));
-        if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) }
+        let result = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        result.into()
+    }
+
+    /// A foreground call of a producer tool that allows background runs,
+    /// from a client that declared the tasks extension.
+    fn answers_as_task(
+        &self,
+        tool: &str,
+        arguments: Option<&rmcp::model::JsonObject>,
+        context: &RequestContext<RoleServer>,
+    ) -> bool {
+        let declared = context.client_capabilities().is_some_and(|capabilities| capabilities.supports_tasks());
+        let foreground =
+            arguments.and_then(|args| args.get(RUN_IN_BACKGROUND)).is_none_or(|flag| flag == &serde_json::json!(false));
+        declared
+            && foreground
+            && self.host().tool_definitions().iter().any(|definition| {
+                definition.name == tool && definition.input_schema["properties"].get(RUN_IN_BACKGROUND).is_some()
+            })
+    }
+
+    /// Starts the call as a registry background task and tracks it as an MCP
+    /// task. `Err(Ok(output))` is a start that answered without a task (a
+    /// refusal the producer phrased as a result).
+    async fn start_task(
+        &self,
+        owner: &Agent,
+        tool: &str,
+        args: rmcp::model::JsonObject,
+        call: &CallContext,
+    ) -> Result<rmcp::model::CreateTaskResult, Result<ToolOutput, ToolError>> {
+        let output = self.host().call_tool(tool, serde_json::Value::Object(args), call).await.map_err(Err)?;
+        if output.is_error {
+            return Err(Ok(output));
+        }
+        // The start reply ends with the task id (`started background ticker
+        // task ticker-4`); the registry confirms it is this owner's task.
+        let registry = self.host().registry();
+        let id = output.text.rsplit(' ').next().map(crate::ids::TaskId::new);
+        match id {
+            Some(id) if registry.get(&id, Some(owner)).is_ok() => {
+                tracing::info!(task = %id, "answered as an MCP task");
+                Ok(self.tasks.track(registry, owner, id))
+            }
+            _ => Err(Ok(output)),
+        }
     }
 
     /// Refuses arguments over `[serve] max_argument_bytes`, before any tool

@@ -21,10 +21,13 @@
 //! - The request's cancellation (a `notifications/cancelled`, a closed HTTP
 //!   stream, a closed stdio connection) cancels the call's
 //!   [`crate::tools::CallContext::cancel`], which stops a foreground run.
+//! - A client that declares the tasks extension gets foreground producer
+//!   calls answered as MCP tasks backed by the registry ([`tasks`]).
 
 pub mod handler;
 pub mod http;
 pub mod stdio;
+pub mod tasks;
 
 use std::sync::Arc;
 
@@ -37,11 +40,12 @@ use crate::config::ServeSettings;
 pub struct McpServer {
     host: Host,
     settings: ServeSettings,
+    tasks: Arc<tasks::McpTasks>,
 }
 
 impl McpServer {
     pub fn new(host: Host, settings: ServeSettings) -> Arc<Self> {
-        Arc::new(Self { host, settings })
+        Arc::new(Self { host, settings, tasks: Arc::default() })
     }
 
     pub fn host(&self) -> &Host {
