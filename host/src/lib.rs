@@ -4,11 +4,25 @@
 //! - [`ids`]: branded ids (`TaskId`, `SessionId`, `AgentId`).
 //! - [`agents`]: live agents (task owners), their session logs and awaited disposal.
 //! - [`tasks`]: the task registry: ids, owner fence, reads, kill, wait, settlement.
+//! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
+//! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
+//! - [`tools`]: the model-facing tools (control tools, producer tools).
+//! - [`prompt`]: the system-prompt section teaching the background-task habit.
+//! - [`config`]: the configuration file.
+//! - [`host`]: the facade that wires all of it together.
 
 pub mod agents;
+pub mod config;
+pub mod host;
 pub mod ids;
+pub mod native;
+pub mod notices;
 pub mod plugin;
 pub mod producer;
+pub mod prompt;
 pub mod tasks;
+pub mod tools;
+
+pub use host::Host;
