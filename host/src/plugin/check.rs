@@ -29,14 +29,8 @@ pub struct CheckReport {
 
 /// Loads the plugin at `path`, validates it against the `plugin` world and
 /// describes it with `config_json` (`{}` when empty).
-pub async fn check_plugin(
-    path: impl AsRef<Path>,
-    config_json: &str,
-) -> anyhow::Result<CheckReport> {
-    let config = PluginRuntimeConfig {
-        pooling: false,
-        ..PluginRuntimeConfig::default()
-    };
+pub async fn check_plugin(path: impl AsRef<Path>, config_json: &str) -> anyhow::Result<CheckReport> {
+    let config = PluginRuntimeConfig { pooling: false, ..PluginRuntimeConfig::default() };
     check_plugin_with(&PluginEngine::new(config)?, path, config_json).await
 }
 
@@ -47,13 +41,8 @@ pub async fn check_plugin_with(
     config_json: &str,
 ) -> anyhow::Result<CheckReport> {
     let path = path.as_ref();
-    let config_json = if config_json.trim().is_empty() {
-        "{}"
-    } else {
-        config_json
-    };
-    let _: serde_json::Value =
-        serde_json::from_str(config_json).context("the plugin config is not valid JSON")?;
+    let config_json = if config_json.trim().is_empty() { "{}" } else { config_json };
+    let _: serde_json::Value = serde_json::from_str(config_json).context("the plugin config is not valid JSON")?;
     let version = engine.load_file(path).await?;
     let descriptor = describe(&version, config_json)
         .await
@@ -71,36 +60,12 @@ pub async fn check_plugin_with(
 impl fmt::Display for CheckReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.descriptor;
-        writeln!(
-            f,
-            "ok: {} is a valid taskhost producer plugin",
-            self.path.display()
-        )?;
-        writeln!(
-            f,
-            "version: {} (sha256 {})",
-            self.version, self.content_hash
-        )?;
-        writeln!(
-            f,
-            "imports: {}",
-            if self.imports.is_empty() {
-                "none".to_string()
-            } else {
-                self.imports.join(", ")
-            }
-        )?;
+        writeln!(f, "ok: {} is a valid taskhost producer plugin", self.path.display())?;
+        writeln!(f, "version: {} (sha256 {})", self.version, self.content_hash)?;
+        writeln!(f, "imports: {}", if self.imports.is_empty() { "none".to_string() } else { self.imports.join(", ") })?;
         writeln!(f)?;
         writeln!(f, "tool kind: {}", d.kind)?;
-        writeln!(
-            f,
-            "output: {}",
-            if d.streams_output {
-                "streamed (consuming reads)"
-            } else {
-                "final output only"
-            }
-        )?;
+        writeln!(f, "output: {}", if d.streams_output { "streamed (consuming reads)" } else { "final output only" })?;
         writeln!(f, "description:")?;
         for line in d.description.lines() {
             writeln!(f, "  {line}")?;

@@ -131,11 +131,7 @@ impl PluginVersion {
 
     /// A new store for this version, tagged with `purpose`.
     pub(crate) fn new_store(&self, purpose: impl Into<Arc<str>>) -> Store<StoreState> {
-        let tag = StoreTag {
-            plugin: self.name.clone(),
-            version: self.version.clone(),
-            purpose: purpose.into(),
-        };
+        let tag = StoreTag { plugin: self.name.clone(), version: self.version.clone(), purpose: purpose.into() };
         StoreState::new(&self.engine, tag).into_store(&self.engine)
     }
 
@@ -149,9 +145,7 @@ impl PluginEngine {
     /// Loads a plugin from a file. The plugin name is the file stem.
     pub async fn load_file(&self, path: impl AsRef<Path>) -> anyhow::Result<Arc<PluginVersion>> {
         let path = path.as_ref();
-        let bytes = tokio::fs::read(path)
-            .await
-            .with_context(|| format!("cannot read plugin {}", path.display()))?;
+        let bytes = tokio::fs::read(path).await.with_context(|| format!("cannot read plugin {}", path.display()))?;
         let name = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -163,38 +157,25 @@ impl PluginEngine {
     }
 
     /// Loads a plugin from bytes (a built-in plugin embedded in the binary).
-    pub async fn load_bytes(
-        &self,
-        name: &str,
-        bytes: impl Into<Vec<u8>>,
-    ) -> anyhow::Result<Arc<PluginVersion>> {
+    pub async fn load_bytes(&self, name: &str, bytes: impl Into<Vec<u8>>) -> anyhow::Result<Arc<PluginVersion>> {
         self.load(name.to_string(), bytes.into(), PluginSource::Bytes)
             .await
             .with_context(|| format!("cannot load plugin {name}"))
     }
 
-    async fn load(
-        &self,
-        name: String,
-        bytes: Vec<u8>,
-        source: PluginSource,
-    ) -> anyhow::Result<Arc<PluginVersion>> {
+    async fn load(&self, name: String, bytes: Vec<u8>, source: PluginSource) -> anyhow::Result<Arc<PluginVersion>> {
         let started = Instant::now();
         sniff(&bytes)?;
         let hash = hex(&sha2::Sha256::digest(&bytes));
         let version: Arc<str> = format!("{name}@{}", &hash[..12]).into();
         let engine = self.clone();
         let key = hash.clone();
-        let (component, compile_source) =
-            tokio::task::spawn_blocking(move || engine.compile_cached(&key, &bytes))
-                .await
-                .context("the compile worker panicked")??;
+        let (component, compile_source) = tokio::task::spawn_blocking(move || engine.compile_cached(&key, &bytes))
+            .await
+            .context("the compile worker panicked")??;
 
-        let imports = component
-            .component_type()
-            .imports(self.engine())
-            .map(|(name, _)| name.to_string())
-            .collect::<Vec<_>>();
+        let imports =
+            component.component_type().imports(self.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
         let linker = state::host_linker(self)?;
         let instance_pre = linker.instantiate_pre(&component).map_err(|err| {
             anyhow!(
@@ -233,10 +214,7 @@ impl PluginEngine {
         check_signatures(&mut store, &instance)?;
         drop(store);
 
-        let version = PluginVersion {
-            load_time: started.elapsed(),
-            ..version
-        };
+        let version = PluginVersion { load_time: started.elapsed(), ..version };
         tracing::info!(
             plugin = %version.name,
             version = %version.version,
@@ -248,48 +226,43 @@ impl PluginEngine {
     }
 
     /// Compiles `bytes`, or deserializes them from the cache.
-    fn compile_cached(
-        &self,
-        hash: &str,
-        bytes: &[u8],
-    ) -> anyhow::Result<(Component, CompileSource)> {
+    fn compile_cached(&self, hash: &str, bytes: &[u8]) -> anyhow::Result<(Component, CompileSource)> {
         let cache_file = self.cache_dir().map(|dir| {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            self.engine()
-                .precompile_compatibility_hash()
-                .hash(&mut hasher);
+            self.engine().precompile_compatibility_hash().hash(&mut hasher);
             dir.join(format!("{hash}-{:016x}.cwasm", hasher.finish()))
         });
-        if let Some(file) = &cache_file {
-            if file.exists() {
-                // SAFETY: the cache dir belongs to this user and holds only
-                // files this function wrote with `Component::serialize` for
-                // this engine configuration (the file name carries its
-                // compatibility hash; wasmtime re-checks it on load).
-                match unsafe { Component::deserialize_file(self.engine(), file) } {
-                    Ok(component) => return Ok((component, CompileSource::Cache)),
-                    Err(err) => tracing::warn!(
-                        file = %file.display(),
-                        error = %format!("{err:#}"),
-                        "unusable compile cache entry; recompiling"
-                    ),
-                }
+        if let Some(file) = &cache_file
+            && file.exists()
+        {
+            // SAFETY: the cache dir belongs to this user and holds only
+            // files this function wrote with `Component::serialize` for
+            // this engine configuration (the file name carries its
+            // compatibility hash; wasmtime re-checks it on load).
+            match unsafe { Component::deserialize_file(self.engine(), file) } {
+                Ok(component) => return Ok((component, CompileSource::Cache)),
+                Err(err) => tracing::warn!(
+                    file = %file.display(),
+                    error = %format!("{err:#}"),
+                    "unusable compile cache entry; recompiling"
+                ),
             }
         }
         let component = Component::new(self.engine(), bytes).map_err(|err| {
             let text = format!("{err:#}");
-            if text.contains("end-of-file") || text.contains("unexpected end") {
-                anyhow!(
-                    "the file is truncated: it is not a complete WebAssembly component ({text})"
-                )
+            let truncated = text.contains("end-of-file")
+                || text.contains("unexpected end")
+                || (text.contains("section range") && text.contains("out of bounds"));
+            if truncated {
+                anyhow!("the file is truncated: it is not a complete WebAssembly component ({text})")
             } else {
                 anyhow!("the file is not a valid WebAssembly component (corrupt?): {text}")
             }
         })?;
-        if let Some(file) = &cache_file {
-            if let Err(err) = write_cache(file, &component) {
-                tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot write the compile cache");
-            }
+        if let Some(file) = &cache_file
+            && let Err(err) = write_cache(file, &component)
+        {
+            tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot write the compile cache");
         }
         Ok((component, CompileSource::Compiled))
     }
@@ -307,10 +280,7 @@ fn write_cache(file: &Path, component: &Component) -> anyhow::Result<()> {
 fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         if bytes.len() >= 4 && &bytes[..4] == b"\0asm" {
-            bail!(
-                "the file is truncated: it ends inside the WebAssembly header ({} bytes)",
-                bytes.len()
-            );
+            bail!("the file is truncated: it ends inside the WebAssembly header ({} bytes)", bytes.len());
         }
         bail!("not a WebAssembly file: it does not start with the `\\0asm` magic number");
     }
@@ -321,10 +291,7 @@ fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
              `wasm-tools component new`"
         ),
         [_, _, 1, 0] => Ok(()),
-        _ => bail!(
-            "unsupported WebAssembly version or layer {:02x?}: expected a component (WASI 0.2)",
-            &bytes[4..8]
-        ),
+        _ => bail!("unsupported WebAssembly version or layer {:02x?}: expected a component (WASI 0.2)", &bytes[4..8]),
     }
 }
 
@@ -336,11 +303,7 @@ fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::R
             .exports(engine.engine())
             .map(|(name, _)| format!("`{name}`"))
             .collect::<Vec<_>>();
-        let exports = if exports.is_empty() {
-            "nothing".to_string()
-        } else {
-            exports.join(", ")
-        };
+        let exports = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
         bail!(
             "the component does not export `{PRODUCER_EXPORT}`, so it is not a taskhost producer \
              (world `taskhost:producer/plugin`); it exports {exports}"
@@ -352,10 +315,7 @@ fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::R
         .map(|f| format!("`{f}`"))
         .collect::<Vec<_>>();
     if !missing.is_empty() {
-        bail!(
-            "the export `{PRODUCER_EXPORT}` lacks {} of the contract",
-            missing.join(", ")
-        );
+        bail!("the export `{PRODUCER_EXPORT}` lacks {} of the contract", missing.join(", "));
     }
     Ok(())
 }
@@ -381,20 +341,11 @@ fn check_signatures(store: &mut Store<StoreState>, instance: &Instance) -> anyho
                 .get_export_index(&mut *store, Some(&iface), $name)
                 .ok_or_else(|| anyhow!("the export `{PRODUCER_EXPORT}` lacks `{}`", $name))?;
             instance.get_typed_func::<$params, $results>(&mut *store, &index).map_err(|err| {
-                anyhow!(
-                    "`{}` in `{PRODUCER_EXPORT}` has the wrong signature (expected `{}`): {err:#}",
-                    $name,
-                    $sig
-                )
+                anyhow!("`{}` in `{PRODUCER_EXPORT}` has the wrong signature (expected `{}`): {err:#}", $name, $sig)
             })?;
         }};
     }
-    check!(
-        "describe",
-        "func(config: string) -> result<descriptor, string>",
-        (&str,),
-        (Result<Descriptor, String>,)
-    );
+    check!("describe", "func(config: string) -> result<descriptor, string>", (&str,), (Result<Descriptor, String>,));
     check!(
         "label",
         "func(config: string, args: string) -> result<string, string>",
@@ -407,30 +358,10 @@ fn check_signatures(store: &mut Store<StoreState>, instance: &Instance) -> anyho
         (&str, &str, RunMode),
         (Result<ResourceAny, String>,)
     );
-    check!(
-        "[method]task.cancel",
-        "func(reason: option<string>)",
-        (ResourceAny, Option<&str>),
-        ()
-    );
-    check!(
-        "[method]task.subscribe",
-        "func() -> pollable",
-        (ResourceAny,),
-        (Resource<DynPollable>,)
-    );
-    check!(
-        "[method]task.done",
-        "func() -> option<outcome>",
-        (ResourceAny,),
-        (Option<Outcome>,)
-    );
-    check!(
-        "[method]task.read-output",
-        "func() -> string",
-        (ResourceAny,),
-        (String,)
-    );
+    check!("[method]task.cancel", "func(reason: option<string>)", (ResourceAny, Option<&str>), ());
+    check!("[method]task.subscribe", "func() -> pollable", (ResourceAny,), (Resource<DynPollable>,));
+    check!("[method]task.done", "func() -> option<outcome>", (ResourceAny,), (Option<Outcome>,));
+    check!("[method]task.read-output", "func() -> string", (ResourceAny,), (String,));
     Ok(())
 }
 
@@ -450,10 +381,7 @@ mod tests {
     #[test]
     fn sniff_tells_core_modules_garbage_and_truncation_apart() {
         let core = sniff(b"\0asm\x01\0\0\0").unwrap_err().to_string();
-        assert!(
-            core.contains("core WebAssembly module, not a component"),
-            "{core}"
-        );
+        assert!(core.contains("core WebAssembly module, not a component"), "{core}");
         let garbage = sniff(b"#!/bin/sh\necho").unwrap_err().to_string();
         assert!(garbage.contains("not a WebAssembly file"), "{garbage}");
         let short = sniff(b"\0asm\x0d").unwrap_err().to_string();

@@ -1,8 +1,8 @@
 //! The driver of one wasm task: the only code that touches its store.
 //!
 //! Model: after a guest's `run` returned a `task`, one tokio task owns the
-//! store and loops: `task.done` → (none) `task.subscribe` → await the
-//! returned pollable host-side in the store's `ResourceTable`, while serving
+//! store and loops: `task.subscribe` → await the returned pollable host-side
+//! in the store's `ResourceTable` → `task.done`, while awaiting serving
 //! `read-output` and `cancel` requests that arrive on a channel (a
 //! `tokio::select!`, so requests never race the loop: all calls into the
 //! guest are made by this one task, one at a time). A cancel ends the wait
@@ -68,38 +68,22 @@ pub(crate) struct TaskParts {
 pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
-    let shared = Arc::new(Shared {
-        remainder: Mutex::new(String::new()),
-        abandoned: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared { remainder: Mutex::new(String::new()), abandoned: AtomicBool::new(false) });
     let streams_output = parts.streams_output;
     let plugin = parts.store.data().tag().plugin.clone();
-    let driver = Driver {
-        parts,
-        shared: shared.clone(),
-    };
+    let driver = Driver { parts, shared: shared.clone() };
     let handle = tokio::spawn(driver.run(rx, done_tx).instrument(span));
-    let control = WasmTaskControl {
-        tx,
-        shared: shared.clone(),
-        streams_output,
-        abort: handle.abort_handle(),
-    };
+    let control = WasmTaskControl { tx, shared: shared.clone(), streams_output, abort: handle.abort_handle() };
     let done = Box::pin(async move {
         match done_rx.await {
             Ok(outcome) => Ok(outcome),
-            Err(_) if shared.abandoned.load(Ordering::Acquire) => Ok(TaskOutcome::failed(format!(
-                "plugin {plugin} task abandoned: its store was dropped"
-            ))),
-            Err(_) => Err(anyhow!(
-                "the driver of a plugin {plugin} task stopped without an outcome"
-            )),
+            Err(_) if shared.abandoned.load(Ordering::Acquire) => {
+                Ok(TaskOutcome::failed(format!("plugin {plugin} task abandoned: its store was dropped")))
+            }
+            Err(_) => Err(anyhow!("the driver of a plugin {plugin} task stopped without an outcome")),
         }
     });
-    TaskHooks {
-        control: Box::new(control),
-        done,
-    }
+    TaskHooks { control: Arc::new(control), done }
 }
 
 struct WasmTaskControl {
@@ -111,11 +95,7 @@ struct WasmTaskControl {
 
 impl WasmTaskControl {
     fn take_remainder(&self) -> String {
-        let mut remainder = self
-            .shared
-            .remainder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut remainder = self.shared.remainder.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut *remainder)
     }
 }
@@ -124,11 +104,7 @@ impl WasmTaskControl {
 impl TaskControl for WasmTaskControl {
     async fn cancel(&self, reason: Option<&str>) -> anyhow::Result<()> {
         let (reply, replied) = oneshot::channel();
-        if self
-            .tx
-            .send(Request::Cancel(reason.map(str::to_string), reply))
-            .is_ok()
-        {
+        if self.tx.send(Request::Cancel(reason.map(str::to_string), reply)).is_ok() {
             // An error here means the driver ended meanwhile: the task settled.
             let _ = replied.await;
         }
@@ -141,10 +117,10 @@ impl TaskControl for WasmTaskControl {
 
     async fn read_output(&self) -> anyhow::Result<String> {
         let (reply, replied) = oneshot::channel();
-        if self.tx.send(Request::Read(reply)).is_ok() {
-            if let Ok(text) = replied.await {
-                return Ok(text);
-            }
+        if self.tx.send(Request::Read(reply)).is_ok()
+            && let Ok(text) = replied.await
+        {
+            return Ok(text);
         }
         Ok(self.take_remainder())
     }
@@ -168,11 +144,7 @@ enum End {
 }
 
 impl Driver {
-    async fn run(
-        self,
-        mut rx: mpsc::UnboundedReceiver<Request>,
-        done_tx: oneshot::Sender<TaskOutcome>,
-    ) {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>, done_tx: oneshot::Sender<TaskOutcome>) {
         let Driver { mut parts, shared } = self;
         // Requests taken but not answered because the store faulted under them.
         let mut deferred = Vec::new();
@@ -194,9 +166,7 @@ impl Driver {
         for request in deferred {
             match request {
                 Request::Read(reply) => {
-                    let text = std::mem::take(
-                        &mut *shared.remainder.lock().unwrap_or_else(|e| e.into_inner()),
-                    );
+                    let text = std::mem::take(&mut *shared.remainder.lock().unwrap_or_else(|e| e.into_inner()));
                     let _ = reply.send(text);
                 }
                 Request::Cancel(_, reply) => {
@@ -214,25 +184,6 @@ async fn drive(
     shared: &Shared,
 ) -> End {
     loop {
-        match call_done(parts).await {
-            Ok(Some(outcome)) => {
-                let outcome = convert(outcome);
-                // Drain what is left, so later reads still get it.
-                return match call_read_output(parts).await {
-                    Ok(text) => {
-                        shared
-                            .remainder
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push_str(&text);
-                        End::Settled(outcome)
-                    }
-                    Err(fault) => End::Settled(TaskOutcome::failed(fault.detail)),
-                };
-            }
-            Ok(None) => {}
-            Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
-        }
         let pollable = match call_subscribe(parts).await {
             Ok(pollable) => pollable,
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
@@ -277,6 +228,7 @@ async fn drive(
                             return End::Settled(TaskOutcome::failed(fault.detail));
                         }
                     }
+                    // Ask `done` at once: the cancel may have finished the work.
                     break;
                 }
             }
@@ -287,6 +239,21 @@ async fn drive(
                 parts.store.data().tag().plugin
             );
             return End::Settled(TaskOutcome::failed(detail));
+        }
+        match call_done(parts).await {
+            Ok(Some(outcome)) => {
+                let outcome = convert(outcome);
+                // Drain what is left, so later reads still get it.
+                return match call_read_output(parts).await {
+                    Ok(text) => {
+                        shared.remainder.lock().unwrap_or_else(|e| e.into_inner()).push_str(&text);
+                        End::Settled(outcome)
+                    }
+                    Err(fault) => End::Settled(TaskOutcome::failed(fault.detail)),
+                };
+            }
+            Ok(None) => {}
+            Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         }
     }
 }
@@ -302,11 +269,7 @@ fn convert(outcome: Outcome) -> TaskOutcome {
         WitStatus::Killed => TerminalStatus::Killed,
         WitStatus::Failed => TerminalStatus::Failed,
     };
-    TaskOutcome {
-        status,
-        detail: outcome.detail,
-        output: outcome.output,
-    }
+    TaskOutcome { status, detail: outcome.detail, output: outcome.output }
 }
 
 /// Runs one armed call and classifies its error.
@@ -329,25 +292,17 @@ macro_rules! guest_call {
 }
 
 async fn call_done(parts: &mut TaskParts) -> Result<Option<Outcome>, Fault> {
-    guest_call!(parts, "task.done", |store, guest, task| guest
-        .task()
-        .call_done(store, task))
+    guest_call!(parts, "task.done", |store, guest, task| guest.task().call_done(store, task))
 }
 
 async fn call_subscribe(parts: &mut TaskParts) -> Result<Resource<DynPollable>, Fault> {
-    guest_call!(parts, "task.subscribe", |store, guest, task| guest
-        .task()
-        .call_subscribe(store, task))
+    guest_call!(parts, "task.subscribe", |store, guest, task| guest.task().call_subscribe(store, task))
 }
 
 async fn call_read_output(parts: &mut TaskParts) -> Result<String, Fault> {
-    guest_call!(parts, "task.read-output", |store, guest, task| guest
-        .task()
-        .call_read_output(store, task))
+    guest_call!(parts, "task.read-output", |store, guest, task| guest.task().call_read_output(store, task))
 }
 
 async fn call_cancel(parts: &mut TaskParts, reason: Option<&str>) -> Result<(), Fault> {
-    guest_call!(parts, "task.cancel", |store, guest, task| guest
-        .task()
-        .call_cancel(store, task, reason))
+    guest_call!(parts, "task.cancel", |store, guest, task| guest.task().call_cancel(store, task, reason))
 }

@@ -79,24 +79,15 @@ impl PluginRuntimeConfig {
             "plugin memory_limit_bytes {} is above 4 GiB, the 32-bit wasm limit",
             self.memory_limit_bytes
         );
-        anyhow::ensure!(
-            self.call_deadline_ms > 0,
-            "plugin call_deadline_ms must be positive"
-        );
-        anyhow::ensure!(
-            self.epoch_tick_ms > 0,
-            "plugin epoch_tick_ms must be positive"
-        );
+        anyhow::ensure!(self.call_deadline_ms > 0, "plugin call_deadline_ms must be positive");
+        anyhow::ensure!(self.epoch_tick_ms > 0, "plugin epoch_tick_ms must be positive");
         anyhow::ensure!(
             self.epoch_tick_ms <= self.call_deadline_ms,
             "plugin epoch_tick_ms ({}) must not exceed call_deadline_ms ({})",
             self.epoch_tick_ms,
             self.call_deadline_ms
         );
-        anyhow::ensure!(
-            self.max_live_stores > 0,
-            "plugin max_live_stores must be positive"
-        );
+        anyhow::ensure!(self.max_live_stores > 0, "plugin max_live_stores must be positive");
         Ok(())
     }
 
@@ -120,11 +111,7 @@ pub fn default_cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        });
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")));
     match base {
         Some(base) => base.join("taskhost").join("components"),
         None => std::env::temp_dir().join("taskhost-components"),
@@ -160,9 +147,7 @@ impl std::fmt::Debug for PluginEngine {
 impl PluginEngine {
     /// Builds the engine, its epoch ticker and (unless disabled) its cache dir.
     pub fn new(config: PluginRuntimeConfig) -> anyhow::Result<Self> {
-        config
-            .validate()
-            .context("invalid plugin runtime configuration")?;
+        config.validate().context("invalid plugin runtime configuration")?;
         let before = vm_size_bytes();
         let (engine, pooling) = if config.pooling {
             match Engine::new(&wasmtime_config(&config, true)) {
@@ -184,10 +169,10 @@ impl PluginEngine {
             _ => None,
         };
         let cache_dir = config.effective_cache_dir();
-        if let Some(dir) = &cache_dir {
-            if let Err(err) = std::fs::create_dir_all(dir) {
-                tracing::warn!(dir = %dir.display(), error = %err, "cannot create the component cache dir; compiling without a cache");
-            }
+        if let Some(dir) = &cache_dir
+            && let Err(err) = std::fs::create_dir_all(dir)
+        {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot create the component cache dir; compiling without a cache");
         }
         tracing::info!(
             pooling,
@@ -199,16 +184,7 @@ impl PluginEngine {
             "plugin engine ready"
         );
         let ticker = EpochTicker::start(&engine, Duration::from_millis(config.epoch_tick_ms))?;
-        Ok(Self {
-            inner: Arc::new(EngineInner {
-                engine,
-                config,
-                pooling,
-                reserved_bytes,
-                cache_dir,
-                ticker,
-            }),
-        })
+        Ok(Self { inner: Arc::new(EngineInner { engine, config, pooling, reserved_bytes, cache_dir, ticker }) })
     }
 
     /// The wasmtime engine.
@@ -292,12 +268,7 @@ pub fn rss_bytes() -> Option<u64> {
 fn proc_status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
-    line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
+    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// The background thread that advances the engine's epoch.
@@ -326,11 +297,7 @@ impl EpochTicker {
                 }
             })
             .context("cannot start the epoch ticker thread")?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-            period,
-        })
+        Ok(Self { stop, thread: Some(thread), period })
     }
 }
 

@@ -31,7 +31,8 @@ pub fn arm(store: &mut Store<StoreState>, deadline: std::time::Duration) {
 pub struct Fault {
     pub cause: FaultCause,
     /// The full model-facing detail, e.g.
-    /// `plugin misbehave trapped in task.done: wasm trap: wasm \`unreachable\` instruction executed`.
+    /// `plugin misbehave trapped in task.done: wasm trap: wasm \`unreachable\` instruction executed
+    /// (guest stderr: panicked at src/lib.rs:170:24: boom)`.
     pub detail: String,
 }
 
@@ -65,10 +66,7 @@ pub fn classify(
     if state.deadline_hit || trap == Some(Trap::Interrupt) {
         return Fault {
             cause: FaultCause::Deadline,
-            detail: format!(
-                "plugin {plugin} exceeded its {} ms call deadline in {export}",
-                deadline.as_millis()
-            ),
+            detail: format!("plugin {plugin} exceeded its {} ms call deadline in {export}", deadline.as_millis()),
         };
     }
     if state.memory_limit_hit() {
@@ -83,27 +81,33 @@ pub fn classify(
     if let Some(trap) = trap {
         let tail = last_line(&state.stderr_tail());
         let detail = match tail {
-            Some(line) => format!(
-                "plugin {plugin} trapped in {export}: wasm trap: {trap} (guest stderr: {line})"
-            ),
+            Some(line) => format!("plugin {plugin} trapped in {export}: wasm trap: {trap} (guest stderr: {line})"),
             None => format!("plugin {plugin} trapped in {export}: wasm trap: {trap}"),
         };
-        return Fault {
-            cause: FaultCause::Trap,
-            detail,
-        };
+        return Fault { cause: FaultCause::Trap, detail };
     }
-    Fault {
-        cause: FaultCause::Host,
-        detail: format!("plugin {plugin} failed in {export}: {err:#}"),
-    }
+    Fault { cause: FaultCause::Host, detail: format!("plugin {plugin} failed in {export}: {err:#}") }
 }
 
-/// The last non-empty line of `text`, shortened to 200 characters.
+/// What the guest last said on stderr, in one line: the message of a Rust
+/// panic (`panicked at <place>: <message>`), else the last line that is not
+/// a `note:`. Capped at 200 characters.
 fn last_line(text: &str) -> Option<String> {
-    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
-    let mut out: String = line.chars().take(200).collect();
-    if out.len() < line.len() {
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let summary = match lines.iter().rposition(|l| l.contains(" panicked at ")) {
+        Some(at) => {
+            let place = lines[at].split(" panicked at ").nth(1).unwrap_or("").trim_end_matches(':');
+            let message: Vec<&str> = lines[at + 1..].iter().copied().take_while(|l| !l.starts_with("note: ")).collect();
+            if message.is_empty() {
+                format!("panicked at {place}")
+            } else {
+                format!("panicked at {place}: {}", message.join(" "))
+            }
+        }
+        None => lines.iter().rev().find(|l| !l.starts_with("note: "))?.to_string(),
+    };
+    let mut out: String = summary.chars().take(200).collect();
+    if out.len() < summary.len() {
         out.push('…');
     }
     Some(out)
@@ -111,11 +115,11 @@ fn last_line(text: &str) -> Option<String> {
 
 /// `64 MiB`, `512 KiB`, `100 bytes`.
 pub fn human_bytes(n: u64) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
         format!("{} GiB", n >> 30)
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} bytes")
@@ -137,10 +141,10 @@ mod tests {
 
     #[test]
     fn last_line_skips_blank_lines_and_truncates() {
-        assert_eq!(
-            last_line("a\nthread panicked at x\n\n"),
-            Some("thread panicked at x".to_string())
-        );
+        assert_eq!(last_line("a\nsomething broke\n\n"), Some("something broke".to_string()));
+        let panic = "thread '<unnamed>' panicked at src/lib.rs:170:24:\nmisbehave: trap in done\n\
+                     note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        assert_eq!(last_line(panic), Some("panicked at src/lib.rs:170:24: misbehave: trap in done".to_string()));
         assert_eq!(last_line("  \n"), None);
         let long = "x".repeat(300);
         assert_eq!(last_line(&long).unwrap().chars().count(), 201);

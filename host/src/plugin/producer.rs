@@ -54,21 +54,10 @@ impl std::fmt::Debug for WasmProducer {
 impl WasmProducer {
     /// Describes `version` with `config` (the instance's JSON config, `{}`
     /// when there is none) and serves it.
-    pub async fn new(
-        version: Arc<PluginVersion>,
-        config: serde_json::Value,
-    ) -> anyhow::Result<Self> {
-        let config_json: Arc<str> = serde_json::to_string(&config)
-            .context("cannot encode the plugin config")?
-            .into();
+    pub async fn new(version: Arc<PluginVersion>, config: serde_json::Value) -> anyhow::Result<Self> {
+        let config_json: Arc<str> = serde_json::to_string(&config).context("cannot encode the plugin config")?.into();
         let descriptor = Arc::new(describe(&version, &config_json).await?);
-        Ok(Self {
-            config_json,
-            current: RwLock::new(Arc::new(Active {
-                version,
-                descriptor,
-            })),
-        })
+        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })) })
     }
 
     /// Makes `version` serve new invocations, once it described itself with
@@ -87,15 +76,9 @@ impl WasmProducer {
                 old.descriptor.kind
             );
         }
-        tracing::info!(
-            from = old.version.version(),
-            to = version.version(),
-            "plugin reloaded"
-        );
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Active {
-            version,
-            descriptor: descriptor.clone(),
-        });
+        tracing::info!(from = old.version.version(), to = version.version(), "plugin reloaded");
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Active { version, descriptor: descriptor.clone() });
         Ok(descriptor)
     }
 
@@ -110,10 +93,7 @@ impl WasmProducer {
     }
 
     fn active(&self) -> Arc<Active> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -122,24 +102,13 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
     let deadline = version.engine().config().call_deadline();
     let (mut store, plugin) = instantiate(version, "describe".into()).await?;
     fault::arm(&mut store, deadline);
-    let described = plugin
-        .taskhost_producer_producer()
-        .call_describe(&mut store, config_json)
-        .await;
+    let described = plugin.taskhost_producer_producer().call_describe(&mut store, config_json).await;
     let described = match described {
         Ok(Ok(d)) => d,
-        Ok(Err(message)) => bail!(
-            "plugin {} refused its config in describe: {message}",
-            version.name()
-        ),
+        Ok(Err(message)) => bail!("plugin {} refused its config in describe: {message}", version.name()),
         Err(err) => bail!(fault::classify(&store, deadline, "describe", &err)),
     };
-    let problem = |what: String| {
-        anyhow!(
-            "plugin {} returned a bad descriptor from describe: {what}",
-            version.name()
-        )
-    };
+    let problem = |what: String| anyhow!("plugin {} returned a bad descriptor from describe: {what}", version.name());
     if !crate::ids::is_valid_kind(&described.kind) {
         return Err(problem(format!(
             "kind {:?} is not a valid task kind (lowercase letters, digits, '_' or '-', starting with a letter, at most 64 bytes)",
@@ -149,13 +118,8 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
     if described.description.trim().is_empty() {
         return Err(problem("the description is empty".into()));
     }
-    let parameters: serde_json::Value =
-        serde_json::from_str(&described.parameters).map_err(|err| {
-            problem(format!(
-                "parameters is not JSON ({err}): {:?}",
-                preview(&described.parameters)
-            ))
-        })?;
+    let parameters: serde_json::Value = serde_json::from_str(&described.parameters)
+        .map_err(|err| problem(format!("parameters is not JSON ({err}): {:?}", preview(&described.parameters))))?;
     let Some(object) = parameters.as_object() else {
         return Err(problem(format!(
             "parameters must be a JSON Schema object, got {}",
@@ -163,23 +127,13 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         )));
     };
     if object.get("type").and_then(|t| t.as_str()) != Some("object") {
-        return Err(problem(
-            "parameters must be an object schema (`\"type\": \"object\"`)".into(),
-        ));
+        return Err(problem("parameters must be an object schema (`\"type\": \"object\"`)".into()));
     }
-    if object
-        .get("properties")
-        .and_then(|p| p.get("run_in_background"))
-        .is_some()
-    {
-        return Err(problem(
-            "parameters must not declare `run_in_background`: the host adds it".into(),
-        ));
+    if object.get("properties").and_then(|p| p.get("run_in_background")).is_some() {
+        return Err(problem("parameters must not declare `run_in_background`: the host adds it".into()));
     }
     if let Err(err) = jsonschema::validator_for(&parameters) {
-        return Err(problem(format!(
-            "parameters is not a valid JSON Schema: {err}"
-        )));
+        return Err(problem(format!("parameters is not a valid JSON Schema: {err}")));
     }
     Ok(Descriptor {
         kind: described.kind,
@@ -198,10 +152,7 @@ fn preview(text: &str) -> String {
 }
 
 /// A fresh store and instance of `version`.
-async fn instantiate(
-    version: &PluginVersion,
-    purpose: Arc<str>,
-) -> anyhow::Result<(Store<StoreState>, Plugin)> {
+async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Plugin)> {
     let mut store = version.new_store(purpose);
     fault::arm(&mut store, version.engine().config().call_deadline());
     let plugin = version.pre().instantiate_async(&mut store).await.map_err(|err| {
@@ -229,13 +180,6 @@ impl Producer for WasmProducer {
         let active = self.active();
         let version = active.version.clone();
         let run_number = version.next_run();
-        let span = tracing::info_span!(
-            "wasm_task",
-            plugin = version.name(),
-            version = version.version(),
-            kind = %active.descriptor.kind,
-            run = run_number
-        );
         let deadline = version.engine().config().call_deadline();
         let args_json = serde_json::to_string(&args).context("cannot encode the arguments")?;
         let config = self.config_json.clone();
@@ -261,24 +205,22 @@ impl Producer for WasmProducer {
                 Ok(Err(message)) => bail!("{message}"),
                 Err(err) => bail!(fault::classify(&store, deadline, "run", &err)),
             };
-            tracing::debug!(parent: &span, plugin = %plugin_name, "wasm task started");
+            // Created here, inside the registry's start span (which carries
+            // the owner and, once committed, the task id), so the driver's
+            // events are tagged with them.
+            let span = tracing::info_span!(
+                "wasm_task",
+                plugin = %plugin_name,
+                version = version.version(),
+                run = run_number
+            );
+            tracing::debug!(parent: &span, "wasm task started");
             // Keep the version alive as long as the task: its engine ticks the
             // epochs that bound the task's calls.
-            let parts = TaskParts {
-                store,
-                guest,
-                task,
-                deadline,
-                streams_output,
-                _version: version,
-            };
+            let parts = TaskParts { store, guest, task, deadline, streams_output, _version: version };
             Ok(driver::spawn(parts, span))
         });
-        Ok(PreparedRun {
-            label,
-            producer_info: Some(active.version.version().to_string()),
-            run,
-        })
+        Ok(PreparedRun { label, producer_info: Some(active.version.version().to_string()), run })
     }
 }
 

@@ -59,16 +59,8 @@ impl StoreState {
         let stderr_tail = Arc::new(Mutex::new(TailBuffer::default()));
         let mut builder = WasiCtx::builder();
         builder
-            .stdout(LogStream {
-                tag: tag.clone(),
-                stream: "stdout",
-                tail: None,
-            })
-            .stderr(LogStream {
-                tag: tag.clone(),
-                stream: "stderr",
-                tail: Some(stderr_tail.clone()),
-            })
+            .stdout(LogStream { tag: tag.clone(), stream: "stdout", tail: None })
+            .stderr(LogStream { tag: tag.clone(), stream: "stderr", tail: Some(stderr_tail.clone()) })
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
@@ -76,8 +68,7 @@ impl StoreState {
             wasi: builder.build(),
             table: ResourceTable::new(),
             limiter: TaskLimiter {
-                memory_cap: usize::try_from(engine.config().memory_limit_bytes)
-                    .unwrap_or(usize::MAX),
+                memory_cap: usize::try_from(engine.config().memory_limit_bytes).unwrap_or(usize::MAX),
                 memory_limit_hit: false,
             },
             tag,
@@ -127,19 +118,13 @@ impl StoreState {
 
     /// The last line(s) the guest wrote to stderr (a Rust panic message).
     pub fn stderr_tail(&self) -> String {
-        self.stderr_tail
-            .lock()
-            .map(|t| t.text())
-            .unwrap_or_default()
+        self.stderr_tail.lock().map(|t| t.text()).unwrap_or_default()
     }
 }
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -189,12 +174,7 @@ struct TaskLimiter {
 }
 
 impl ResourceLimiter for TaskLimiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.memory_cap {
             self.memory_limit_hit = true;
             return Ok(false);
@@ -202,12 +182,7 @@ impl ResourceLimiter for TaskLimiter {
         Ok(maximum.is_none_or(|max| desired <= max))
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(maximum.is_none_or(|max| desired <= max))
     }
 }
@@ -249,12 +224,7 @@ impl IsTerminal for LogStream {
 
 impl StdoutStream for LogStream {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(LogWriter {
-            tag: self.tag.clone(),
-            stream: self.stream,
-            tail: self.tail.clone(),
-            line: Vec::new(),
-        })
+        Box::new(LogWriter { tag: self.tag.clone(), stream: self.stream, tail: self.tail.clone(), line: Vec::new() })
     }
 
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
@@ -294,10 +264,10 @@ impl LogWriter {
 
 impl OutputStream for LogWriter {
     fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
-        if let Some(tail) = &self.tail {
-            if let Ok(mut tail) = tail.lock() {
-                tail.push(&bytes);
-            }
+        if let Some(tail) = &self.tail
+            && let Ok(mut tail) = tail.lock()
+        {
+            tail.push(&bytes);
         }
         for chunk in bytes.split_inclusive(|b| *b == b'\n') {
             self.line.extend_from_slice(chunk);
