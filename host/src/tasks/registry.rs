@@ -660,17 +660,21 @@ impl TaskRegistry {
                 record.reported = true;
                 record.notice_held = true;
             }
-            record.settled.cancel();
             let done = record.done_event();
+            let settled = record.settled.clone();
             let bucket_key = record.bucket_key();
             if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
                 bucket.live -= 1;
             }
-            done
+            (done, settled)
         };
+        let (done, settled) = done;
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
         self.notify_listeners(&done);
+        // Waiters (waits, teardown, disposal) wake only after the listeners
+        // ran, so a disposal that returned has no notice still in flight.
+        settled.cancel();
     }
 
     fn notify_listeners(&self, done: &TaskDone) {
