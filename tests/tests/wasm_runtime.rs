@@ -365,3 +365,30 @@ async fn check_prints_the_tool_definition() {
     let err = taskhost::plugin::check_plugin(fixtures::WRONG_WORLD_PATH, "{}").await.expect_err("wrong world");
     assert!(format!("{err:#}").contains("does not export"), "{err:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_instance_pool_refuses_starts_until_a_task_settles() {
+    let engine = PluginEngine::new(PluginRuntimeConfig {
+        max_live_stores: 3,
+        cache_dir: Some(cache_dir()),
+        ..PluginRuntimeConfig::default()
+    })
+    .expect("engine");
+    assert!(engine.is_pooling());
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let fx = registry();
+    let long = json!({"count": 1000, "interval_ms": 1000});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(start(&fx, &ticker, long.clone()).await.expect("start within the pool"));
+    }
+    let refused = start(&fx, &ticker, long.clone()).await.expect_err("pool full");
+    assert!(refused.contains("the wasm instance pool is full"), "{refused}");
+    fx.registry.kill(&ids[0], Some(&fx.agent), None).await.unwrap();
+    assert_eq!(wait_terminal(&fx, &ids[0]).await.status, TaskStatus::Killed);
+    // The settled task's store was dropped, so its slot is free again.
+    let id = start(&fx, &ticker, long).await.expect("start after a slot freed");
+    for id in ids.iter().skip(1).chain([&id]) {
+        fx.registry.kill(id, Some(&fx.agent), None).await.unwrap();
+    }
+}

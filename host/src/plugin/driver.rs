@@ -281,7 +281,7 @@ macro_rules! guest_call {
             let $store = &mut $parts.store;
             let $guest = &$parts.guest;
             let $task = $parts.task;
-            $call.await
+            fault::bounded(deadline, $call).await
         };
         result.map_err(|err| {
             let fault = fault::classify(&$parts.store, deadline, $export, &err);

@@ -241,15 +241,19 @@ fn wasmtime_config(config: &PluginRuntimeConfig, pooling: bool) -> Config {
         let mut pool = PoolingAllocationConfig::default();
         // A Rust wasip2 component is one component instance holding about
         // three core instances (main module, shim, fixups), one memory and
-        // two tables. Totals are caps, not preallocations, except for memory
-        // and table slots, whose address space is reserved up front.
+        // two tables. Totals are caps, not preallocations, except for memory,
+        // table and stack slots, whose address space is reserved up front
+        // (about 66 MiB per store with the default memory cap: 660 GiB of
+        // address space, no RSS, for 10 240 stores).
         pool.total_component_instances(n)
             .total_core_instances(n.saturating_mul(4))
             .total_memories(n)
             .total_tables(n.saturating_mul(2))
             .max_memory_size(config.memory_limit_bytes as usize)
             .table_elements(10_000)
-            .total_stacks(1000);
+            // A store keeps the fiber stack of its last async call cached
+            // until it is dropped, so every live store holds one stack.
+            .total_stacks(n);
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     c
