@@ -90,6 +90,32 @@ async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
         w99.as_secs_f64() / n99.as_secs_f64()
     );
     registry.dispose().await;
+
+    // Where a wasm start's time goes (no registry): prepare = new store +
+    // pooled instantiation + `label`; run = `run` + spawning the driver.
+    let (mut prep, mut run) = (Vec::new(), Vec::new());
+    let mut held = Vec::new();
+    for i in 0..LATENCY_SAMPLES {
+        let began = Instant::now();
+        let prepared = wasm.prepare(args.clone(), RunMode::Background).await.expect("prepare");
+        let mid = Instant::now();
+        let hooks = (prepared.run)().await.expect("run");
+        run.push(mid.elapsed());
+        prep.push(mid - began);
+        held.push(hooks);
+        if i % BATCH == BATCH - 1 {
+            for hooks in held.drain(..) {
+                let _ = hooks.done.await;
+            }
+        }
+    }
+    prep.sort();
+    run.sort();
+    println!(
+        "  wasm breakdown p50: prepare (store + instantiate + label) {:.1} µs, run (run + driver spawn) {:.1} µs",
+        micros(percentile(&prep, 0.5)),
+        micros(percentile(&run, 0.5))
+    );
 }
 
 /// RSS growth per live task with `LIVE` live (hour-long) tickers.
