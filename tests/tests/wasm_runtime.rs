@@ -277,6 +277,10 @@ async fn fault_matrix_every_export_and_fault_fails_alone() {
     let id = start(&fx, &misbehave, json!({"fault": "trap", "in": "done"})).await.unwrap();
     let detail = wait_terminal(&fx, &id).await.detail.unwrap();
     assert!(detail.contains("misbehave: trap in done"), "{detail}");
+    assert!(
+        detail.starts_with("plugin misbehave trapped in task.done: wasm trap: wasm `unreachable` instruction executed"),
+        "{detail}"
+    );
 
     // run-error refuses the call with the guest's message; nothing registered.
     let before = fx.registry.list(Some(&fx.agent)).len();
@@ -391,4 +395,34 @@ async fn a_full_instance_pool_refuses_starts_until_a_task_settles() {
     for id in ids.iter().skip(1).chain([&id]) {
         fx.registry.kill(id, Some(&fx.agent), None).await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_imports_and_missing_functions_are_named() {
+    let engine = engine();
+    let unknown_import = wat::parse_str(
+        r#"(component
+             (import "acme:secret/vault@1.0.0" (instance (export "open" (func))))
+           )"#,
+    )
+    .unwrap();
+    let text = format!("{:#}", engine.load_bytes("importer", unknown_import).await.expect_err("unknown import"));
+    assert!(text.contains("imports something taskhost does not provide"), "{text}");
+    assert!(text.contains("acme:secret/vault@1.0.0"), "{text}");
+
+    let only_describe = wat::parse_str(
+        r#"(component
+             (core module $m (func (export "f")))
+             (core instance $i (instantiate $m))
+             (func $f (canon lift (core func $i "f")))
+             (instance $p (export "describe" (func $f)))
+             (export "taskhost:producer/producer@0.1.0" (instance $p))
+           )"#,
+    )
+    .unwrap();
+    let text = format!("{:#}", engine.load_bytes("partial", only_describe).await.expect_err("missing functions"));
+    assert!(
+        text.contains("the export `taskhost:producer/producer@0.1.0` lacks `label`, `run`, `[method]task.cancel`"),
+        "{text}"
+    );
 }

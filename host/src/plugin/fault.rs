@@ -106,8 +106,8 @@ pub fn classify(store: &Store<StoreState>, deadline: Duration, export: &str, err
     if let Some(trap) = trap {
         let tail = last_line(&state.stderr_tail());
         let detail = match tail {
-            Some(line) => format!("plugin {plugin} trapped in {export}: wasm trap: {trap} (guest stderr: {line})"),
-            None => format!("plugin {plugin} trapped in {export}: wasm trap: {trap}"),
+            Some(line) => format!("plugin {plugin} trapped in {export}: {trap} (guest stderr: {line})"),
+            None => format!("plugin {plugin} trapped in {export}: {trap}"),
         };
         return Fault { cause: FaultCause::Trap, detail };
     }
