@@ -426,3 +426,22 @@ async fn unknown_imports_and_missing_functions_are_named() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_run_settles_and_leaves_its_output_readable() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let prepared =
+        ticker.prepare(json!({"count": 3, "interval_ms": 5, "message": "fg"}), RunMode::Foreground).await.unwrap();
+    assert_eq!(prepared.producer_info.as_deref(), Some(ticker.version().version()));
+    let hooks = (prepared.run)().await.expect("run");
+    assert!(hooks.control.streams_output());
+    let outcome = tokio::time::timeout(BOUND, hooks.done).await.expect("settles").expect("outcome");
+    assert_eq!(outcome.status, TerminalStatus::Completed);
+    assert_eq!(outcome.detail.as_deref(), Some("ticks: 3"));
+    // Nothing was read while it ran: the drained remainder holds it all, once.
+    assert_eq!(hooks.control.read_output().await.unwrap(), "fg 1\nfg 2\nfg 3\n");
+    assert_eq!(hooks.control.read_output().await.unwrap(), "");
+    // A cancel after settlement is accepted and changes nothing.
+    hooks.control.cancel(None).await.unwrap();
+}
