@@ -445,3 +445,30 @@ async fn a_foreground_run_settles_and_leaves_its_output_readable() {
     // A cancel after settlement is accepted and changes nothing.
     hooks.control.cancel(None).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_tickers_each_deliver_exactly_their_ticks() {
+    let engine = engine();
+    let ticker = Arc::new(WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe"));
+    let fx = Arc::new(registry());
+    let mut ids = Vec::new();
+    for i in 0..40u32 {
+        let message = format!("t{i}");
+        let id = start(&fx, &ticker, json!({"count": 15, "interval_ms": 2 + i % 3, "message": message}))
+            .await
+            .expect("start");
+        ids.push((id, message));
+    }
+    let readers = ids.into_iter().map(|(id, message)| {
+        let fx = fx.clone();
+        tokio::spawn(async move {
+            let (text, snapshot) = read_to_end(&fx, &id).await;
+            let want: String = (1..=15).map(|n| format!("{message} {n}\n")).collect();
+            assert_eq!(text, want, "task {id}");
+            assert_eq!(snapshot.status, TaskStatus::Completed, "task {id}");
+        })
+    });
+    for reader in readers.collect::<Vec<_>>() {
+        reader.await.expect("reader");
+    }
+}
