@@ -314,3 +314,35 @@ impl Drop for EpochTicker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> PluginRuntimeConfig {
+        PluginRuntimeConfig { pooling: false, cache: false, ..PluginRuntimeConfig::default() }
+    }
+
+    #[test]
+    fn the_epoch_ticker_does_not_keep_the_engine_alive() {
+        let engine = PluginEngine::new(PluginRuntimeConfig { epoch_tick_ms: 1, ..small() }).unwrap();
+        let weak = engine.engine().weak();
+        let thread = engine.inner.ticker.thread.as_ref().unwrap().thread().id();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(engine);
+        // The ticker thread held no strong reference: the engine is gone.
+        assert!(weak.upgrade().is_none(), "the wasmtime engine outlived its owner (ticker {thread:?})");
+    }
+
+    #[test]
+    fn invalid_configs_are_refused_with_the_field_named() {
+        let err = PluginEngine::new(PluginRuntimeConfig { memory_limit_bytes: 1024, ..small() }).unwrap_err();
+        assert!(format!("{err:#}").contains("memory_limit_bytes"), "{err:#}");
+        let err =
+            PluginEngine::new(PluginRuntimeConfig { call_deadline_ms: 5, epoch_tick_ms: 10, ..small() }).unwrap_err();
+        assert!(format!("{err:#}").contains("epoch_tick_ms"), "{err:#}");
+        let parsed: PluginRuntimeConfig = toml::from_str("call_deadline_ms = 250").unwrap();
+        assert_eq!(parsed, PluginRuntimeConfig { call_deadline_ms: 250, ..PluginRuntimeConfig::default() });
+        assert!(toml::from_str::<PluginRuntimeConfig>("memory_limit = 3").is_err());
+    }
+}
