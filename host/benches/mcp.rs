@@ -158,7 +158,7 @@ async fn floor_http() -> Stats {
 /// taskhost's MCP surface (line guard included) in process over a socket
 /// pair: the process boundary taken out.
 async fn surface_socket(config: &Config) -> Stats {
-    let host = taskhost::setup::host_from_config(config).unwrap();
+    let host = taskhost::setup::host_from_config(config, std::path::Path::new(".")).await.unwrap();
     let server = taskhost::surfaces::mcp::McpServer::new(host.clone(), config.serve.clone());
     let (server_end, client_end) = tokio::net::UnixStream::pair().unwrap();
     let (read, write) = server_end.into_split();
@@ -225,7 +225,7 @@ async fn run() {
     let cold = stats(colds);
 
     // In-process baseline: task_list through the library.
-    let host = taskhost::setup::host_from_config(&config).unwrap();
+    let host = taskhost::setup::host_from_config(&config, &dir).await.unwrap();
     let agent = host.create_agent("bench", "bench").unwrap();
     let context = CallContext::for_agent(&agent);
     let mut library = Vec::new();

@@ -292,3 +292,31 @@ async fn a_long_foreground_call_reports_progress_and_dies_with_its_request() {
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
     assert!(status.success());
 }
+
+/// A WebAssembly producer (the built-in ticker plugin) served over MCP next
+/// to the native one, and disposed with its owner.
+#[tokio::test]
+async fn a_builtin_wasm_plugin_is_served_like_a_native_producer() {
+    let config = "[[producer]]\ntool = \"wasm_ticker\"\nplugin = \"builtin:ticker\"\n\n\
+                  [[producer]]\ntool = \"ticker\"\nplugin = \"native:ticker\"\n";
+    let server = StdioServer::start("stdio-wasm", Some(config)).await;
+    let peer = server.client.peer().clone();
+    let tools = server.client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker", "wasm_ticker"]);
+    let started =
+        only_text(&call(&peer, "wasm_ticker", json!({"count": 2, "interval_ms": 10, "run_in_background": true})).await);
+    let id = started.rsplit(' ').next().unwrap().to_string();
+    assert!(started.starts_with("started background ") && id.contains('-'), "{started}");
+    let output = only_text(&call(&peer, "task_output", json!({"task_id": id, "wait": true})).await);
+    assert!(output.ends_with("[status: completed, ticks: 2]"), "{output}");
+    assert!(output.contains("tick 1\ntick 2"), "{output}");
+    // A long one dies with the connection.
+    let long = only_text(
+        &call(&peer, "wasm_ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await,
+    );
+    let long_id = long.rsplit(' ').next().unwrap().to_string();
+    let (status, log) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(log.contains(&format!("task settled task={long_id} status=killed")), "not killed:\n{log}");
+}

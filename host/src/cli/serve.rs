@@ -28,23 +28,25 @@ pub struct ServeArgs {
     pub http: Option<String>,
 }
 
-/// Loads the configuration the way `serve` documents it.
-pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<Config> {
+/// Loads the configuration the way `serve` documents it, with the
+/// directory relative plugin paths are resolved against.
+pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)> {
+    let directory_of = |path: &Path| path.parent().map(Path::to_path_buf).unwrap_or_default();
     if let Some(path) = explicit {
-        return Config::load(path);
+        return Ok((Config::load(path)?, directory_of(path)));
     }
     let default = Path::new(DEFAULT_CONFIG_FILE);
     if default.exists() {
         tracing::info!(path = %default.display(), "using the configuration in the working directory");
-        return Config::load(default);
+        return Ok((Config::load(default)?, PathBuf::from(".")));
     }
     tracing::info!("no configuration file; using the built-in defaults");
-    Ok(Config::default())
+    Ok((Config::default(), PathBuf::from(".")))
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = load_config(args.config.as_deref())?;
-    let host = host_from_config(&config)?;
+    let (config, base_dir) = load_config(args.config.as_deref())?;
+    let host = host_from_config(&config, &base_dir).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     let server = McpServer::new(host.clone(), config.serve.clone());
