@@ -35,6 +35,12 @@ use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
 /// without PID namespaces).
 const OUTPUT_LINGER: Duration = Duration::from_millis(250);
 
+/// A stream read within this window counts as actively read (see `PACE_WAIT`).
+const READER_ACTIVE: Duration = Duration::from_millis(100);
+/// How long a reader task waits for an active consumer to drain a stream
+/// that is more than half full before reading more.
+const PACE_WAIT: Duration = Duration::from_millis(5);
+
 /// How a process tree ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {
@@ -45,12 +51,14 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    fn from_std(status: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        match (status.code(), status.signal()) {
-            (Some(code), _) => Self::Code(code),
-            (None, Some(signal)) => Self::Signal(signal),
-            (None, None) => Self::Code(-1),
+    /// Decodes a `waitpid` status.
+    fn from_wait(status: libc::c_int) -> Self {
+        if libc::WIFEXITED(status) {
+            Self::Code(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Self::Signal(libc::WTERMSIG(status))
+        } else {
+            Self::Code(-1)
         }
     }
 }
@@ -115,6 +123,8 @@ pub(crate) struct Shared {
     stderr: Mutex<StreamBuffer>,
     life: Mutex<Life>,
     notify: Notify,
+    /// Woken on every consuming read (the reader tasks' pacing).
+    drained: Notify,
     /// When set, the supervisor SIGKILLs the group at this instant.
     kill_deadline: watch::Sender<Option<Instant>>,
     exited: watch::Sender<bool>,
@@ -213,7 +223,7 @@ impl std::fmt::Debug for Process {
 /// What [`Process::start`] needs from the spawn.
 pub(crate) struct Started {
     pub id: u64,
-    pub child: std::process::Child,
+    pub pid: libc::pid_t,
     pub pidfd: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
@@ -230,7 +240,7 @@ impl Process {
     /// Wires the supervisor and readers of a freshly spawned tree. Needs a
     /// tokio runtime.
     pub(crate) fn start(s: Started) -> std::io::Result<Self> {
-        let pid = s.child.id() as i32;
+        let pid = s.pid;
         // SAFETY: an OwnedFd stays open for as long as the AsyncFd owns it.
         let pidfd = unsafe { AsyncFd::register(s.pidfd) }.map_err(std::io::Error::from)?;
         let stdout = pipe::Receiver::from_owned_fd(s.stdout)?;
@@ -246,12 +256,15 @@ impl Process {
             stderr: Mutex::new(StreamBuffer::new(s.memory_cap)),
             life: Mutex::new(Life::default()),
             notify: Notify::new(),
+            drained: Notify::new(),
             kill_deadline,
             exited,
         });
         lock(live()).insert(s.id, Arc::downgrade(&shared));
         let [stdout_path, stderr_path] = s.spill_paths;
-        let chunk = s.memory_cap.clamp(1, 64 * 1024);
+        // Reads smaller than the cap leave room for several in memory, so a
+        // reader that keeps up loses nothing to one oversized read.
+        let chunk = (s.memory_cap / 4).clamp(1, 64 * 1024);
         for (stream, rx, path) in [
             (Stream::Stdout, stdout, stdout_path),
             (Stream::Stderr, stderr, stderr_path),
@@ -261,7 +274,7 @@ impl Process {
             tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
         }
         let deadline = s.timeout.map(|t| Instant::now() + t);
-        let fut = supervise(shared.clone(), s.child, pidfd, deadline, kill_rx);
+        let fut = supervise(shared.clone(), pidfd, deadline, kill_rx);
         tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
         Ok(Self {
             shared,
@@ -281,7 +294,9 @@ impl Process {
 
     /// Takes everything unread from one stream (consuming, never blocks).
     pub fn read(&self, stream: Stream) -> StreamChunk {
-        lock(self.shared.buffer(stream)).take()
+        let chunk = lock(self.shared.buffer(stream)).take();
+        self.shared.drained.notify_waiters();
+        chunk
     }
 
     /// Bytes a stream has produced so far.
@@ -359,7 +374,6 @@ async fn wait_until(shared: &Shared, ready: impl Fn(&Shared) -> bool) {
 /// Waits for the leader's exit; enforces the timeout and the kill deadline.
 async fn supervise(
     shared: Arc<Shared>,
-    mut child: std::process::Child,
     pidfd: AsyncFd<OwnedFd>,
     mut timeout: Option<Instant>,
     mut kill_rx: watch::Receiver<Option<Instant>>,
@@ -376,15 +390,18 @@ async fn supervise(
                 // this reaches exactly what it left behind in its group.
                 // SAFETY: plain syscall on our own unreaped group.
                 unsafe { libc::kill(-shared.pid, libc::SIGKILL) };
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        let status = ExitStatus::from_std(status);
+                let mut raw = 0;
+                // SAFETY: reaps our own child, without blocking.
+                match unsafe { libc::waitpid(shared.pid, &mut raw, libc::WNOHANG) } {
+                    0 => continue,
+                    pid if pid == shared.pid => {
+                        let status = ExitStatus::from_wait(raw);
                         life.reaped = true;
                         life.status = Some(status);
                         break status;
                     }
-                    Ok(None) => continue,
-                    Err(e) => {
+                    _ => {
+                        let e = std::io::Error::last_os_error();
                         tracing::warn!(pid = shared.pid, error = %e, "cannot collect the exit status");
                         life.reaped = true;
                         life.status = Some(ExitStatus::Code(-1));
@@ -456,13 +473,30 @@ async fn read_stream(
                     } else {
                         None
                     };
-                    let mut buffer = lock(shared.buffer(stream));
-                    if let Some(file) = created {
-                        buffer.set_spill(file);
-                    }
-                    buffer.push(data);
-                    drop(buffer);
+                    let drained = shared.drained.notified();
+                    tokio::pin!(drained);
+                    let pace = {
+                        let mut buffer = lock(shared.buffer(stream));
+                        if let Some(file) = created {
+                            buffer.set_spill(file);
+                        }
+                        buffer.push(data);
+                        let pace = buffer.len() > buffer.memory_cap() / 2 && buffer.reader_active(READER_ACTIVE);
+                        if pace {
+                            // Registered under the lock, so a read right
+                            // after it is not missed.
+                            drained.as_mut().enable();
+                        }
+                        pace
+                    };
                     shared.notify.notify_waiters();
+                    if pace {
+                        // Someone is reading this stream right now: give them
+                        // a moment to take what is there before more arrives
+                        // and pushes unread bytes out of memory. A stream
+                        // nobody reads is never slowed down.
+                        let _ = tokio::time::timeout(PACE_WAIT, drained).await;
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {

@@ -27,15 +27,12 @@ pub mod grant;
 mod handle;
 mod landlock;
 pub mod output;
-mod spawner;
 
 #[cfg(test)]
 mod tests;
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -156,46 +153,32 @@ impl ProcessHost {
 
         let ruleset =
             landlock::ruleset(&grant.read_only_paths, &grant.read_write_paths).map_err(failed)?;
-        let (plan, applied) = confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset)
-            .map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
-
-        let mut command = std::process::Command::new(&program);
-        command
-            .arg0(&argv0)
-            .args(&request.argv[1..])
-            .current_dir(&cwd)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        // SAFETY: `in_child` is async-signal-safe (see `confine`).
-        unsafe { command.pre_exec(move || plan.in_child()) };
+        let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
+        let (plan, applied) =
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec)
+                .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut child = spawner::run(move || command.spawn())
-            .await
-            .map_err(failed)?
-            .map_err(failed)?;
-        let pid = child.id();
+        // Forking here, on the caller's thread, is safe: nothing in the tree
+        // depends on this thread living on (see `confine`, the lifeline).
+        let forked = plan.fork().map_err(failed)?;
+        let pid = forked.pid as u32;
         let span =
             tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
-        let (stdout, stderr) = match (child.stdout.take(), child.stderr.take()) {
-            (Some(out), Some(err)) => (OwnedFd::from(out), OwnedFd::from(err)),
-            _ => unreachable!("both streams were configured as pipes"),
-        };
         let pidfd = match pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) => {
                 // Without a pidfd we cannot supervise: do not leave it running.
-                // SAFETY: our unreaped child's group.
-                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
-                let _ = child.wait();
+                // SAFETY: our unreaped child's group, then our child.
+                unsafe {
+                    libc::kill(-forked.pid, libc::SIGKILL);
+                    libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+                }
                 return Err(failed(e));
             }
         };
+        let (stdout, stderr) = (forked.stdout, forked.stderr);
         // A larger pipe lets a chatty command run ahead of the reader.
         // SAFETY: fcntl on a descriptor we own; failure only costs throughput.
         unsafe {
@@ -219,9 +202,9 @@ impl ProcessHost {
             self.spill_dir.join(format!("process-{id}-stdout.log")),
             self.spill_dir.join(format!("process-{id}-stderr.log")),
         ];
-        handle::Process::start(handle::Started {
+        let started = handle::Process::start(handle::Started {
             id,
-            child,
+            pid: forked.pid,
             pidfd,
             stdout,
             stderr,
@@ -232,8 +215,16 @@ impl ProcessHost {
             timeout: request.timeout,
             applied,
             span,
+        });
+        started.map_err(|e| {
+            // Unsupervised, it must not run on.
+            // SAFETY: our unreaped child's group, then our child.
+            unsafe {
+                libc::kill(-forked.pid, libc::SIGKILL);
+                libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+            }
+            failed(e)
         })
-        .map_err(failed)
     }
 }
 

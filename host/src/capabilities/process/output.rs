@@ -14,11 +14,11 @@
 //! a prefix of the stream (a marker line is appended when the cap cut it);
 //! memory per stream stays below `2 * memory_cap` plus one read chunk.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A spill file, removed from disk when the last holder drops it.
 #[derive(Debug)]
@@ -60,24 +60,40 @@ pub struct StreamChunk {
 /// The consumer-visible half of a stream: unread bytes and flags.
 #[derive(Debug)]
 pub(crate) struct StreamBuffer {
-    pending: VecDeque<u8>,
+    /// Unread bytes; handed over whole on `take` (no copy).
+    pending: Vec<u8>,
     memory_cap: usize,
     dropped: bool,
     total: u64,
     eof: bool,
     spill: Option<Arc<SpillFile>>,
+    last_take: Option<Instant>,
 }
 
 impl StreamBuffer {
     pub(crate) fn new(memory_cap: usize) -> Self {
         Self {
-            pending: VecDeque::new(),
+            pending: Vec::new(),
             memory_cap,
             dropped: false,
             total: 0,
             eof: false,
             spill: None,
+            last_take: None,
         }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub(crate) fn memory_cap(&self) -> usize {
+        self.memory_cap
+    }
+
+    /// True when a consumer took from this stream within `window`.
+    pub(crate) fn reader_active(&self, window: Duration) -> bool {
+        self.last_take.is_some_and(|t| t.elapsed() < window)
     }
 
     /// Appends bytes the process wrote; drops the oldest unread bytes beyond the cap.
@@ -125,7 +141,8 @@ impl StreamBuffer {
 
     /// Takes everything unread.
     pub(crate) fn take(&mut self) -> StreamChunk {
-        let data: Vec<u8> = self.pending.drain(..).collect();
+        let data = std::mem::take(&mut self.pending);
+        self.last_take = Some(Instant::now());
         let dropped = std::mem::take(&mut self.dropped);
         StreamChunk {
             data,

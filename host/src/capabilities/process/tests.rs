@@ -599,3 +599,51 @@ async fn landlock_confines_writes_to_the_granted_paths() {
     assert!(!outside.join("no").exists());
     std::fs::remove_dir_all(&base).unwrap();
 }
+
+/// Not a test by itself: the stand-in host of `no_leak_when_the_host_dies`.
+/// It starts a tree that leaves escapees behind, says so, and waits to be
+/// killed.
+#[tokio::test]
+#[ignore = "helper process of no_leak_when_the_host_dies"]
+async fn helper_host_that_gets_killed() {
+    let Ok(value) = std::env::var("TASKHOST_HELPER_MARK") else {
+        return;
+    };
+    let host = host();
+    let mark = ("TASKHOST_TEST_MARK".to_string(), value);
+    let _process = host
+        .spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none())
+        .await
+        .unwrap();
+    await_marked(&mark, 4).await;
+    println!("helper-ready");
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+}
+
+#[tokio::test]
+async fn no_leak_when_the_host_dies() {
+    require_pid_namespaces();
+    if confine::support().pid_namespace.is_none() {
+        return;
+    }
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let mark = marker(&format!("host-dies-{signal}"));
+        let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "capabilities::process::tests::helper_host_that_gets_killed",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("TASKHOST_HELPER_MARK", &mark.1)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        await_marked(&mark, 4).await;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(helper.id().unwrap() as i32, signal) };
+        helper.wait().await.unwrap();
+        assert_no_marked(&mark).await;
+    }
+}
