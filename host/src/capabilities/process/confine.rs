@@ -324,6 +324,20 @@ fn lifeline() -> io::Result<RawFd> {
     Ok(LIFELINE.get_or_init(|| ends).0.as_raw_fd())
 }
 
+/// `/dev/null`, opened once for the life of the host process.
+fn devnull() -> io::Result<RawFd> {
+    static DEVNULL: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = DEVNULL.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd: OwnedFd = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?
+        .into();
+    Ok(DEVNULL.get_or_init(|| fd).as_raw_fd())
+}
+
 /// Everything the forked child needs, prepared before the fork.
 pub(crate) struct ChildPlan {
     /// `unshare` flags; 0: no namespaces (K forks the command directly).
@@ -331,7 +345,7 @@ pub(crate) struct ChildPlan {
     maps: Option<IdMaps>,
     loopback_up: bool,
     landlock: Option<OwnedFd>,
-    devnull: OwnedFd,
+    devnull: RawFd,
     lifeline: RawFd,
     cwd: CString,
     exec: ExecPlan,
@@ -388,7 +402,7 @@ impl ChildPlan {
                 ns_flags |= libc::CLONE_NEWUSER;
             }
         }
-        let devnull = std::fs::File::open("/dev/null")?.into();
+        let devnull = devnull()?;
         let applied = Applied {
             pid_namespace: pid_ns,
             net_namespace: net_ns,
@@ -452,7 +466,7 @@ impl ChildPlan {
         // before the fork; see the module invariants.
         unsafe {
             // stdin is /dev/null; dup2 clears close-on-exec on 0, 1 and 2.
-            libc::dup2(self.devnull.as_raw_fd(), 0);
+            libc::dup2(self.devnull, 0);
             libc::dup2(stdout, 1);
             libc::dup2(stderr, 2);
             libc::setpgid(0, 0);
@@ -467,7 +481,7 @@ impl ChildPlan {
             // handler (tokio's), and waitpid needs the default disposition.
             libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
-            close_from(3, &[self.devnull.as_raw_fd(), landlock, self.lifeline]);
+            close_from(3, &[self.devnull, landlock, self.lifeline]);
             if libc::chdir(self.cwd.as_ptr()) != 0 {
                 fail(EXIT_SETUP_FAILED, b"cannot enter the working directory");
             }
@@ -626,7 +640,7 @@ impl ChildPlan {
     /// `keep`, so K and I do not hold the output pipes.
     unsafe fn release_fds(&self, keep: &[RawFd]) {
         unsafe {
-            let devnull = self.devnull.as_raw_fd();
+            let devnull = self.devnull;
             for fd in 0..3 {
                 libc::dup2(devnull, fd);
             }

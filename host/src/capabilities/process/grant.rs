@@ -167,7 +167,37 @@ pub enum Refusal {
 /// Resolves `program` the way the grant compares it: a path with a `/` is
 /// taken as is (relative to `cwd`), a bare name is searched on the host's
 /// `PATH`; the result is canonical.
+///
+/// Successful resolutions are cached for the life of the host process (a
+/// spawn checks its program and every granted one; the PATH walk and
+/// `realpath` would otherwise dominate its cost). A program that disappears
+/// later fails at exec with exit code 127 and a message on stderr.
 pub(crate) fn resolve_program(program: &str, cwd: &Path) -> Result<PathBuf, String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Cache = Mutex<HashMap<(String, PathBuf), PathBuf>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    // Only relative paths depend on the working directory.
+    let key_dir = if program.contains('/') && !program.starts_with('/') {
+        cwd.to_path_buf()
+    } else {
+        PathBuf::new()
+    };
+    let key = (program.to_string(), key_dir);
+    if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(hit.clone());
+    }
+    let resolved = resolve_program_uncached(program, cwd)?;
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.len() >= 1024 {
+        cache.clear();
+    }
+    cache.insert(key, resolved.clone());
+    Ok(resolved)
+}
+
+fn resolve_program_uncached(program: &str, cwd: &Path) -> Result<PathBuf, String> {
     if program.is_empty() {
         return Err("empty program name".into());
     }
