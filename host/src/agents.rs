@@ -234,19 +234,18 @@ impl Agent {
     pub async fn dispose(&self) {
         let cleanups = {
             let mut state = self.state();
-            match state.lifecycle {
-                Lifecycle::Live => {
-                    state.lifecycle = Lifecycle::Disposing;
-                    std::mem::take(&mut state.cleanups)
-                }
-                Lifecycle::Disposing | Lifecycle::Disposed => {
-                    drop(state);
-                    let mut done = self.0.disposal.subscribe();
-                    // The sender lives in `self`, so this cannot fail early.
-                    let _ = done.wait_for(|finished| *finished).await;
-                    return;
-                }
+            if state.lifecycle == Lifecycle::Live {
+                state.lifecycle = Lifecycle::Disposing;
+                Some(std::mem::take(&mut state.cleanups))
+            } else {
+                None
             }
+        };
+        let Some(cleanups) = cleanups else {
+            let mut done = self.0.disposal.subscribe();
+            // The sender lives in `self`, so this cannot fail early.
+            let _ = done.wait_for(|finished| *finished).await;
+            return;
         };
         if let Some(registry) = self.0.registry.upgrade() {
             let mut live = registry.live.lock().expect("agent registry poisoned");

@@ -5,10 +5,26 @@
 //! - [`agents`]: live agents (task owners), their session logs and awaited disposal.
 //! - [`tasks`]: the task registry: ids, owner fence, reads, kill, wait, settlement.
 //! - [`capabilities`]: what the host grants plugins (processes), and how it confines them.
+//! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
+//! - [`native`]: producers written in Rust, run in process.
+//! - [`tools`]: the model-facing tools (control tools, producer tools).
+//! - [`prompt`]: the system-prompt section teaching the background-task habit.
+//! - [`config`]: the configuration file.
+//! - [`host`]: the facade that wires all of it together.
+//! - [`builtin`]: the plugins built into the binary (embedded components).
 
 pub mod agents;
+pub mod builtin;
 pub mod capabilities;
+pub mod config;
+pub mod host;
 pub mod ids;
+pub mod native;
+pub mod notices;
 pub mod producer;
+pub mod prompt;
 pub mod tasks;
+pub mod tools;
+
+pub use host::Host;

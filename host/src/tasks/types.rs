@@ -125,7 +125,7 @@ pub trait TaskControl: Send + Sync + 'static {
 
 /// What a producer's `run` returns.
 pub struct TaskHooks {
-    pub control: Box<dyn TaskControl>,
+    pub control: std::sync::Arc<dyn TaskControl>,
     /// Settles with the outcome at QUIESCENCE, after the task released its
     /// resources. An `Err` is a producer contract violation, contained as a
     /// `failed` outcome whose detail carries the error.
@@ -175,9 +175,14 @@ pub struct TaskSnapshot {
 impl TaskSnapshot {
     /// The model-facing status line: `[status: completed, exit code: 0]`.
     pub fn status_line(&self) -> String {
-        match &self.detail {
-            Some(detail) if !detail.is_empty() => format!("[status: {}, {}]", self.status, detail),
-            _ => format!("[status: {}]", self.status),
+        Self::status_line_of(self.status, self.detail.as_deref())
+    }
+
+    /// The status line for a status and an optional detail.
+    pub fn status_line_of(status: TaskStatus, detail: Option<&str>) -> String {
+        match detail {
+            Some(detail) if !detail.is_empty() => format!("[status: {status}, {detail}]"),
+            _ => format!("[status: {status}]"),
         }
     }
 }

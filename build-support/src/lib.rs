@@ -1,0 +1,196 @@
+//! Builds taskhost's WebAssembly guest workspaces from a build script.
+//!
+//! The plugins (`plugins/`) and the test fixtures (`tests/fixtures/`) are
+//! Cargo workspaces of their own, compiled for `wasm32-wasip2`, whose output
+//! is already a WASI 0.2 component. A crate that needs them (the host embeds
+//! its built-in plugins; the end-to-end tests load the fixtures) calls
+//! [`build_guests`] from its `build.rs`, which runs a nested
+//! `cargo build --release --target wasm32-wasip2`.
+//!
+//! Invariants:
+//! - The nested cargo uses its own target directory,
+//!   `<outer target dir>/wasm-guests`. The outer cargo holds the lock of its
+//!   target directory while build scripts run, so sharing it would deadlock.
+//!   Every guest workspace shares `wasm-guests`, so common dependencies
+//!   (wit-bindgen, serde) compile once.
+//! - The outer build's compiler settings never leak into the guest build:
+//!   flags meant for the host target (`RUSTFLAGS` and friends), a forced
+//!   `--target`, a pinned toolchain or a clippy wrapper are cleared.
+//! - The build script reruns only when the guest sources, the extra watched
+//!   paths (the WIT package, a shared SDK) or this crate change, so a no-op
+//!   outer build does not even start the nested cargo.
+//! - Failures panic with a message that says what to do (a build script
+//!   reports errors by failing).
+
+use std::env;
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The target every guest is built for.
+pub const GUEST_TARGET: &str = "wasm32-wasip2";
+
+/// Environment variables of the outer build that must not reach the nested
+/// guest build: they carry host-target flags, a forced target, a pinned
+/// toolchain, or a rustc wrapper (clippy sets one for workspace members).
+const CLEARED_ENV: &[&str] = &[
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_BUILD_TARGET",
+    "CARGO_BUILD_RUSTFLAGS",
+    "RUSTUP_TOOLCHAIN",
+    "RUSTC_WORKSPACE_WRAPPER",
+];
+
+/// The components a guest workspace build produced.
+#[derive(Clone, Debug)]
+pub struct GuestArtifacts {
+    dir: PathBuf,
+}
+
+impl GuestArtifacts {
+    /// The directory holding the built `.wasm` files
+    /// (`<outer target>/wasm-guests/wasm32-wasip2/release`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The absolute path of the component built from the cdylib crate
+    /// `crate_name` (dashes become underscores, as in Cargo's file names).
+    ///
+    /// Panics if the build did not produce it: a misspelt name must fail
+    /// the build, not a test much later.
+    pub fn component(&self, crate_name: &str) -> PathBuf {
+        let path = self.dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
+        assert!(
+            path.is_file(),
+            "guest crate `{crate_name}` produced no component at {}; is it a member of the \
+             guest workspace with crate-type = [\"cdylib\"]?",
+            path.display()
+        );
+        path
+    }
+}
+
+/// Builds every member of the guest workspace at `workspace` (the directory
+/// holding its `Cargo.toml`) in release mode for `wasm32-wasip2`, and returns
+/// where the components are.
+///
+/// `also_watch` lists paths outside the workspace the guests are built from
+/// (the WIT package, a path dependency such as the SDK): a change there
+/// reruns the build script. Relative paths are taken from the calling
+/// crate's manifest directory.
+///
+/// Call it from `build.rs` only: it reads the variables Cargo sets for build
+/// scripts and prints `cargo:` directives.
+pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
+    let manifest_dir = PathBuf::from(required_env("CARGO_MANIFEST_DIR"));
+    let workspace = absolute(&manifest_dir, workspace);
+    let manifest = workspace.join("Cargo.toml");
+    assert!(manifest.is_file(), "guest workspace manifest {} does not exist", manifest.display());
+
+    watch_guest_sources(&workspace);
+    for path in also_watch {
+        println!("cargo:rerun-if-changed={}", absolute(&manifest_dir, path).display());
+    }
+    for name in CLEARED_ENV {
+        // The guest build reads them; a change must rebuild the guests.
+        println!("cargo:rerun-if-env-changed={name}");
+    }
+
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let target_dir = guest_target_dir();
+    ensure_target_installed();
+
+    let mut command = Command::new(&cargo);
+    command
+        .arg("build")
+        .arg("--release")
+        .arg("--target")
+        .arg(GUEST_TARGET)
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir);
+    for name in CLEARED_ENV {
+        command.env_remove(name);
+    }
+    let output = command.output().unwrap_or_else(|error| {
+        panic!("could not run `{}` to build the guests in {}: {error}", cargo.to_string_lossy(), workspace.display())
+    });
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let hint = if stderr.contains("target may not be installed") || stderr.contains("can't find crate for `core`") {
+            format!("\nhint: install the guest target with `rustup target add {GUEST_TARGET}`")
+        } else {
+            String::new()
+        };
+        panic!(
+            "building the guest workspace {} for {GUEST_TARGET} failed ({}):\n{stderr}{hint}",
+            workspace.display(),
+            output.status
+        );
+    }
+
+    GuestArtifacts { dir: target_dir.join(GUEST_TARGET).join("release") }
+}
+
+/// Emits `rerun-if-changed` for the workspace manifest, its lock file and
+/// every member directory, but not for a `target` directory someone left by
+/// building the workspace by hand (it changes on every such build).
+fn watch_guest_sources(workspace: &Path) {
+    let entries =
+        fs::read_dir(workspace).unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
+    for entry in entries {
+        let entry = entry.unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        // Cargo scans a watched directory recursively.
+        println!("cargo:rerun-if-changed={}", entry.path().display());
+    }
+}
+
+/// `<outer target dir>/wasm-guests`. The outer target directory is
+/// `CARGO_TARGET_DIR` when set to an absolute path, else the ancestor of
+/// `OUT_DIR` that Cargo marked with `CACHEDIR.TAG`; failing both, a
+/// directory inside `OUT_DIR` (correct, only not shared between crates).
+fn guest_target_dir() -> PathBuf {
+    let out_dir = PathBuf::from(required_env("OUT_DIR"));
+    let outer = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .or_else(|| out_dir.ancestors().find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf));
+    match outer {
+        Some(outer) => outer.join("wasm-guests"),
+        None => out_dir.join("wasm-guests"),
+    }
+}
+
+/// Fails early, with the fix, when the standard library for the guest
+/// target is missing. rustup never installs targets on its own here.
+fn ensure_target_installed() {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| OsString::from("rustc"));
+    let Ok(output) = Command::new(&rustc).args(["--print", "target-libdir", "--target", GUEST_TARGET]).output() else {
+        // Not knowing is no reason to stop: the build itself will tell.
+        return;
+    };
+    let libdir = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() || libdir.is_empty() || !Path::new(&libdir).is_dir() {
+        panic!(
+            "the Rust target {GUEST_TARGET} is not installed for {}; taskhost builds its \
+             plugins for it. Run:\n    rustup target add {GUEST_TARGET}",
+            rustc.to_string_lossy()
+        );
+    }
+}
+
+fn required_env(name: &str) -> OsString {
+    env::var_os(name).unwrap_or_else(|| panic!("{name} is not set: build_guests must run from a build script"))
+}
+
+fn absolute(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() { path.to_path_buf() } else { base.join(path) }
+}

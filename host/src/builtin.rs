@@ -1,0 +1,50 @@
+//! The plugins built into the `taskhost` binary.
+//!
+//! `build.rs` compiles the guest workspace `plugins/` for `wasm32-wasip2`
+//! and embeds each built-in plugin's component with `include_bytes!`, so the
+//! binary runs its built-in kinds with no files beside it. The path of each
+//! built component is kept too, for tests and `taskhost check`, but it points
+//! into the build's target directory and is only meaningful on the machine
+//! that built the binary; use the bytes at run time.
+//!
+//! The generated constants are, per plugin `<name>` (upper-cased):
+//! `<NAME>_WASM: &[u8]` and `<NAME>_PATH: &str`, e.g. [`TICKER_WASM`] and
+//! [`TICKER_PATH`]; [`BUILTIN_PLUGINS`] lists them all.
+
+/// One plugin built into the binary.
+#[derive(Clone, Copy, Debug)]
+pub struct BuiltinPlugin {
+    /// The guest crate's name (`ticker`), which is how a configuration names it.
+    pub name: &'static str,
+    /// Where the build wrote the component (valid on the build machine only).
+    pub path: &'static str,
+    /// The component itself.
+    pub wasm: &'static [u8],
+}
+
+include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));
+
+/// The built-in plugin called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static BuiltinPlugin> {
+    BUILTIN_PLUGINS.iter().find(|plugin| plugin.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The WebAssembly preamble of a component: magic, then version 0x0d
+    /// and layout 1 (a core module has version 1, layout 0).
+    const COMPONENT_PREAMBLE: [u8; 8] = *b"\0asm\x0d\x00\x01\x00";
+
+    #[test]
+    fn every_builtin_plugin_is_an_embedded_component() {
+        assert!(!BUILTIN_PLUGINS.is_empty());
+        for plugin in BUILTIN_PLUGINS {
+            assert!(plugin.wasm.starts_with(&COMPONENT_PREAMBLE), "{} is not a component", plugin.name);
+            assert!(find(plugin.name).is_some());
+        }
+        assert_eq!(find("ticker").map(|plugin| plugin.wasm), Some(TICKER_WASM));
+        assert!(find("no-such-plugin").is_none());
+    }
+}

@@ -1,0 +1,157 @@
+//! The model-facing tools: the three control tools and one tool per producer.
+//!
+//! A [`Toolbox`] maps tool names to tools and is what surfaces (the library,
+//! MCP, the dev console) call. Every call names its caller — the agent whose
+//! session owns the tasks it starts and fences the tasks it may touch — and
+//! carries a cancellation token that ends the call's own waiting (never a
+//! background task). Results are text: the exact formats the model learns.
+
+pub mod control;
+pub mod producer_tool;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::Agent;
+use crate::tasks::TaskError;
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ToolDefinition {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub input_schema: serde_json::Value,
+}
+
+/// A tool's answer. `is_error` marks results the model should read as a
+/// failed call (a foreground task that did not complete).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub text: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(text: impl Into<String>) -> Self {
+        Self { text: text.into(), is_error: false }
+    }
+}
+
+/// Why a call was refused. Every message says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown tool {name:?}; available tools: {available}")]
+    UnknownTool { name: String, available: String },
+    #[error("invalid arguments for {tool}: {message}")]
+    InvalidArguments { tool: String, message: String },
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error("{tool} failed: {message}")]
+    Failed { tool: String, message: String },
+    #[error("the call to {0} was cancelled")]
+    Cancelled(String),
+}
+
+/// Who is calling, and how to cancel the call.
+#[derive(Clone, Debug, Default)]
+pub struct CallContext {
+    /// The calling agent; `None` for a host-level caller with no session.
+    pub caller: Option<Agent>,
+    /// Cancels the call's own waiting (a `wait`, a foreground run).
+    pub cancel: CancellationToken,
+}
+
+impl CallContext {
+    pub fn for_agent(agent: &Agent) -> Self {
+        Self { caller: Some(agent.clone()), cancel: CancellationToken::new() }
+    }
+}
+
+/// One model-facing tool.
+#[async_trait::async_trait]
+pub trait Tool: Send + Sync + 'static {
+    fn definition(&self) -> ToolDefinition;
+    async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// The tools a host serves, by name.
+#[derive(Clone, Default)]
+pub struct Toolbox {
+    tools: Arc<std::sync::RwLock<BTreeMap<String, Arc<dyn Tool>>>>,
+}
+
+impl Toolbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces the tool under its definition's name.
+    pub fn insert(&self, tool: Arc<dyn Tool>) {
+        let name = tool.definition().name;
+        self.tools.write().expect("toolbox poisoned").insert(name, tool);
+    }
+
+    /// Removes a tool; running tasks it started are unaffected.
+    pub fn remove(&self, name: &str) -> bool {
+        self.tools.write().expect("toolbox poisoned").remove(name).is_some()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.read().expect("toolbox poisoned").get(name).cloned()
+    }
+
+    /// Current definitions, sorted by name.
+    pub fn definitions(&self) -> Vec<ToolDefinition> {
+        let tools: Vec<Arc<dyn Tool>> = self.tools.read().expect("toolbox poisoned").values().cloned().collect();
+        tools.iter().map(|tool| tool.definition()).collect()
+    }
+
+    pub async fn call(
+        &self,
+        name: &str,
+        args: serde_json::Value,
+        context: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let Some(tool) = self.get(name) else {
+            let available = self.tools.read().expect("toolbox poisoned").keys().cloned().collect::<Vec<_>>().join(", ");
+            return Err(ToolError::UnknownTool { name: name.to_string(), available });
+        };
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = name,
+            owner = context.caller.as_ref().map(|a| a.session().as_str()).unwrap_or("-"),
+        );
+        tracing::Instrument::instrument(tool.call(args, context), span).await
+    }
+}
+
+/// Deserializes a tool's arguments, turning serde's message into one that
+/// names the tool. `null` counts as `{}`: some clients send no arguments.
+pub(crate) fn parse_arguments<T: serde::de::DeserializeOwned>(
+    tool: &str,
+    args: serde_json::Value,
+) -> Result<T, ToolError> {
+    let args = if args.is_null() { serde_json::Value::Object(Default::default()) } else { args };
+    if !args.is_object() {
+        return Err(ToolError::InvalidArguments {
+            tool: tool.to_string(),
+            message: format!("expected a JSON object, got {}", json_kind(&args)),
+        });
+    }
+    serde_json::from_value(args)
+        .map_err(|error| ToolError::InvalidArguments { tool: tool.to_string(), message: error.to_string() })
+}
+
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
