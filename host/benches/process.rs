@@ -16,9 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use taskhost::capabilities::process::{
-    ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream,
-};
+use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use tokio::io::AsyncReadExt;
 
 fn status_kib(field: &str) -> u64 {
@@ -36,33 +34,20 @@ fn percentile(samples: &mut [Duration], p: f64) -> Duration {
 }
 
 fn request(argv: &[&str]) -> SpawnRequest {
-    SpawnRequest {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
+    SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
 }
 
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let host = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
-    let grant = ProcessGrant {
-        programs: vec!["bash".into(), "head".into()],
-        ..ProcessGrant::default()
-    };
-    let plain = ProcessGrant {
-        pid_namespace: false,
-        network: true,
-        ..grant.clone()
-    };
+    let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };
+    let plain = ProcessGrant { pid_namespace: false, network: true, ..grant.clone() };
     let span = tracing::Span::none();
     println!("confinement: {}", host.support().describe());
 
     // 1. start latency
-    let pid_only = ProcessGrant {
-        network: true,
-        ..grant.clone()
-    };
+    let pid_only = ProcessGrant { network: true, ..grant.clone() };
     let variants: [(&str, Option<&ProcessGrant>); 4] = [
         ("tokio::process", None),
         ("process cap, PID+net namespaces", Some(&grant)),
@@ -87,19 +72,13 @@ async fn main() {
             let t = Instant::now();
             let elapsed = match variants[v].1 {
                 Some(g) => {
-                    let process = host
-                        .spawn(g, request(&["bash", "-c", "true"]), &span)
-                        .await
-                        .unwrap();
+                    let process = host.spawn(g, request(&["bash", "-c", "true"]), &span).await.unwrap();
                     let elapsed = t.elapsed();
                     process.finished().await;
                     elapsed
                 }
                 None => {
-                    let mut child = tokio::process::Command::new("bash")
-                        .args(["-c", "true"])
-                        .spawn()
-                        .unwrap();
+                    let mut child = tokio::process::Command::new("bash").args(["-c", "true"]).spawn().unwrap();
                     let elapsed = t.elapsed();
                     child.wait().await.unwrap();
                     elapsed
@@ -111,15 +90,10 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
     }
-    println!(
-        "start `bash -c true`, {iterations} rounds (spawn call -> handle; shuffled, interleaved):"
-    );
+    println!("start `bash -c true`, {iterations} rounds (spawn call -> handle; shuffled, interleaved):");
     let base = percentile(&mut samples[0], 0.5);
     for (v, (name, _)) in variants.iter().enumerate() {
-        let (p50, p90) = (
-            percentile(&mut samples[v], 0.5),
-            percentile(&mut samples[v], 0.9),
-        );
+        let (p50, p90) = (percentile(&mut samples[v], 0.5), percentile(&mut samples[v], 0.9));
         println!(
             "  {name:<34} p50 {p50:>10.1?}  p90 {p90:>10.1?}  p50 ratio {:.2}x",
             p50.as_secs_f64() / base.as_secs_f64()
@@ -152,14 +126,7 @@ async fn main() {
     let rss_before = status_kib("VmRSS:");
     let hwm_before = status_kib("VmHWM:");
     let t = Instant::now();
-    let process = host
-        .spawn(
-            &grant,
-            request(&["head", "-c", &size_arg, "/dev/zero"]),
-            &span,
-        )
-        .await
-        .unwrap();
+    let process = host.spawn(&grant, request(&["head", "-c", &size_arg, "/dev/zero"]), &span).await.unwrap();
     let (mut delivered, mut reads, mut drops) = (0u64, 0u64, 0u64);
     loop {
         process.ready().await;

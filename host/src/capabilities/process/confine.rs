@@ -84,9 +84,7 @@ impl ConfinementSupport {
         let pid = match self.pid_namespace {
             Some(false) => "PID namespaces: on",
             Some(true) => "PID namespaces: on (in a user namespace)",
-            None => {
-                "PID namespaces: UNAVAILABLE (process groups only: setsid escapees can outlive their task)"
-            }
+            None => "PID namespaces: UNAVAILABLE (process groups only: setsid escapees can outlive their task)",
         };
         let net = if self.net_namespace {
             "network isolation: on"
@@ -106,10 +104,7 @@ pub fn support() -> &'static ConfinementSupport {
     static SUPPORT: OnceLock<ConfinementSupport> = OnceLock::new();
     SUPPORT.get_or_init(|| {
         let support = probe();
-        if support.pid_namespace.is_some()
-            && support.net_namespace
-            && support.landlock_abi.is_some()
-        {
+        if support.pid_namespace.is_some() && support.net_namespace && support.landlock_abi.is_some() {
             tracing::info!(confinement = %support.describe(), "process confinement probed");
         } else {
             tracing::warn!(confinement = %support.describe(), "process confinement is degraded");
@@ -131,11 +126,7 @@ fn probe() -> ConfinementSupport {
         Some(userns) => probe_unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNET, userns),
         None => false,
     };
-    ConfinementSupport {
-        pid_namespace,
-        net_namespace,
-        landlock_abi: landlock::abi(),
-    }
+    ConfinementSupport { pid_namespace, net_namespace, landlock_abi: landlock::abi() }
 }
 
 /// Forks a child that tries the unshare (and a first process in the new PID
@@ -150,11 +141,7 @@ fn probe_unshare(flags: libc::c_int, userns: bool) -> bool {
             return false;
         }
         if pid == 0 {
-            let flags = if userns {
-                flags | libc::CLONE_NEWUSER
-            } else {
-                flags
-            };
+            let flags = if userns { flags | libc::CLONE_NEWUSER } else { flags };
             if libc::unshare(flags) != 0 {
                 libc::_exit(1);
             }
@@ -172,11 +159,7 @@ fn probe_unshare(flags: libc::c_int, userns: bool) -> bool {
             if libc::waitpid(child, &mut status, 0) != child {
                 libc::_exit(4);
             }
-            libc::_exit(if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                5
-            });
+            libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 5 });
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
@@ -200,10 +183,7 @@ impl IdMaps {
     fn current() -> Self {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        Self {
-            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
-            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
-        }
+        Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
     }
 
     /// Async-signal-safe: writes this process's maps.
@@ -252,14 +232,8 @@ impl ExecPlan {
         env: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
     ) -> io::Result<Self> {
         use std::os::unix::ffi::OsStrExt;
-        let nul = |what: &str| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{what} holds a NUL byte"),
-            )
-        };
-        let path =
-            CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
+        let nul = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} holds a NUL byte"));
+        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
         let argv = argv
             .iter()
             .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("an argument")))
@@ -273,33 +247,15 @@ impl ExecPlan {
                 CString::new(entry).map_err(|_| nul("an environment value"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let argv_ptrs = argv
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain([std::ptr::null()])
-            .collect();
-        let envp_ptrs = envp
-            .iter()
-            .map(|e| e.as_ptr())
-            .chain([std::ptr::null()])
-            .collect();
-        Ok(Self {
-            path,
-            _argv: argv,
-            _envp: envp,
-            argv_ptrs,
-            envp_ptrs,
-        })
+        let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+        let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
+        Ok(Self { path, _argv: argv, _envp: envp, argv_ptrs, envp_ptrs })
     }
 
     /// Replaces the calling process with the command; never returns.
     unsafe fn exec(&self) -> ! {
         unsafe {
-            libc::execve(
-                self.path.as_ptr(),
-                self.argv_ptrs.as_ptr(),
-                self.envp_ptrs.as_ptr(),
-            );
+            libc::execve(self.path.as_ptr(), self.argv_ptrs.as_ptr(), self.envp_ptrs.as_ptr());
             fail(EXIT_EXEC_FAILED, b"cannot execute the program")
         }
     }
@@ -330,11 +286,7 @@ fn devnull() -> io::Result<RawFd> {
     if let Some(fd) = DEVNULL.get() {
         return Ok(fd.as_raw_fd());
     }
-    let fd: OwnedFd = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")?
-        .into();
+    let fd: OwnedFd = std::fs::File::options().read(true).write(true).open("/dev/null")?.into();
     Ok(DEVNULL.get_or_init(|| fd).as_raw_fd())
 }
 
@@ -403,11 +355,7 @@ impl ChildPlan {
             }
         }
         let devnull = devnull()?;
-        let applied = Applied {
-            pid_namespace: pid_ns,
-            net_namespace: net_ns,
-            landlock: landlock.is_some(),
-        };
+        let applied = Applied { pid_namespace: pid_ns, net_namespace: net_ns, landlock: landlock.is_some() };
         let plan = Self {
             ns_flags,
             maps: (userns == Some(true) && pid_ns).then(IdMaps::current),
@@ -415,12 +363,8 @@ impl ChildPlan {
             landlock,
             devnull,
             lifeline: lifeline()?,
-            cwd: CString::new(cwd.as_os_str().as_bytes()).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the working directory holds a NUL byte",
-                )
-            })?,
+            cwd: CString::new(cwd.as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
         };
         Ok((plan, applied))
@@ -449,11 +393,7 @@ impl ChildPlan {
         // this returns and a kill cannot miss it.
         // SAFETY: plain syscall on our own child.
         unsafe { libc::setpgid(pid, pid) };
-        Ok(Forked {
-            pid,
-            stdout,
-            stderr,
-        })
+        Ok(Forked { pid, stdout, stderr })
     }
 
     /// Runs in the forked child K and never returns: every path ends in the
@@ -493,16 +433,10 @@ impl ChildPlan {
                 if let Some(maps) = &self.maps
                     && maps.write().is_err()
                 {
-                    fail(
-                        EXIT_SETUP_FAILED,
-                        b"cannot map user ids in the user namespace",
-                    );
+                    fail(EXIT_SETUP_FAILED, b"cannot map user ids in the user namespace");
                 }
                 if self.loopback_up && loopback_up().is_err() {
-                    fail(
-                        EXIT_SETUP_FAILED,
-                        b"cannot bring up loopback in the network namespace",
-                    );
+                    fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
                 }
             }
             self.restrict_fs();
@@ -539,29 +473,15 @@ impl ChildPlan {
             self.release_fds(&[status_read, self.lifeline]);
             // The group's SIGTERM is for the command; K leaves only when the
             // tree is gone (or by the group's SIGKILL).
-            for signal in [
-                libc::SIGTERM,
-                libc::SIGINT,
-                libc::SIGHUP,
-                libc::SIGQUIT,
-                libc::SIGPIPE,
-            ] {
+            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
                 libc::signal(signal, libc::SIG_IGN);
             }
             let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
             if pidfd >= 0 {
                 loop {
                     let mut fds = [
-                        libc::pollfd {
-                            fd: pidfd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
-                        libc::pollfd {
-                            fd: self.lifeline,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
+                        libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: self.lifeline, events: libc::POLLIN, revents: 0 },
                     ];
                     if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
                         if *libc::__errno_location() == libc::EINTR {
@@ -585,12 +505,11 @@ impl ChildPlan {
                 }
             }
             let mut bytes = [0u8; 4];
-            let status =
-                if status_read >= 0 && libc::read(status_read, bytes.as_mut_ptr().cast(), 4) == 4 {
-                    i32::from_ne_bytes(bytes)
-                } else {
-                    child_status
-                };
+            let status = if status_read >= 0 && libc::read(status_read, bytes.as_mut_ptr().cast(), 4) == 4 {
+                i32::from_ne_bytes(bytes)
+            } else {
+                child_status
+            };
             reproduce(status)
         }
     }
@@ -603,11 +522,7 @@ impl ChildPlan {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             // K may have died before the death signal was armed: K holds the
             // pipe's read end, so a broken pipe tells.
-            let mut poll = libc::pollfd {
-                fd: status_write,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
+            let mut poll = libc::pollfd { fd: status_write, events: libc::POLLOUT, revents: 0 };
             if libc::poll(&mut poll, 1, 0) < 0 || poll.revents & libc::POLLERR != 0 {
                 libc::_exit(EXIT_PARENT_GONE);
             }
@@ -665,13 +580,7 @@ unsafe fn fail(code: i32, what: &[u8]) -> ! {
                 break;
             }
         }
-        for part in [
-            b"taskhost: ".as_slice(),
-            what,
-            b": errno ",
-            &digits[at..],
-            b"\n",
-        ] {
+        for part in [b"taskhost: ".as_slice(), what, b": errno ", &digits[at..], b"\n"] {
             libc::write(2, part.as_ptr().cast(), part.len());
         }
         libc::_exit(code)
@@ -722,10 +631,7 @@ unsafe fn reproduce(status: libc::c_int) -> ! {
     unsafe {
         if libc::WIFSIGNALED(status) {
             let signal = libc::WTERMSIG(status);
-            let no_core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
+            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             libc::setrlimit(libc::RLIMIT_CORE, &no_core);
             libc::signal(signal, libc::SIG_DFL);
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -735,11 +641,7 @@ unsafe fn reproduce(status: libc::c_int) -> ! {
             libc::kill(libc::getpid(), signal);
             libc::_exit(128 + signal);
         }
-        libc::_exit(if libc::WIFEXITED(status) {
-            libc::WEXITSTATUS(status)
-        } else {
-            EXIT_SETUP_FAILED
-        })
+        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { EXIT_SETUP_FAILED })
     }
 }
 

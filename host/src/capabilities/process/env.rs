@@ -12,19 +12,13 @@ use std::ffi::OsString;
 use super::grant::EnvPolicy;
 
 /// A terminal that does not page, colour or ask questions: models read plain text.
-pub const TERMINAL_DEFAULTS: [(&str, &str); 4] = [
-    ("NO_COLOR", "1"),
-    ("TERM", "dumb"),
-    ("PAGER", "cat"),
-    ("GIT_PAGER", "cat"),
-];
+pub const TERMINAL_DEFAULTS: [(&str, &str); 4] =
+    [("NO_COLOR", "1"), ("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat")];
 
 /// True when `name` matches one of the scrub patterns.
 pub(crate) fn is_scrubbed(name: &str, patterns: &[String]) -> bool {
     let upper = name.to_ascii_uppercase();
-    patterns
-        .iter()
-        .any(|p| !p.is_empty() && upper.contains(&p.to_ascii_uppercase()))
+    patterns.iter().any(|p| !p.is_empty() && upper.contains(&p.to_ascii_uppercase()))
 }
 
 /// Builds the complete environment of a process (it replaces, never extends,
@@ -62,10 +56,7 @@ mod tests {
     use super::*;
 
     fn os(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-            .collect()
+        pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect()
     }
 
     #[test]
@@ -82,26 +73,18 @@ mod tests {
             ]),
             &[],
         );
-        assert_eq!(
-            env.get(OsString::from("HOME").as_os_str()).unwrap(),
-            "/root"
-        );
+        assert_eq!(env.get(OsString::from("HOME").as_os_str()).unwrap(), "/root");
         assert!(!env.contains_key(OsString::from("OPENAI_API_KEY").as_os_str()));
         assert!(!env.contains_key(OsString::from("db_password").as_os_str()));
         assert!(!env.contains_key(OsString::from("GH_TOKEN").as_os_str()));
         assert_eq!(env.get(OsString::from("TERM").as_os_str()).unwrap(), "dumb");
-        assert_eq!(
-            env.get(OsString::from("NO_COLOR").as_os_str()).unwrap(),
-            "1"
-        );
+        assert_eq!(env.get(OsString::from("NO_COLOR").as_os_str()).unwrap(), "1");
     }
 
     #[test]
     fn explicit_entries_win_over_scrub_and_defaults() {
         let mut policy = EnvPolicy::default();
-        policy
-            .set
-            .insert("SERVICE_TOKEN".into(), "from-config".into());
+        policy.set.insert("SERVICE_TOKEN".into(), "from-config".into());
         policy.scrub = vec!["HOME".into()];
         let env = build_env(
             &policy,
@@ -110,23 +93,13 @@ mod tests {
         );
         assert!(!env.contains_key(OsString::from("HOME").as_os_str()));
         assert!(env.contains_key(OsString::from("API_KEY").as_os_str()));
-        assert_eq!(
-            env.get(OsString::from("SERVICE_TOKEN").as_os_str())
-                .unwrap(),
-            "from-config"
-        );
-        assert_eq!(
-            env.get(OsString::from("PAGER").as_os_str()).unwrap(),
-            "less"
-        );
+        assert_eq!(env.get(OsString::from("SERVICE_TOKEN").as_os_str()).unwrap(), "from-config");
+        assert_eq!(env.get(OsString::from("PAGER").as_os_str()).unwrap(), "less");
     }
 
     #[test]
     fn no_inheritance_keeps_only_explicit_layers() {
-        let policy = EnvPolicy {
-            inherit: false,
-            ..EnvPolicy::default()
-        };
+        let policy = EnvPolicy { inherit: false, ..EnvPolicy::default() };
         let env = build_env(&policy, os(&[("HOME", "/root")]), &[]);
         assert_eq!(env.len(), TERMINAL_DEFAULTS.len());
     }

@@ -96,9 +96,7 @@ impl Default for EnvPolicy {
     fn default() -> Self {
         Self {
             inherit: true,
-            scrub: ["KEY", "PASSWORD", "SECRET", "TOKEN"]
-                .map(String::from)
-                .to_vec(),
+            scrub: ["KEY", "PASSWORD", "SECRET", "TOKEN"].map(String::from).to_vec(),
             set: BTreeMap::new(),
         }
     }
@@ -136,31 +134,15 @@ impl Default for ProcessLimits {
 pub enum Refusal {
     #[error("the process grant refuses this spawn: argv is empty")]
     EmptyArgv,
-    #[error(
-        "the process grant allows no programs for this plugin (grant `programs` in its configuration)"
-    )]
+    #[error("the process grant allows no programs for this plugin (grant `programs` in its configuration)")]
     NoPrograms,
     #[error("the process grant refuses program {asked:?}: {why}; allowed programs: {allowed}")]
-    Program {
-        asked: String,
-        why: String,
-        allowed: String,
-    },
-    #[error(
-        "the process grant refuses working directory {asked:?}: {why}; allowed directories: {allowed}"
-    )]
-    WorkingDir {
-        asked: String,
-        why: String,
-        allowed: String,
-    },
-    #[error(
-        "the process grant refuses environment variable {0:?}: names must be non-empty and hold no '=' or NUL"
-    )]
+    Program { asked: String, why: String, allowed: String },
+    #[error("the process grant refuses working directory {asked:?}: {why}; allowed directories: {allowed}")]
+    WorkingDir { asked: String, why: String, allowed: String },
+    #[error("the process grant refuses environment variable {0:?}: names must be non-empty and hold no '=' or NUL")]
     EnvName(String),
-    #[error(
-        "the process grant refuses this spawn: {0} processes are already live for this task (limit)"
-    )]
+    #[error("the process grant refuses this spawn: {0} processes are already live for this task (limit)")]
     TooMany(usize),
 }
 
@@ -179,11 +161,7 @@ pub(crate) fn resolve_program(program: &str, cwd: &Path) -> Result<PathBuf, Stri
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     // Only relative paths depend on the working directory.
-    let key_dir = if program.contains('/') && !program.starts_with('/') {
-        cwd.to_path_buf()
-    } else {
-        PathBuf::new()
-    };
+    let key_dir = if program.contains('/') && !program.starts_with('/') { cwd.to_path_buf() } else { PathBuf::new() };
     let key = (program.to_string(), key_dir);
     if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(hit.clone());
@@ -214,9 +192,7 @@ fn resolve_program_uncached(program: &str, cwd: &Path) -> Result<PathBuf, String
             .find(|path| is_executable(path))
             .ok_or_else(|| format!("{program} was not found on the host's PATH"))?
     };
-    candidate
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve {}: {e}", candidate.display()))
+    candidate.canonicalize().map_err(|e| format!("cannot resolve {}: {e}", candidate.display()))
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -228,10 +204,7 @@ impl ProcessGrant {
     /// The canonical programs this grant allows (entries that do not resolve
     /// are skipped: they cannot match anything).
     pub(crate) fn allowed_programs(&self, cwd: &Path) -> Vec<PathBuf> {
-        self.programs
-            .iter()
-            .filter_map(|p| resolve_program(p, cwd).ok())
-            .collect()
+        self.programs.iter().filter_map(|p| resolve_program(p, cwd).ok()).collect()
     }
 
     /// Checks a program against the grant; returns the canonical path to execute.
@@ -251,10 +224,7 @@ impl ProcessGrant {
         } else {
             Err(Refusal::Program {
                 asked: program.to_string(),
-                why: format!(
-                    "it resolves to {}, which is not granted",
-                    resolved.display()
-                ),
+                why: format!("it resolves to {}, which is not granted", resolved.display()),
                 allowed: allowed_text(),
             })
         }
@@ -263,15 +233,9 @@ impl ProcessGrant {
     /// The canonical roots processes may run in, the first being the default.
     fn working_roots(&self) -> Vec<PathBuf> {
         if self.working_dirs.is_empty() {
-            std::env::current_dir()
-                .and_then(|d| d.canonicalize())
-                .into_iter()
-                .collect()
+            std::env::current_dir().and_then(|d| d.canonicalize()).into_iter().collect()
         } else {
-            self.working_dirs
-                .iter()
-                .filter_map(|d| d.canonicalize().ok())
-                .collect()
+            self.working_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect()
         }
     }
 
@@ -281,17 +245,9 @@ impl ProcessGrant {
         let roots = self.working_roots();
         let allowed_text = || {
             if self.working_dirs.is_empty() {
-                roots
-                    .iter()
-                    .map(|r| r.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
             } else {
-                self.working_dirs
-                    .iter()
-                    .map(|r| r.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                self.working_dirs.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
             }
         };
         let Some(default) = roots.first() else {
@@ -304,25 +260,15 @@ impl ProcessGrant {
         let Some(asked) = asked.filter(|a| !a.is_empty()) else {
             return Ok(default.clone());
         };
-        let refuse = |why: String| Refusal::WorkingDir {
-            asked: asked.to_string(),
-            why,
-            allowed: allowed_text(),
-        };
-        let dir = default
-            .join(asked)
-            .canonicalize()
-            .map_err(|e| refuse(format!("it cannot be resolved ({e})")))?;
+        let refuse = |why: String| Refusal::WorkingDir { asked: asked.to_string(), why, allowed: allowed_text() };
+        let dir = default.join(asked).canonicalize().map_err(|e| refuse(format!("it cannot be resolved ({e})")))?;
         if !dir.is_dir() {
             return Err(refuse("it is not a directory".into()));
         }
         if roots.iter().any(|root| dir.starts_with(root)) {
             Ok(dir)
         } else {
-            Err(refuse(format!(
-                "it resolves to {}, outside every granted directory",
-                dir.display()
-            )))
+            Err(refuse(format!("it resolves to {}, outside every granted directory", dir.display())))
         }
     }
 

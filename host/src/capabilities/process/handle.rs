@@ -165,8 +165,7 @@ impl Shared {
         }
         tracing::debug!(pid = self.pid, "SIGTERM to the process group");
         self.signal_group(libc::SIGTERM);
-        self.kill_deadline
-            .send_replace(Some(Instant::now() + self.grace));
+        self.kill_deadline.send_replace(Some(Instant::now() + self.grace));
     }
 
     fn finished(&self) -> Option<ExitStatus> {
@@ -175,9 +174,7 @@ impl Shared {
     }
 
     fn has_news(&self) -> bool {
-        lock(&self.stdout).has_unread()
-            || lock(&self.stderr).has_unread()
-            || self.finished().is_some()
+        lock(&self.stdout).has_unread() || lock(&self.stderr).has_unread() || self.finished().is_some()
     }
 }
 
@@ -192,17 +189,12 @@ fn live() -> &'static Mutex<BTreeMap<u64, Weak<Shared>>> {
 /// keeper takes its whole tree down. Returns how many groups were signalled.
 pub fn kill_all() -> usize {
     let all: Vec<_> = lock(live()).values().filter_map(Weak::upgrade).collect();
-    all.iter()
-        .filter(|shared| shared.signal_group(libc::SIGKILL))
-        .count()
+    all.iter().filter(|shared| shared.signal_group(libc::SIGKILL)).count()
 }
 
 /// Number of process trees of this host process not yet reaped.
 pub fn live_count() -> usize {
-    lock(live())
-        .values()
-        .filter(|w| w.strong_count() > 0)
-        .count()
+    lock(live()).values().filter(|w| w.strong_count() > 0).count()
 }
 
 /// A running (or finished) process tree. Dropping it kills the tree.
@@ -213,10 +205,7 @@ pub struct Process {
 
 impl std::fmt::Debug for Process {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Process")
-            .field("id", &self.shared.id)
-            .field("pid", &self.shared.pid)
-            .finish()
+        f.debug_struct("Process").field("id", &self.shared.id).field("pid", &self.shared.pid).finish()
     }
 }
 
@@ -265,10 +254,7 @@ impl Process {
         // Reads smaller than the cap leave room for several in memory, so a
         // reader that keeps up loses nothing to one oversized read.
         let chunk = (s.memory_cap / 4).clamp(1, 64 * 1024);
-        for (stream, rx, path) in [
-            (Stream::Stdout, stdout, stdout_path),
-            (Stream::Stderr, stderr, stderr_path),
-        ] {
+        for (stream, rx, path) in [(Stream::Stdout, stdout, stdout_path), (Stream::Stderr, stderr, stderr_path)] {
             let spill = SpillWriter::new(path, s.memory_cap, s.spill_cap);
             let fut = read_stream(shared.clone(), stream, rx, spill, chunk, exited_rx.clone());
             tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
@@ -276,10 +262,7 @@ impl Process {
         let deadline = s.timeout.map(|t| Instant::now() + t);
         let fut = supervise(shared.clone(), pidfd, deadline, kill_rx);
         tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
-        Ok(Self {
-            shared,
-            span: s.span,
-        })
+        Ok(Self { shared, span: s.span })
     }
 
     /// The leader's pid in the host's PID namespace (also the group id).
@@ -339,21 +322,43 @@ impl Process {
     /// The spill files created so far. Holding them keeps them on disk after
     /// the process is dropped (they are deleted when the last holder drops).
     pub fn spill_files(&self) -> Vec<Arc<SpillFile>> {
-        [Stream::Stdout, Stream::Stderr]
-            .into_iter()
-            .filter_map(|s| lock(self.shared.buffer(s)).spill())
-            .collect()
+        spill_files(&self.shared)
     }
+
+    /// A non-owning view of this process.
+    pub fn watch(&self) -> ProcessWatch {
+        ProcessWatch { shared: self.shared.clone() }
+    }
+}
+
+/// A non-owning view of a process: waits for it and lists its spill files,
+/// but neither keeps it alive nor kills it.
+#[derive(Clone)]
+pub struct ProcessWatch {
+    shared: Arc<Shared>,
+}
+
+impl ProcessWatch {
+    /// Completes when the process's exit status is known (see [`Process::exit_status`]).
+    pub async fn finished(&self) {
+        wait_until(&self.shared, |s| s.finished().is_some()).await
+    }
+
+    /// The spill files created so far.
+    pub fn spill_files(&self) -> Vec<Arc<SpillFile>> {
+        spill_files(&self.shared)
+    }
+}
+
+fn spill_files(shared: &Shared) -> Vec<Arc<SpillFile>> {
+    [Stream::Stdout, Stream::Stderr].into_iter().filter_map(|s| lock(shared.buffer(s)).spill()).collect()
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
         if self.shared.signal_group(libc::SIGKILL) {
             let _enter = self.span.enter();
-            tracing::debug!(
-                pid = self.shared.pid,
-                "process dropped while alive: SIGKILL to its group"
-            );
+            tracing::debug!(pid = self.shared.pid, "process dropped while alive: SIGKILL to its group");
         }
     }
 }

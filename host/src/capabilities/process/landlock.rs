@@ -42,12 +42,7 @@ struct PathBeneathAttr {
 pub(crate) fn abi() -> Option<u32> {
     // SAFETY: the version query takes no pointers.
     let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<RulesetAttr>(),
-            0,
-            CREATE_RULESET_VERSION,
-        )
+        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<RulesetAttr>(), 0, CREATE_RULESET_VERSION)
     };
     (v > 0).then_some(v as u32)
 }
@@ -69,27 +64,15 @@ fn handled_rights(abi: u32) -> u64 {
 
 /// Builds the ruleset for a grant; `None` when the grant has no filesystem
 /// rules or the kernel has no Landlock (the probe logged that already).
-pub(crate) fn ruleset(
-    read_only: &[PathBuf],
-    read_write: &[PathBuf],
-) -> io::Result<Option<OwnedFd>> {
+pub(crate) fn ruleset(read_only: &[PathBuf], read_write: &[PathBuf]) -> io::Result<Option<OwnedFd>> {
     if read_only.is_empty() && read_write.is_empty() {
         return Ok(None);
     }
     let Some(abi) = abi() else { return Ok(None) };
     let handled = handled_rights(abi);
-    let attr = RulesetAttr {
-        handled_access_fs: handled,
-    };
+    let attr = RulesetAttr { handled_access_fs: handled };
     // SAFETY: a valid attribute struct and its size.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            &attr,
-            std::mem::size_of::<RulesetAttr>(),
-            0,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr, std::mem::size_of::<RulesetAttr>(), 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -127,21 +110,10 @@ fn add_rule(ruleset: &OwnedFd, path: &Path, rights: u64) -> io::Result<()> {
         parent_fd: parent.as_raw_fd(),
     };
     // SAFETY: a valid ruleset descriptor and attribute struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset.as_raw_fd(),
-            RULE_PATH_BENEATH,
-            &attr,
-            0,
-        )
-    };
+    let rc = unsafe { libc::syscall(libc::SYS_landlock_add_rule, ruleset.as_raw_fd(), RULE_PATH_BENEATH, &attr, 0) };
     if rc != 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("Landlock rule for {}: {e}", path.display()),
-        ));
+        return Err(io::Error::new(e.kind(), format!("Landlock rule for {}: {e}", path.display())));
     }
     Ok(())
 }

@@ -27,6 +27,7 @@ pub mod grant;
 mod handle;
 mod landlock;
 pub mod output;
+pub mod wasm;
 
 #[cfg(test)]
 mod tests;
@@ -39,8 +40,9 @@ use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
-pub use handle::{ExitStatus, Process, Stream, kill_all, live_count, signal_name};
+pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
 pub use output::{SpillFile, StreamChunk};
+pub use wasm::{ProcessCapability, ProcessCtx};
 
 /// One process to start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -87,13 +89,16 @@ pub struct ProcessHostConfig {
 pub struct ProcessHost {
     spill_dir: PathBuf,
     next_id: AtomicU64,
+    /// Spill files with no task record to live in (foreground runs), newest last.
+    retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
 }
+
+/// How many spill files of foreground runs the host keeps (the oldest go first).
+pub const RETAINED_FOREGROUND_SPILLS: usize = 64;
 
 impl std::fmt::Debug for ProcessHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessHost")
-            .field("spill_dir", &self.spill_dir)
-            .finish()
+        f.debug_struct("ProcessHost").field("spill_dir", &self.spill_dir).finish()
     }
 }
 
@@ -105,15 +110,23 @@ impl ProcessHost {
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
-        Ok(Arc::new(Self {
-            spill_dir,
-            next_id: AtomicU64::new(1),
-        }))
+        Ok(Arc::new(Self { spill_dir, next_id: AtomicU64::new(1), retained: Default::default() }))
     }
 
     /// What confinement the kernel allows here.
     pub fn support(&self) -> &'static ConfinementSupport {
         confine::support()
+    }
+
+    /// Keeps spill files that no task record holds (a foreground run's output
+    /// may name them) for as long as this host lives, up to
+    /// [`RETAINED_FOREGROUND_SPILLS`] files: the oldest are deleted first.
+    pub fn retain_spill_files(&self, files: Vec<Arc<SpillFile>>) {
+        let mut retained = self.retained.lock().unwrap_or_else(|e| e.into_inner());
+        retained.extend(files);
+        while retained.len() > RETAINED_FOREGROUND_SPILLS {
+            retained.pop_front();
+        }
     }
 
     /// The private directory spill files are written to.
@@ -136,36 +149,25 @@ impl ProcessHost {
         for (name, _) in &request.env {
             ProcessGrant::check_env_name(name.as_ref())?;
         }
-        let failed = |source: std::io::Error| SpawnError::Failed {
-            program: argv0.clone(),
-            source,
-        };
+        let failed = |source: std::io::Error| SpawnError::Failed { program: argv0.clone(), source };
         let limits = &grant.limits;
-        let memory_cap = request
-            .memory_cap
-            .map_or(limits.memory_cap_bytes, |c| c.min(limits.memory_cap_bytes))
-            .max(1);
-        let spill_cap = request
-            .spill_cap
-            .map_or(limits.spill_cap_bytes, |c| c.min(limits.spill_cap_bytes));
+        let memory_cap = request.memory_cap.map_or(limits.memory_cap_bytes, |c| c.min(limits.memory_cap_bytes)).max(1);
+        let spill_cap = request.spill_cap.map_or(limits.spill_cap_bytes, |c| c.min(limits.spill_cap_bytes));
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let ruleset =
-            landlock::ruleset(&grant.read_only_paths, &grant.read_write_paths).map_err(failed)?;
+        let ruleset = landlock::ruleset(&grant.read_only_paths, &grant.read_write_paths).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec)
-                .map_err(failed)?;
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec).map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Forking here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
         let forked = plan.fork().map_err(failed)?;
         let pid = forked.pid as u32;
-        let span =
-            tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
+        let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) => {
@@ -181,13 +183,7 @@ impl ProcessHost {
         let (stdout, stderr) = (forked.stdout, forked.stderr);
         // A larger pipe lets a chatty command run ahead of the reader.
         // SAFETY: fcntl on a descriptor we own; failure only costs throughput.
-        unsafe {
-            libc::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(&stdout),
-                libc::F_SETPIPE_SZ,
-                1 << 20,
-            )
-        };
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&stdout), libc::F_SETPIPE_SZ, 1 << 20) };
         {
             let _enter = span.enter();
             tracing::debug!(
@@ -251,29 +247,16 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 /// Creates `<root>/taskhost-<pid>-<n>` with mode 0700.
 fn create_private_dir(root: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
     for attempt in 0..100u32 {
-        let dir = root.join(format!(
-            "taskhost-{}-{}",
-            std::process::id(),
-            nanos.wrapping_add(attempt)
-        ));
+        let dir = root.join(format!("taskhost-{}-{}", std::process::id(), nanos.wrapping_add(attempt)));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
-                return Err(std::io::Error::new(
-                    e.kind(),
-                    format!("cannot create {}: {e}", dir.display()),
-                ));
+                return Err(std::io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())));
             }
         }
     }
-    Err(std::io::Error::other(format!(
-        "cannot create a spill directory under {}",
-        root.display()
-    )))
+    Err(std::io::Error::other(format!("cannot create a spill directory under {}", root.display())))
 }

@@ -72,15 +72,7 @@ pub(crate) struct StreamBuffer {
 
 impl StreamBuffer {
     pub(crate) fn new(memory_cap: usize) -> Self {
-        Self {
-            pending: Vec::new(),
-            memory_cap,
-            dropped: false,
-            total: 0,
-            eof: false,
-            spill: None,
-            last_take: None,
-        }
+        Self { pending: Vec::new(), memory_cap, dropped: false, total: 0, eof: false, spill: None, last_take: None }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -144,12 +136,7 @@ impl StreamBuffer {
         let data = std::mem::take(&mut self.pending);
         self.last_take = Some(Instant::now());
         let dropped = std::mem::take(&mut self.dropped);
-        StreamChunk {
-            data,
-            dropped,
-            spill_path: self.spill.as_ref().map(|s| s.path().to_path_buf()),
-            closed: self.eof,
-        }
+        StreamChunk { data, dropped, spill_path: self.spill.as_ref().map(|s| s.path().to_path_buf()), closed: self.eof }
     }
 }
 
@@ -169,15 +156,7 @@ pub(crate) struct SpillWriter {
 
 impl SpillWriter {
     pub(crate) fn new(path: PathBuf, memory_cap: usize, spill_cap: u64) -> Self {
-        Self {
-            path,
-            memory_cap,
-            spill_cap,
-            head: Some(Vec::new()),
-            file: None,
-            written: 0,
-            capped: false,
-        }
+        Self { path, memory_cap, spill_cap, head: Some(Vec::new()), file: None, written: 0, capped: false }
     }
 
     /// Records a chunk. Returns the spill file when this chunk created it.
@@ -188,16 +167,10 @@ impl SpillWriter {
                 return Ok(None);
             }
             let head = self.head.take().unwrap_or_default();
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode_private()
-                .open(&self.path)?;
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).mode_private().open(&self.path)?;
             // The guard exists before any write, so even a failed write
             // leaves no file behind once the process is dropped.
-            let guard = Arc::new(SpillFile {
-                path: self.path.clone(),
-            });
+            let guard = Arc::new(SpillFile { path: self.path.clone() });
             self.file = Some(file);
             self.append(&head)?;
             self.append(data)?;
@@ -220,11 +193,7 @@ impl SpillWriter {
         self.written += take as u64;
         if take < data.len() {
             self.capped = true;
-            writeln!(
-                file,
-                "\n[spill file capped at {} bytes; later output was not saved]",
-                self.spill_cap
-            )?;
+            writeln!(file, "\n[spill file capped at {} bytes; later output was not saved]", self.spill_cap)?;
         }
         Ok(())
     }
@@ -286,16 +255,10 @@ mod tests {
         let mut w = SpillWriter::new(path.clone(), 4, 8);
         assert!(w.write(b"ab").unwrap().is_none());
         assert!(!path.exists());
-        let guard = w
-            .write(b"cde")
-            .unwrap()
-            .expect("the stream outgrew the memory cap");
+        let guard = w.write(b"cde").unwrap().expect("the stream outgrew the memory cap");
         w.write(b"fghij").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.starts_with("abcdefgh\n[spill file capped at 8 bytes"),
-            "{text:?}"
-        );
+        assert!(text.starts_with("abcdefgh\n[spill file capped at 8 bytes"), "{text:?}");
         drop(guard);
         assert!(!path.exists());
         std::fs::remove_dir_all(&dir).unwrap();

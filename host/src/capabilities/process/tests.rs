@@ -15,20 +15,14 @@ fn bash_grant() -> ProcessGrant {
     ProcessGrant {
         programs: vec!["bash".into()],
         working_dirs: vec![std::env::temp_dir()],
-        limits: ProcessLimits {
-            kill_grace_ms: 3_000,
-            ..ProcessLimits::default()
-        },
+        limits: ProcessLimits { kill_grace_ms: 3_000, ..ProcessLimits::default() },
         ..ProcessGrant::default()
     }
 }
 
 /// A marker unique to one test, put into the environment of its processes.
 fn marker(test: &str) -> (String, String) {
-    (
-        "TASKHOST_TEST_MARK".into(),
-        format!("{test}-{}", std::process::id()),
-    )
+    ("TASKHOST_TEST_MARK".into(), format!("{test}-{}", std::process::id()))
 }
 
 fn bash(script: &str, mark: &(String, String)) -> SpawnRequest {
@@ -51,10 +45,7 @@ fn marked(mark: &(String, String)) -> Vec<u32> {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if environ
-            .split(|b| *b == 0)
-            .any(|var| var == needle.as_slice())
-        {
+        if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
             found.push(pid);
         }
     }
@@ -76,12 +67,7 @@ fn in_group(pgid: u32) -> Vec<u32> {
         let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
             continue;
         };
-        if rest
-            .split_whitespace()
-            .nth(2)
-            .and_then(|g| g.parse::<u32>().ok())
-            == Some(pgid)
-        {
+        if rest.split_whitespace().nth(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
             found.push(pid);
         }
     }
@@ -96,12 +82,7 @@ async fn assert_no_marked(mark: &(String, String)) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!(
-        "leaked processes with {}={}: {:?}",
-        mark.0,
-        mark.1,
-        marked(mark)
-    );
+    panic!("leaked processes with {}={}: {:?}", mark.0, mark.1, marked(mark));
 }
 
 /// Waits up to 5 s until neither marked processes nor members of the tree's
@@ -132,9 +113,7 @@ async fn await_marked(mark: &(String, String), n: usize) {
 async fn drain(process: &Process) -> (Vec<u8>, Vec<u8>, Vec<StreamChunk>, ExitStatus) {
     let (mut out, mut err, mut chunks) = (Vec::new(), Vec::new(), Vec::new());
     loop {
-        tokio::time::timeout(Duration::from_secs(20), process.ready())
-            .await
-            .expect("process got stuck");
+        tokio::time::timeout(Duration::from_secs(20), process.ready()).await.expect("process got stuck");
         let status = process.exit_status();
         let o = process.read(Stream::Stdout);
         let e = process.read(Stream::Stderr);
@@ -155,10 +134,7 @@ async fn deltas_never_repeat_or_lose_a_byte() {
     grant.limits.memory_cap_bytes = 4 << 20;
     let mark = marker("deltas");
     let script = "for i in $(seq 1 30000); do echo \"line $i\"; if (( i % 5000 == 0 )); then sleep 0.05; fi; done";
-    let process = host
-        .spawn(&grant, bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&grant, bash(script, &mark), &tracing::Span::none()).await.unwrap();
     let (out, err, chunks, status) = drain(&process).await;
     let expected: String = (1..=30000).map(|i| format!("line {i}\n")).collect();
     assert_eq!(String::from_utf8(out).unwrap(), expected);
@@ -176,11 +152,7 @@ async fn stderr_is_its_own_stream() {
     let host = host();
     let mark = marker("stderr");
     let process = host
-        .spawn(
-            &bash_grant(),
-            bash("echo out; echo err >&2; echo out2", &mark),
-            &tracing::Span::none(),
-        )
+        .spawn(&bash_grant(), bash("echo out; echo err >&2; echo out2", &mark), &tracing::Span::none())
         .await
         .unwrap();
     let (out, err, _, status) = drain(&process).await;
@@ -194,24 +166,13 @@ async fn overflow_spills_the_full_output_and_flags_the_drop() {
     let host = host();
     let mark = marker("spill");
     let script = "for i in $(seq 1 40000); do echo \"row $i\"; done";
-    let process = host
-        .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), process.finished())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), process.finished()).await.unwrap();
     let chunk = process.read(Stream::Stdout);
     let expected: String = (1..=40000).map(|i| format!("row {i}\n")).collect();
-    assert!(
-        chunk.dropped,
-        "a late reader must be told output was dropped"
-    );
+    assert!(chunk.dropped, "a late reader must be told output was dropped");
     assert_eq!(chunk.data.len(), grant::DEFAULT_MEMORY_CAP);
-    assert!(
-        expected.as_bytes().ends_with(&chunk.data),
-        "memory keeps the tail"
-    );
+    assert!(expected.as_bytes().ends_with(&chunk.data), "memory keeps the tail");
     let path = chunk.spill_path.expect("spill path");
     assert!(path.starts_with(host.spill_dir()));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
@@ -233,17 +194,11 @@ async fn exit_codes_and_signals_are_reported() {
         ("kill -TERM $$", ExitStatus::Signal(libc::SIGTERM)),
         ("kill -KILL $$", ExitStatus::Signal(libc::SIGKILL)),
     ] {
-        let process = host
-            .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-            .await
-            .unwrap();
+        let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
         let (_, _, _, status) = drain(&process).await;
         assert_eq!(status, expected, "{script}");
     }
-    assert_eq!(
-        ExitStatus::Signal(libc::SIGTERM).to_string(),
-        "signal: SIGTERM"
-    );
+    assert_eq!(ExitStatus::Signal(libc::SIGTERM).to_string(), "signal: SIGTERM");
     assert_eq!(ExitStatus::Code(2).to_string(), "exit code: 2");
 }
 
@@ -252,15 +207,9 @@ async fn stdin_is_dev_null_and_terminal_is_model_friendly() {
     let host = host();
     let mark = marker("stdin");
     let script = "cat; echo \"[$NO_COLOR $TERM $PAGER $GIT_PAGER]\"; readlink /proc/self/fd/0";
-    let process = host
-        .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
     let (out, _, _, status) = drain(&process).await;
-    assert_eq!(
-        String::from_utf8(out).unwrap(),
-        "[1 dumb cat cat]\n/dev/null\n"
-    );
+    assert_eq!(String::from_utf8(out).unwrap(), "[1 dumb cat cat]\n/dev/null\n");
     assert_eq!(status, ExitStatus::Code(0));
 }
 
@@ -269,10 +218,7 @@ async fn kill_ends_the_whole_tree_with_sigterm() {
     let host = host();
     let mark = marker("kill-tree");
     let script = "sleep 1000 & sleep 1000 & (sleep 1000; true) & wait";
-    let process = host
-        .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
     process.kill();
     process.kill(); // idempotent
@@ -290,10 +236,7 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     let mark = marker("grace");
     // Cleans up on TERM within the grace: its own exit code wins.
     let polite = "trap 'echo cleaning; exit 7' TERM; echo ready; sleep 1000 & wait";
-    let process = host
-        .spawn(&grant, bash(polite, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&grant, bash(polite, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 2).await;
     process.kill();
     let (out, _, _, status) = drain(&process).await;
@@ -301,10 +244,7 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     assert_eq!(status, ExitStatus::Code(7));
     // Ignores TERM: SIGKILL after the grace.
     let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.05; done";
-    let process = host
-        .spawn(&grant, bash(stubborn, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&grant, bash(stubborn, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 1).await;
     let started = std::time::Instant::now();
     process.kill();
@@ -318,14 +258,8 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
 async fn timeout_kills_the_tree_and_says_so() {
     let host = host();
     let mark = marker("timeout");
-    let request = SpawnRequest {
-        timeout: Some(Duration::from_millis(200)),
-        ..bash("sleep 1000 & wait", &mark)
-    };
-    let process = host
-        .spawn(&bash_grant(), request, &tracing::Span::none())
-        .await
-        .unwrap();
+    let request = SpawnRequest { timeout: Some(Duration::from_millis(200)), ..bash("sleep 1000 & wait", &mark) };
+    let process = host.spawn(&bash_grant(), request, &tracing::Span::none()).await.unwrap();
     let (_, _, _, status) = drain(&process).await;
     assert!(process.timed_out());
     assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
@@ -338,47 +272,19 @@ async fn the_grant_refuses_clearly() {
     let mark = marker("refuse");
     let span = tracing::Span::none();
     let err = host
-        .spawn(
-            &bash_grant(),
-            SpawnRequest {
-                argv: vec!["env".into()],
-                ..Default::default()
-            },
-            &span,
-        )
+        .spawn(&bash_grant(), SpawnRequest { argv: vec!["env".into()], ..Default::default() }, &span)
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.contains("refuses program \"env\"") && text.contains("allowed programs: bash"),
-        "{text}"
-    );
-    let err = host
-        .spawn(&ProcessGrant::default(), bash("true", &mark), &span)
-        .await
-        .unwrap_err();
+    assert!(text.contains("refuses program \"env\"") && text.contains("allowed programs: bash"), "{text}");
+    let err = host.spawn(&ProcessGrant::default(), bash("true", &mark), &span).await.unwrap_err();
     assert!(err.to_string().contains("allows no programs"), "{err}");
-    let request = SpawnRequest {
-        cwd: Some("/".into()),
-        ..bash("true", &mark)
-    };
+    let request = SpawnRequest { cwd: Some("/".into()), ..bash("true", &mark) };
     let err = host.spawn(&bash_grant(), request, &span).await.unwrap_err();
-    assert!(
-        err.to_string().contains("refuses working directory \"/\""),
-        "{err}"
-    );
-    let request = SpawnRequest {
-        cwd: Some("..".into()),
-        ..bash("true", &mark)
-    };
-    assert!(matches!(
-        host.spawn(&bash_grant(), request, &span).await,
-        Err(SpawnError::Refused(_))
-    ));
-    let err = host
-        .spawn(&bash_grant(), SpawnRequest::default(), &span)
-        .await
-        .unwrap_err();
+    assert!(err.to_string().contains("refuses working directory \"/\""), "{err}");
+    let request = SpawnRequest { cwd: Some("..".into()), ..bash("true", &mark) };
+    assert!(matches!(host.spawn(&bash_grant(), request, &span).await, Err(SpawnError::Refused(_))));
+    let err = host.spawn(&bash_grant(), SpawnRequest::default(), &span).await.unwrap_err();
     assert!(matches!(err, SpawnError::Refused(Refusal::EmptyArgv)));
     assert!(marked(&mark).is_empty());
 }
@@ -389,23 +295,11 @@ async fn working_directory_follows_the_grant() {
     let mark = marker("cwd");
     let dir = std::env::temp_dir().join(format!("taskhost-cwd-test-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("sub")).unwrap();
-    let grant = ProcessGrant {
-        working_dirs: vec![dir.clone()],
-        ..bash_grant()
-    };
-    let request = SpawnRequest {
-        cwd: Some("sub".into()),
-        ..bash("pwd", &mark)
-    };
-    let process = host
-        .spawn(&grant, request, &tracing::Span::none())
-        .await
-        .unwrap();
+    let grant = ProcessGrant { working_dirs: vec![dir.clone()], ..bash_grant() };
+    let request = SpawnRequest { cwd: Some("sub".into()), ..bash("pwd", &mark) };
+    let process = host.spawn(&grant, request, &tracing::Span::none()).await.unwrap();
     let (out, _, _, _) = drain(&process).await;
-    assert_eq!(
-        String::from_utf8(out).unwrap().trim(),
-        dir.join("sub").canonicalize().unwrap().to_str().unwrap()
-    );
+    assert_eq!(String::from_utf8(out).unwrap().trim(), dir.join("sub").canonicalize().unwrap().to_str().unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -434,17 +328,11 @@ async fn no_leak_after_kill_including_setsid_and_double_fork() {
     }
     let host = host();
     let mark = marker("leak-kill");
-    let process = host
-        .spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     assert!(process.confinement().pid_namespace);
     await_marked(&mark, 4).await;
     let pgid = process.pid();
-    assert!(
-        in_group(pgid).len() >= 3,
-        "keeper, init and the command share the group"
-    );
+    assert!(in_group(pgid).len() >= 3, "keeper, init and the command share the group");
     process.kill();
     let (_, _, _, status) = drain(&process).await;
     assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
@@ -459,10 +347,7 @@ async fn no_leak_after_drop_including_setsid_and_double_fork() {
     }
     let host = host();
     let mark = marker("leak-drop");
-    let process = host
-        .spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
     let pgid = process.pid();
     drop(process);
@@ -478,10 +363,7 @@ async fn no_leak_after_the_command_exits_on_its_own() {
     let host = host();
     let mark = marker("leak-exit");
     let script = "setsid sleep 1000 & ( (sleep 1000 &) & ); sleep 0.3; exit 4";
-    let process = host
-        .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
     let (_, _, _, status) = drain(&process).await;
     assert_eq!(status, ExitStatus::Code(4));
     assert_tree_gone(&mark, process.pid()).await;
@@ -491,14 +373,7 @@ async fn no_leak_after_the_command_exits_on_its_own() {
 async fn kill_all_ends_every_tree() {
     let host = host();
     let mark = marker("kill-all");
-    let process = host
-        .spawn(
-            &bash_grant(),
-            bash("sleep 1000 & wait", &mark),
-            &tracing::Span::none(),
-        )
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash("sleep 1000 & wait", &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 2).await;
     assert!(kill_all() >= 1);
     let (_, _, _, status) = drain(&process).await;
@@ -510,18 +385,9 @@ async fn kill_all_ends_every_tree() {
 async fn without_a_pid_namespace_the_group_still_dies() {
     let host = host();
     let mark = marker("no-pidns");
-    let grant = ProcessGrant {
-        pid_namespace: false,
-        ..bash_grant()
-    };
-    let process = host
-        .spawn(
-            &grant,
-            bash("sleep 1000 & echo started; wait", &mark),
-            &tracing::Span::none(),
-        )
-        .await
-        .unwrap();
+    let grant = ProcessGrant { pid_namespace: false, ..bash_grant() };
+    let process =
+        host.spawn(&grant, bash("sleep 1000 & echo started; wait", &mark), &tracing::Span::none()).await.unwrap();
     assert!(!process.confinement().pid_namespace);
     await_marked(&mark, 2).await;
     process.kill();
@@ -539,28 +405,15 @@ async fn no_network_unless_granted() {
     let host = host();
     let mark = marker("net");
     let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
-    let process = host
-        .spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
     assert!(process.confinement().net_namespace);
     let (out, _, _, _) = drain(&process).await;
     assert_eq!(String::from_utf8(out).unwrap(), "lo\n");
-    let grant = ProcessGrant {
-        network: true,
-        ..bash_grant()
-    };
-    let process = host
-        .spawn(&grant, bash(script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let grant = ProcessGrant { network: true, ..bash_grant() };
+    let process = host.spawn(&grant, bash(script, &mark), &tracing::Span::none()).await.unwrap();
     assert!(!process.confinement().net_namespace);
     let (out, _, _, _) = drain(&process).await;
-    let host_ifaces = std::fs::read_to_string("/proc/self/net/dev")
-        .unwrap()
-        .lines()
-        .skip(2)
-        .count();
+    let host_ifaces = std::fs::read_to_string("/proc/self/net/dev").unwrap().lines().skip(2).count();
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), host_ifaces);
 }
 
@@ -575,26 +428,17 @@ async fn landlock_confines_writes_to_the_granted_paths() {
     let (inside, outside) = (base.join("rw"), base.join("other"));
     std::fs::create_dir_all(&inside).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
-    let grant = ProcessGrant {
-        read_only_paths: vec!["/".into()],
-        read_write_paths: vec![inside.clone()],
-        ..bash_grant()
-    };
+    let grant =
+        ProcessGrant { read_only_paths: vec!["/".into()], read_write_paths: vec![inside.clone()], ..bash_grant() };
     let script = format!(
         "echo a > {}/ok && echo wrote-inside; echo b > {}/no 2>/dev/null || echo denied-outside; cat /etc/hostname >/dev/null && echo read-ok",
         inside.display(),
         outside.display()
     );
-    let process = host
-        .spawn(&grant, bash(&script, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let process = host.spawn(&grant, bash(&script, &mark), &tracing::Span::none()).await.unwrap();
     assert!(process.confinement().landlock);
     let (out, _, _, _) = drain(&process).await;
-    assert_eq!(
-        String::from_utf8(out).unwrap(),
-        "wrote-inside\ndenied-outside\nread-ok\n"
-    );
+    assert_eq!(String::from_utf8(out).unwrap(), "wrote-inside\ndenied-outside\nread-ok\n");
     assert!(inside.join("ok").exists());
     assert!(!outside.join("no").exists());
     std::fs::remove_dir_all(&base).unwrap();
@@ -611,10 +455,7 @@ async fn helper_host_that_gets_killed() {
     };
     let host = host();
     let mark = ("TASKHOST_TEST_MARK".to_string(), value);
-    let _process = host
-        .spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none())
-        .await
-        .unwrap();
+    let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
     println!("helper-ready");
     tokio::time::sleep(Duration::from_secs(1000)).await;
@@ -629,12 +470,7 @@ async fn no_leak_when_the_host_dies() {
     for signal in [libc::SIGKILL, libc::SIGTERM] {
         let mark = marker(&format!("host-dies-{signal}"));
         let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "capabilities::process::tests::helper_host_that_gets_killed",
-                "--ignored",
-                "--nocapture",
-            ])
+            .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
             .env("TASKHOST_HELPER_MARK", &mark.1)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
