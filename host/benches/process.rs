@@ -13,10 +13,28 @@
 //!    command's stdout read straight from a pipe by tokio; wall time,
 //!    throughput, bytes delivered, and the host's peak RSS growth
 //!    (`VmHWM`) across the streaming run.
+//! 3. The full tool path: `Host::call_tool("bash", {command: "true",
+//!    run_in_background: true})` through the built-in wasm bash plugin
+//!    (schema validation, a fresh store, `label`, `run`, the spawn, the
+//!    registry commit) until the task id is returned, vs the same tokio
+//!    spawn, interleaved; then 1 GiB streamed as a background bash task read
+//!    through the registry's consuming reads (the plugin formats every
+//!    delta), vs the raw pipe.
 
 use std::time::{Duration, Instant};
 
-use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
+use std::sync::Arc;
+
+use serde_json::json;
+use taskhost::Host;
+use taskhost::capabilities::process::{
+    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream,
+};
+use taskhost::config::TasksSettings;
+use taskhost::ids::TaskId;
+use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::tools::CallContext;
+use taskhost::tools::producer_tool::ProducerToolOptions;
 use tokio::io::AsyncReadExt;
 
 fn status_kib(field: &str) -> u64 {
@@ -165,4 +183,87 @@ async fn main() {
         hwm_after,
         rss_before
     );
+
+    // 3. the full tool path
+    let engine = PluginEngine::new(PluginRuntimeConfig {
+        cache_dir: Some(std::env::temp_dir().join("taskhost-bench-cache")),
+        ..PluginRuntimeConfig::default()
+    })
+    .unwrap();
+    let version = engine.load_bytes("bash", taskhost::builtin::BASH_WASM.to_vec()).await.unwrap();
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .unwrap()
+        .with_process(ProcessCapability { host: host.clone(), grant: Arc::new(grant.clone()) });
+    let tools = Host::new(&TasksSettings::default()).unwrap();
+    tools.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+    );
+    let agent = tools.create_agent("bench", "bench").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let (mut tool_path, mut raw) = (Vec::new(), Vec::new());
+    for i in 0..iterations + 10 {
+        for k in 0..2 {
+            let t = Instant::now();
+            if (i + k) % 2 == 0 {
+                let args = json!({"command": "true", "run_in_background": true});
+                let reply = tools.call_tool("bash", args, &context).await.unwrap();
+                let elapsed = t.elapsed();
+                let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+                tools.registry().wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
+                if i >= 10 {
+                    tool_path.push(elapsed);
+                }
+            } else {
+                let mut child = tokio::process::Command::new("bash").args(["-c", "true"]).spawn().unwrap();
+                let elapsed = t.elapsed();
+                child.wait().await.unwrap();
+                if i >= 10 {
+                    raw.push(elapsed);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+    let (t50, t90) = (percentile(&mut tool_path, 0.5), percentile(&mut tool_path, 0.9));
+    let (r50, r90) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.9));
+    println!("background `bash -c true` through Host::call_tool (call -> task id), {iterations} rounds:");
+    println!("  tokio::process                     p50 {r50:>10.1?}  p90 {r90:>10.1?}");
+    println!(
+        "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p50 ratio {:.2}x",
+        t50.as_secs_f64() / r50.as_secs_f64()
+    );
+
+    let hwm_before = status_kib("VmHWM:").max(status_kib("VmRSS:"));
+    let t = Instant::now();
+    let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
+    let reply = tools.call_tool("bash", args, &context).await.unwrap();
+    let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+    let (mut delivered, mut reads, mut notices) = (0u64, 0u64, 0u64);
+    loop {
+        let read = tools.registry().read(&id, Some(&agent)).await.unwrap();
+        reads += 1;
+        if read.text.starts_with("[some output was dropped") {
+            notices += 1;
+        }
+        delivered += read.text.bytes().filter(|b| *b == 0).count() as u64;
+        if read.snapshot.status.is_terminal() {
+            break;
+        }
+        if read.text.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    }
+    let tool_time = t.elapsed();
+    let hwm_after = status_kib("VmHWM:");
+    println!(
+        "  tool path reads        {tool_time:>10.1?}  {:>8.0} MiB/s  delivered {:.0} MiB ({:.1}%) in {reads} reads, {notices} drop notices; throughput ratio (ours/raw) {:.2}x; peak RSS growth {:.1} MiB",
+        mib(size) / tool_time.as_secs_f64(),
+        mib(delivered),
+        100.0 * delivered as f64 / size as f64,
+        (mib(size) / tool_time.as_secs_f64()) / (mib(raw_bytes) / raw_time.as_secs_f64()),
+        hwm_after.saturating_sub(hwm_before) as f64 / 1024.0
+    );
+    tools.dispose().await;
 }

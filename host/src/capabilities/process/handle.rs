@@ -14,6 +14,11 @@
 //!   both streams reached their end, so one read after it drains everything.
 //! - Dropping a [`Process`] SIGKILLs its group if it is still alive: the
 //!   owner's store going away is enough to end the tree.
+//! - Output never blocks the process, but it is paced: a reader task that
+//!   finds its buffer three quarters full while a consumer has read within
+//!   the last 100 ms waits up to 5 ms for that read before reading more, so
+//!   an active reader loses nothing to a fast producer; a stream nobody
+//!   reads is never slowed.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -38,7 +43,8 @@ const OUTPUT_LINGER: Duration = Duration::from_millis(250);
 /// A stream read within this window counts as actively read (see `PACE_WAIT`).
 const READER_ACTIVE: Duration = Duration::from_millis(100);
 /// How long a reader task waits for an active consumer to drain a stream
-/// that is more than half full before reading more.
+/// that is more than three quarters full before reading more (reads are a
+/// quarter of the cap, so the reader stays up to three reads ahead).
 const PACE_WAIT: Duration = Duration::from_millis(5);
 
 /// How a process tree ended.
@@ -486,7 +492,7 @@ async fn read_stream(
                             buffer.set_spill(file);
                         }
                         buffer.push(data);
-                        let pace = buffer.len() > buffer.memory_cap() / 2 && buffer.reader_active(READER_ACTIVE);
+                        let pace = buffer.len() > buffer.memory_cap() / 4 * 3 && buffer.reader_active(READER_ACTIVE);
                         if pace {
                             // Registered under the lock, so a read right
                             // after it is not missed.
