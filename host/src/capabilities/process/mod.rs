@@ -108,6 +108,7 @@ impl ProcessHost {
     pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
         confine::support();
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
+        remove_orphaned_dirs(&root);
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
         Ok(Arc::new(Self { spill_dir, next_id: AtomicU64::new(1), retained: Default::default() }))
@@ -242,6 +243,29 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor we own (pidfds are close-on-exec).
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Removes spill directories (`taskhost-<pid>-<n>`) whose host process is
+/// gone: a host killed by a signal cannot remove its own. A directory whose
+/// pid is alive is left alone, even if that pid now names another process.
+fn remove_orphaned_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("taskhost-")) else { continue };
+        let Some((pid, n)) = rest.split_once('-') else { continue };
+        if pid.parse::<u32>().is_err() || n.parse::<u64>().is_err() {
+            continue;
+        }
+        if Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => tracing::debug!(dir = %path.display(), "removed the spill directory of a dead host"),
+            Err(e) => tracing::debug!(dir = %path.display(), error = %e, "cannot remove a stale spill directory"),
+        }
+    }
 }
 
 /// Creates `<root>/taskhost-<pid>-<n>` with mode 0700.

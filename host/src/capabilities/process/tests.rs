@@ -477,9 +477,21 @@ async fn no_leak_when_the_host_dies() {
             .spawn()
             .unwrap();
         await_marked(&mark, 4).await;
+        let helper_pid = helper.id().unwrap();
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(helper.id().unwrap() as i32, signal) };
+        unsafe { libc::kill(helper_pid as i32, signal) };
         helper.wait().await.unwrap();
         assert_no_marked(&mark).await;
+        // The dead host could not remove its spill directory; the next host does.
+        let prefix = format!("taskhost-{helper_pid}-");
+        let stale = || {
+            std::fs::read_dir(std::env::temp_dir())
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        };
+        assert!(stale(), "the killed helper left its spill directory");
+        drop(host());
+        assert!(!stale(), "a new host removes the spill directory of a dead one");
     }
 }
