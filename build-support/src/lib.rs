@@ -9,10 +9,10 @@
 //!
 //! Invariants:
 //! - The nested cargo uses its own target directory,
-//!   `<outer target dir>/wasm-guests`. The outer cargo holds the lock of its
-//!   target directory while build scripts run, so sharing it would deadlock.
-//!   Every guest workspace shares `wasm-guests`, so common dependencies
-//!   (wit-bindgen, serde) compile once.
+//!   `<outer target dir>/wasm-guests/<workspace key>`. The outer cargo holds
+//!   the lock of its target directory while build scripts run, so sharing it
+//!   would deadlock. Each guest workspace (of each checkout) gets its own
+//!   directory: artifacts of path crates from two checkouts would collide.
 //! - The outer build's compiler settings never leak into the guest build:
 //!   flags meant for the host target (`RUSTFLAGS` and friends), a forced
 //!   `--target`, a pinned toolchain or a clippy wrapper are cleared.
@@ -100,7 +100,7 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
     }
 
     let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    let target_dir = guest_target_dir();
+    let target_dir = guest_target_dir(&workspace);
     ensure_target_installed();
 
     let mut command = Command::new(&cargo);
@@ -153,19 +153,33 @@ fn watch_guest_sources(workspace: &Path) {
     }
 }
 
-/// `<outer target dir>/wasm-guests`. The outer target directory is
-/// `CARGO_TARGET_DIR` when set to an absolute path, else the ancestor of
-/// `OUT_DIR` that Cargo marked with `CACHEDIR.TAG`; failing both, a
-/// directory inside `OUT_DIR` (correct, only not shared between crates).
-fn guest_target_dir() -> PathBuf {
+/// `<outer target dir>/wasm-guests/<workspace key>`. The outer target
+/// directory is `CARGO_TARGET_DIR` when set to an absolute path, else the
+/// ancestor of `OUT_DIR` that Cargo marked with `CACHEDIR.TAG`; failing both,
+/// a directory inside `OUT_DIR` (correct, only not shared between crates).
+///
+/// The key (a hash of the workspace's canonical path) keeps checkouts that
+/// share one target directory apart: Cargo hashes path dependencies relative
+/// to their workspace, so two checkouts of the guest workspace would
+/// otherwise overwrite each other's artifacts (an SDK built from another
+/// checkout's WIT) and take them for fresh.
+fn guest_target_dir(workspace: &Path) -> PathBuf {
+    let canonical = workspace.canonicalize().unwrap_or_else(|_| workspace.to_path_buf());
+    // FNV-1a: stable across runs and Rust versions, unlike DefaultHasher.
+    let key = canonical
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3));
+    let key = format!("{key:016x}");
     let out_dir = PathBuf::from(required_env("OUT_DIR"));
     let outer = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .filter(|dir| dir.is_absolute())
         .or_else(|| out_dir.ancestors().find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf));
     match outer {
-        Some(outer) => outer.join("wasm-guests"),
-        None => out_dir.join("wasm-guests"),
+        Some(outer) => outer.join("wasm-guests").join(key),
+        None => out_dir.join("wasm-guests").join(key),
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`ids`]: branded ids (`TaskId`, `SessionId`, `AgentId`).
 //! - [`agents`]: live agents (task owners), their session logs and awaited disposal.
 //! - [`tasks`]: the task registry: ids, owner fence, reads, kill, wait, settlement.
+//! - [`capabilities`]: what the host grants plugins (processes), and how it confines them.
 //! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
 //! - [`native`]: producers written in Rust, run in process.
@@ -19,6 +20,7 @@
 
 pub mod agents;
 pub mod builtin;
+pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod host;

@@ -17,6 +17,7 @@ wasmtime::component::bindgen!({
     with: {
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        "taskhost:producer/process.process": crate::capabilities::process::wasm::ProcessResource,
     },
     require_store_data_send: true,
 });

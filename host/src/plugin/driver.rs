@@ -41,6 +41,7 @@ use super::bindings::exports::taskhost::producer::producer::Guest;
 use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitStatus};
 use super::fault::{self, Fault};
 use super::state::StoreState;
+use crate::capabilities::process::SpillFile;
 use crate::tasks::{TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
 
 enum Request {
@@ -52,6 +53,9 @@ enum Request {
 struct Shared {
     /// Output drained after the store was dropped, taken by the next read.
     remainder: Mutex<String>,
+    /// Spill files of the task's processes: the output it returned may name
+    /// them, so they live as long as the task's record holds the control.
+    _spill_files: Mutex<Vec<Arc<SpillFile>>>,
     abandoned: AtomicBool,
 }
 
@@ -70,7 +74,11 @@ pub(crate) struct TaskParts {
 pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
-    let shared = Arc::new(Shared { remainder: Mutex::new(String::new()), abandoned: AtomicBool::new(false) });
+    let shared = Arc::new(Shared {
+        remainder: Mutex::new(String::new()),
+        _spill_files: Mutex::new(Vec::new()),
+        abandoned: AtomicBool::new(false),
+    });
     let streams_output = parts.streams_output;
     let plugin = parts.store.data().tag().plugin.clone();
     let driver = Driver { parts, shared: shared.clone() };
@@ -151,6 +159,9 @@ impl Driver {
         // Requests taken but not answered because the store faulted under them.
         let mut deferred = Vec::new();
         let end = drive(&mut parts, &mut rx, &mut deferred, &shared).await;
+        let spill_files = parts.store.data_mut().process().take_spill_files();
+        *shared._spill_files.lock().unwrap_or_else(|e| e.into_inner()) = spill_files;
+        // Dropping the store kills every process the task still holds.
         drop(parts);
         let outcome = match end {
             End::Settled(outcome) => outcome,

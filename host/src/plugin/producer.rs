@@ -27,12 +27,15 @@ use super::component::PluginVersion;
 use super::driver::{self, TaskParts};
 use super::fault;
 use super::state::StoreState;
+use crate::capabilities::process::ProcessCapability;
 use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 
 /// A producer backed by a wasm plugin.
 pub struct WasmProducer {
     config_json: Arc<str>,
     current: RwLock<Arc<Active>>,
+    /// The `process` capability granted to this instance's task stores.
+    process: Option<ProcessCapability>,
 }
 
 /// The version new invocations use, with its description.
@@ -57,7 +60,7 @@ impl WasmProducer {
     pub async fn new(version: Arc<PluginVersion>, config: serde_json::Value) -> anyhow::Result<Self> {
         let config_json: Arc<str> = serde_json::to_string(&config).context("cannot encode the plugin config")?.into();
         let descriptor = Arc::new(describe(&version, &config_json).await?);
-        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })) })
+        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })), process: None })
     }
 
     /// Makes `version` serve new invocations, once it described itself with
@@ -80,6 +83,13 @@ impl WasmProducer {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Active { version, descriptor: descriptor.clone() });
         Ok(descriptor)
+    }
+
+    /// Grants the `process` capability to the task stores of this instance
+    /// (not to `describe`). Without it, the plugin's spawns are refused.
+    pub fn with_process(mut self, capability: ProcessCapability) -> Self {
+        self.process = Some(capability);
+        self
     }
 
     /// The version new invocations run on.
@@ -187,6 +197,7 @@ impl Producer for WasmProducer {
         let config = self.config_json.clone();
 
         let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
+        store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
         let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
         let label = match fault::bounded(deadline, guest.call_label(&mut store, &config, &args_json)).await {

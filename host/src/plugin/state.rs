@@ -25,8 +25,9 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::taskhost::producer::host_log;
+use super::bindings::taskhost::producer::{host_log, process};
 use super::engine::PluginEngine;
+use crate::capabilities::process::ProcessCtx;
 
 /// Names a store in logs and fault details.
 #[derive(Clone, Debug)]
@@ -51,6 +52,8 @@ pub struct StoreState {
     /// Set when a call was interrupted by its deadline.
     pub(crate) deadline_hit: bool,
     stderr_tail: Arc<Mutex<TailBuffer>>,
+    /// The `process` capability of this store (denied unless granted).
+    process: ProcessCtx,
 }
 
 impl StoreState {
@@ -75,6 +78,7 @@ impl StoreState {
             call_deadline_at: Instant::now(),
             deadline_hit: false,
             stderr_tail,
+            process: ProcessCtx::default(),
         }
     }
 
@@ -99,6 +103,16 @@ impl StoreState {
     /// The tags of this store.
     pub fn tag(&self) -> &StoreTag {
         &self.tag
+    }
+
+    /// The `process` capability state of this store.
+    pub fn process(&mut self) -> &mut ProcessCtx {
+        &mut self.process
+    }
+
+    /// The process state, the table its resources live in, and the plugin name.
+    pub(crate) fn process_parts(&mut self) -> (&mut ProcessCtx, &mut ResourceTable, &str) {
+        (&mut self.process, &mut self.table, &self.tag.plugin)
     }
 
     /// The store's resource table (where guest-returned pollables live).
@@ -160,12 +174,13 @@ pub fn host_linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> 
     let mut linker = Linker::new(engine.engine());
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     host_log::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
+    process::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
     Ok(linker)
 }
 
 /// The interfaces [`host_linker`] provides, for error messages.
 pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, and taskhost:producer/host-log@0.1.0";
+     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, and taskhost:producer/host-log and /process@0.1.0";
 
 /// The memory cap of a store, remembering whether it was hit.
 struct TaskLimiter {

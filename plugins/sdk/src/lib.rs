@@ -72,6 +72,8 @@ pub use bindings::export;
 
 pub use bindings::exports::taskhost::producer::producer::{Guest, GuestTask, Task};
 pub use bindings::taskhost::producer::host_log;
+/// The `process` capability (granted per plugin instance by the host).
+pub use bindings::taskhost::producer::process;
 pub use bindings::taskhost::producer::types::{Descriptor, Outcome, RunMode, TerminalStatus};
 pub use bindings::wasi::clocks::monotonic_clock;
 pub use bindings::wasi::io::poll::Pollable;

@@ -1,0 +1,269 @@
+//! Benchmarks of the `process` capability against plain tokio/std baselines.
+//!
+//! Run: `cargo bench -p taskhost --bench process` (add `-- --quick` for a
+//! short run). Prints one table; BENCHMARKS.md quotes it.
+//!
+//! 1. Start latency: `bash -c true` from the spawn call until a handle is
+//!    returned (the moment a task id can be registered), through
+//!    `ProcessHost::spawn` (confined: PID + network namespaces), vs
+//!    `tokio::process::Command::spawn` of the same command, interleaved in
+//!    one run; p50 and p90 over the iterations.
+//! 2. Streaming: 1 GiB from `head -c 1G /dev/zero` through the consuming
+//!    reads (a reader awaiting `ready` and taking every chunk) vs the same
+//!    command's stdout read straight from a pipe by tokio; wall time,
+//!    throughput, bytes delivered, and the host's peak RSS growth
+//!    (`VmHWM`) across the streaming run.
+//! 3. The full tool path: `Host::call_tool("bash", {command: "true",
+//!    run_in_background: true})` through the built-in wasm bash plugin
+//!    (schema validation, a fresh store, `label`, `run`, the spawn, the
+//!    registry commit) until the task id is returned, vs the same tokio
+//!    spawn, interleaved; then 1 GiB streamed as a background bash task read
+//!    through the registry's consuming reads (the plugin formats every
+//!    delta), vs the raw pipe.
+
+use std::time::{Duration, Instant};
+
+use std::sync::Arc;
+
+use serde_json::json;
+use taskhost::Host;
+use taskhost::capabilities::process::{
+    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream,
+};
+use taskhost::config::TasksSettings;
+use taskhost::ids::TaskId;
+use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::tools::CallContext;
+use taskhost::tools::producer_tool::ProducerToolOptions;
+use tokio::io::AsyncReadExt;
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
+}
+
+fn request(argv: &[&str]) -> SpawnRequest {
+    SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let host = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
+    let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };
+    let plain = ProcessGrant { pid_namespace: false, network: true, ..grant.clone() };
+    let span = tracing::Span::none();
+    println!("confinement: {}", host.support().describe());
+
+    // 1. start latency
+    let pid_only = ProcessGrant { network: true, ..grant.clone() };
+    let variants: [(&str, Option<&ProcessGrant>); 4] = [
+        ("tokio::process", None),
+        ("process cap, PID+net namespaces", Some(&grant)),
+        ("process cap, PID namespace", Some(&pid_only)),
+        ("process cap, process group only", Some(&plain)),
+    ];
+    let iterations = if quick { 60 } else { 300 };
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    let mut order: Vec<usize> = (0..variants.len()).collect();
+    let mut seed = 0x9e37_79b9_u32;
+    for i in 0..iterations + 10 {
+        // A shuffled order per round, and a pause after each start so the
+        // previous tree's teardown (network namespaces are destroyed by a
+        // kernel worker) does not land on the next variant.
+        for k in (1..order.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            order.swap(k, seed as usize % (k + 1));
+        }
+        for &v in &order {
+            let t = Instant::now();
+            let elapsed = match variants[v].1 {
+                Some(g) => {
+                    let process = host.spawn(g, request(&["bash", "-c", "true"]), &span).await.unwrap();
+                    let elapsed = t.elapsed();
+                    process.finished().await;
+                    elapsed
+                }
+                None => {
+                    let mut child = tokio::process::Command::new("bash").args(["-c", "true"]).spawn().unwrap();
+                    let elapsed = t.elapsed();
+                    child.wait().await.unwrap();
+                    elapsed
+                }
+            };
+            if i >= 10 {
+                samples[v].push(elapsed);
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+    println!("start `bash -c true`, {iterations} rounds (spawn call -> handle; shuffled, interleaved):");
+    let base = percentile(&mut samples[0], 0.5);
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let (p50, p90) = (percentile(&mut samples[v], 0.5), percentile(&mut samples[v], 0.9));
+        println!(
+            "  {name:<34} p50 {p50:>10.1?}  p90 {p90:>10.1?}  p50 ratio {:.2}x",
+            p50.as_secs_f64() / base.as_secs_f64()
+        );
+    }
+
+    // 2. streaming
+    let size: u64 = if quick { 256 << 20 } else { 1 << 30 };
+    let size_arg = size.to_string();
+    let t = Instant::now();
+    let mut child = tokio::process::Command::new("head")
+        .args(["-c", &size_arg, "/dev/zero"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut raw_bytes = 0u64;
+    loop {
+        let n = stdout.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        raw_bytes += n as u64;
+    }
+    child.wait().await.unwrap();
+    let raw_time = t.elapsed();
+    drop(buf);
+
+    let rss_before = status_kib("VmRSS:");
+    let hwm_before = status_kib("VmHWM:");
+    let t = Instant::now();
+    let process = host.spawn(&grant, request(&["head", "-c", &size_arg, "/dev/zero"]), &span).await.unwrap();
+    let (mut delivered, mut reads, mut drops) = (0u64, 0u64, 0u64);
+    loop {
+        process.ready().await;
+        let done = process.exit_status().is_some();
+        let chunk = process.read(Stream::Stdout);
+        delivered += chunk.data.len() as u64;
+        reads += 1;
+        drops += chunk.dropped as u64;
+        if done {
+            break;
+        }
+    }
+    let ours_time = t.elapsed();
+    let produced = process.total(Stream::Stdout);
+    let hwm_after = status_kib("VmHWM:");
+    drop(process);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!("stream {} MiB of stdout:", size >> 20);
+    println!(
+        "  tokio pipe read        {raw_time:>10.1?}  {:>8.0} MiB/s  delivered {:.0} MiB",
+        mib(raw_bytes) / raw_time.as_secs_f64(),
+        mib(raw_bytes)
+    );
+    println!(
+        "  process cap reads      {ours_time:>10.1?}  {:>8.0} MiB/s  produced {:.0} MiB, delivered {:.0} MiB ({:.1}%) in {reads} reads, {drops} with drops",
+        mib(produced) / ours_time.as_secs_f64(),
+        mib(produced),
+        mib(delivered),
+        100.0 * delivered as f64 / produced.max(1) as f64
+    );
+    println!(
+        "  throughput ratio (ours/raw) {:.2}x; peak RSS growth {:.1} MiB (VmHWM {} -> {} KiB, RSS before {} KiB)",
+        (mib(produced) / ours_time.as_secs_f64()) / (mib(raw_bytes) / raw_time.as_secs_f64()),
+        hwm_after.saturating_sub(hwm_before.max(rss_before)) as f64 / 1024.0,
+        hwm_before,
+        hwm_after,
+        rss_before
+    );
+
+    // 3. the full tool path
+    let engine = PluginEngine::new(PluginRuntimeConfig {
+        cache_dir: Some(std::env::temp_dir().join("taskhost-bench-cache")),
+        ..PluginRuntimeConfig::default()
+    })
+    .unwrap();
+    let version = engine.load_bytes("bash", taskhost::builtin::BASH_WASM.to_vec()).await.unwrap();
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .unwrap()
+        .with_process(ProcessCapability { host: host.clone(), grant: Arc::new(grant.clone()) });
+    let tools = Host::new(&TasksSettings::default()).unwrap();
+    tools.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+    );
+    let agent = tools.create_agent("bench", "bench").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let (mut tool_path, mut raw) = (Vec::new(), Vec::new());
+    for i in 0..iterations + 10 {
+        for k in 0..2 {
+            let t = Instant::now();
+            if (i + k) % 2 == 0 {
+                let args = json!({"command": "true", "run_in_background": true});
+                let reply = tools.call_tool("bash", args, &context).await.unwrap();
+                let elapsed = t.elapsed();
+                let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+                tools.registry().wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
+                if i >= 10 {
+                    tool_path.push(elapsed);
+                }
+            } else {
+                let mut child = tokio::process::Command::new("bash").args(["-c", "true"]).spawn().unwrap();
+                let elapsed = t.elapsed();
+                child.wait().await.unwrap();
+                if i >= 10 {
+                    raw.push(elapsed);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+    let (t50, t90) = (percentile(&mut tool_path, 0.5), percentile(&mut tool_path, 0.9));
+    let (r50, r90) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.9));
+    println!("background `bash -c true` through Host::call_tool (call -> task id), {iterations} rounds:");
+    println!("  tokio::process                     p50 {r50:>10.1?}  p90 {r90:>10.1?}");
+    println!(
+        "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p50 ratio {:.2}x",
+        t50.as_secs_f64() / r50.as_secs_f64()
+    );
+
+    let hwm_before = status_kib("VmHWM:").max(status_kib("VmRSS:"));
+    let t = Instant::now();
+    let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
+    let reply = tools.call_tool("bash", args, &context).await.unwrap();
+    let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+    let (mut delivered, mut reads, mut notices) = (0u64, 0u64, 0u64);
+    loop {
+        let read = tools.registry().read(&id, Some(&agent)).await.unwrap();
+        reads += 1;
+        if read.text.starts_with("[some output was dropped") {
+            notices += 1;
+        }
+        delivered += read.text.bytes().filter(|b| *b == 0).count() as u64;
+        if read.snapshot.status.is_terminal() {
+            break;
+        }
+        if read.text.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    }
+    let tool_time = t.elapsed();
+    let hwm_after = status_kib("VmHWM:");
+    println!(
+        "  tool path reads        {tool_time:>10.1?}  {:>8.0} MiB/s  delivered {:.0} MiB ({:.1}%) in {reads} reads, {notices} drop notices; throughput ratio (ours/raw) {:.2}x; peak RSS growth {:.1} MiB",
+        mib(size) / tool_time.as_secs_f64(),
+        mib(delivered),
+        100.0 * delivered as f64 / size as f64,
+        (mib(size) / tool_time.as_secs_f64()) / (mib(raw_bytes) / raw_time.as_secs_f64()),
+        hwm_after.saturating_sub(hwm_before) as f64 / 1024.0
+    );
+    tools.dispose().await;
+}

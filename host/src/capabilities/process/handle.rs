@@ -1,0 +1,530 @@
+//! A live process tree and the tasks that supervise it.
+//!
+//! Model: a [`Process`] is the owner's handle; a supervisor task waits for the
+//! tree's exit (through a pidfd) and enforces kill deadlines and the timeout,
+//! and one reader task per stream moves output into its [`StreamBuffer`].
+//! They share [`Shared`]; readiness is one `Notify` woken on every change.
+//!
+//! Invariants:
+//! - The group is signalled only while its leader is not reaped (checked
+//!   under the `life` lock the reaper holds), so a recycled pid is never hit.
+//! - When the leader exits, whatever is left in its group is SIGKILLed before
+//!   it is reaped (while the zombie still pins the group id).
+//! - [`Process::exit_status`] is `Some` only once the leader was reaped AND
+//!   both streams reached their end, so one read after it drains everything.
+//! - Dropping a [`Process`] SIGKILLs its group if it is still alive: the
+//!   owner's store going away is enough to end the tree.
+//! - Output never blocks the process, but it is paced: a reader task that
+//!   finds its buffer three quarters full while a consumer has read within
+//!   the last 100 ms waits up to 5 ms for that read before reading more, so
+//!   an active reader loses nothing to a fast producer; a stream nobody
+//!   reads is never slowed.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::confine::Applied;
+use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
+
+/// How long output may stay open after the leader exited before the readers
+/// give up (a process that left the group holds the pipe; only possible
+/// without PID namespaces).
+const OUTPUT_LINGER: Duration = Duration::from_millis(250);
+
+/// A stream read within this window counts as actively read (see `PACE_WAIT`).
+const READER_ACTIVE: Duration = Duration::from_millis(100);
+/// How long a reader task waits for an active consumer to drain a stream
+/// that is more than three quarters full before reading more (reads are a
+/// quarter of the cap, so the reader stays up to three reads ahead).
+const PACE_WAIT: Duration = Duration::from_millis(5);
+
+/// How a process tree ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// It exited with this code. `-1` means the status could not be collected.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// Decodes a `waitpid` status.
+    fn from_wait(status: libc::c_int) -> Self {
+        if libc::WIFEXITED(status) {
+            Self::Code(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Self::Signal(libc::WTERMSIG(status))
+        } else {
+            Self::Code(-1)
+        }
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    /// The model-facing detail: `exit code: 3`, `signal: SIGTERM`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Code(code) => write!(f, "exit code: {code}"),
+            Self::Signal(signal) => write!(f, "signal: {}", signal_name(*signal)),
+        }
+    }
+}
+
+/// `SIGTERM` for 15, `signal 99` for unknown numbers.
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
+}
+
+/// Which output stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Default)]
+struct Life {
+    reaped: bool,
+    status: Option<ExitStatus>,
+    kill_requested: bool,
+    timed_out: bool,
+}
+
+pub(crate) struct Shared {
+    id: u64,
+    /// The leader's pid, also the process group id.
+    pid: i32,
+    grace: Duration,
+    applied: Applied,
+    stdout: Mutex<StreamBuffer>,
+    stderr: Mutex<StreamBuffer>,
+    life: Mutex<Life>,
+    notify: Notify,
+    /// Woken on every consuming read (the reader tasks' pacing).
+    drained: Notify,
+    /// When set, the supervisor SIGKILLs the group at this instant.
+    kill_deadline: watch::Sender<Option<Instant>>,
+    exited: watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks leaves plain data behind: keep going.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shared {
+    fn buffer(&self, stream: Stream) -> &Mutex<StreamBuffer> {
+        match stream {
+            Stream::Stdout => &self.stdout,
+            Stream::Stderr => &self.stderr,
+        }
+    }
+
+    /// Signals the whole group, unless its leader was reaped already.
+    fn signal_group(&self, signal: i32) -> bool {
+        let life = lock(&self.life);
+        if life.reaped {
+            return false;
+        }
+        // SAFETY: plain syscall; the group is pinned by the unreaped leader.
+        unsafe { libc::kill(-self.pid, signal) == 0 }
+    }
+
+    /// SIGTERM now, SIGKILL after the grace. Idempotent: the first request
+    /// sets the deadline, later ones change nothing.
+    fn kill(&self) {
+        {
+            let mut life = lock(&self.life);
+            if life.reaped || life.kill_requested {
+                return;
+            }
+            life.kill_requested = true;
+        }
+        tracing::debug!(pid = self.pid, "SIGTERM to the process group");
+        self.signal_group(libc::SIGTERM);
+        self.kill_deadline.send_replace(Some(Instant::now() + self.grace));
+    }
+
+    fn finished(&self) -> Option<ExitStatus> {
+        let status = lock(&self.life).status?;
+        (lock(&self.stdout).is_eof() && lock(&self.stderr).is_eof()).then_some(status)
+    }
+
+    fn has_news(&self) -> bool {
+        lock(&self.stdout).has_unread() || lock(&self.stderr).has_unread() || self.finished().is_some()
+    }
+}
+
+/// Every live process tree of this host process, for [`kill_all`].
+fn live() -> &'static Mutex<BTreeMap<u64, Weak<Shared>>> {
+    static LIVE: OnceLock<Mutex<BTreeMap<u64, Weak<Shared>>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// SIGKILLs every live task process tree of this host process. For a host's
+/// shutdown path (SIGINT/SIGTERM handlers): with PID namespaces, killing a
+/// keeper takes its whole tree down. Returns how many groups were signalled.
+pub fn kill_all() -> usize {
+    let all: Vec<_> = lock(live()).values().filter_map(Weak::upgrade).collect();
+    all.iter().filter(|shared| shared.signal_group(libc::SIGKILL)).count()
+}
+
+/// Number of process trees of this host process not yet reaped.
+pub fn live_count() -> usize {
+    lock(live()).values().filter(|w| w.strong_count() > 0).count()
+}
+
+/// A running (or finished) process tree. Dropping it kills the tree.
+pub struct Process {
+    shared: Arc<Shared>,
+    span: tracing::Span,
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process").field("id", &self.shared.id).field("pid", &self.shared.pid).finish()
+    }
+}
+
+/// What [`Process::start`] needs from the spawn.
+pub(crate) struct Started {
+    pub id: u64,
+    pub pid: libc::pid_t,
+    pub pidfd: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub memory_cap: usize,
+    pub spill_cap: u64,
+    pub spill_paths: [PathBuf; 2],
+    pub grace: Duration,
+    pub timeout: Option<Duration>,
+    pub applied: Applied,
+    pub span: tracing::Span,
+}
+
+impl Process {
+    /// Wires the supervisor and readers of a freshly spawned tree. Needs a
+    /// tokio runtime.
+    pub(crate) fn start(s: Started) -> std::io::Result<Self> {
+        let pid = s.pid;
+        // SAFETY: an OwnedFd stays open for as long as the AsyncFd owns it.
+        let pidfd = unsafe { AsyncFd::register(s.pidfd) }.map_err(std::io::Error::from)?;
+        let stdout = pipe::Receiver::from_owned_fd(s.stdout)?;
+        let stderr = pipe::Receiver::from_owned_fd(s.stderr)?;
+        let (kill_deadline, kill_rx) = watch::channel(None);
+        let (exited, exited_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            id: s.id,
+            pid,
+            grace: s.grace,
+            applied: s.applied,
+            stdout: Mutex::new(StreamBuffer::new(s.memory_cap)),
+            stderr: Mutex::new(StreamBuffer::new(s.memory_cap)),
+            life: Mutex::new(Life::default()),
+            notify: Notify::new(),
+            drained: Notify::new(),
+            kill_deadline,
+            exited,
+        });
+        lock(live()).insert(s.id, Arc::downgrade(&shared));
+        let [stdout_path, stderr_path] = s.spill_paths;
+        // Reads smaller than the cap leave room for several in memory, so a
+        // reader that keeps up loses nothing to one oversized read.
+        let chunk = (s.memory_cap / 4).clamp(1, 64 * 1024);
+        for (stream, rx, path) in [(Stream::Stdout, stdout, stdout_path), (Stream::Stderr, stderr, stderr_path)] {
+            let spill = SpillWriter::new(path, s.memory_cap, s.spill_cap);
+            let fut = read_stream(shared.clone(), stream, rx, spill, chunk, exited_rx.clone());
+            tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
+        }
+        let deadline = s.timeout.map(|t| Instant::now() + t);
+        let fut = supervise(shared.clone(), pidfd, deadline, kill_rx);
+        tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
+        Ok(Self { shared, span: s.span })
+    }
+
+    /// The leader's pid in the host's PID namespace (also the group id).
+    pub fn pid(&self) -> u32 {
+        self.shared.pid as u32
+    }
+
+    /// The confinement this tree runs under.
+    pub fn confinement(&self) -> Applied {
+        self.shared.applied
+    }
+
+    /// Takes everything unread from one stream (consuming, never blocks).
+    pub fn read(&self, stream: Stream) -> StreamChunk {
+        let chunk = lock(self.shared.buffer(stream)).take();
+        self.shared.drained.notify_waiters();
+        chunk
+    }
+
+    /// Bytes a stream has produced so far.
+    pub fn total(&self, stream: Stream) -> u64 {
+        lock(self.shared.buffer(stream)).total()
+    }
+
+    /// `Some` once the tree is gone and its output ended; read once more after.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        self.shared.finished()
+    }
+
+    /// True when the spawn's timeout expired and the tree was killed for it.
+    pub fn timed_out(&self) -> bool {
+        lock(&self.shared.life).timed_out
+    }
+
+    /// True once [`kill`](Self::kill) was called or the timeout expired.
+    pub fn kill_requested(&self) -> bool {
+        lock(&self.shared.life).kill_requested
+    }
+
+    /// SIGTERM to the whole group now, SIGKILL after the grace. Idempotent;
+    /// does nothing once the tree is gone.
+    pub fn kill(&self) {
+        let _enter = self.span.enter();
+        self.shared.kill();
+    }
+
+    /// Completes when a read would return something or the tree finished.
+    pub async fn ready(&self) {
+        wait_until(&self.shared, Shared::has_news).await
+    }
+
+    /// Completes when [`exit_status`](Self::exit_status) is `Some`.
+    pub async fn finished(&self) {
+        wait_until(&self.shared, |s| s.finished().is_some()).await
+    }
+
+    /// The spill files created so far. Holding them keeps them on disk after
+    /// the process is dropped (they are deleted when the last holder drops).
+    pub fn spill_files(&self) -> Vec<Arc<SpillFile>> {
+        spill_files(&self.shared)
+    }
+
+    /// A non-owning view of this process.
+    pub fn watch(&self) -> ProcessWatch {
+        ProcessWatch { shared: self.shared.clone() }
+    }
+}
+
+/// A non-owning view of a process: waits for it and lists its spill files,
+/// but neither keeps it alive nor kills it.
+#[derive(Clone)]
+pub struct ProcessWatch {
+    shared: Arc<Shared>,
+}
+
+impl ProcessWatch {
+    /// Completes when the process's exit status is known (see [`Process::exit_status`]).
+    pub async fn finished(&self) {
+        wait_until(&self.shared, |s| s.finished().is_some()).await
+    }
+
+    /// The spill files created so far.
+    pub fn spill_files(&self) -> Vec<Arc<SpillFile>> {
+        spill_files(&self.shared)
+    }
+}
+
+fn spill_files(shared: &Shared) -> Vec<Arc<SpillFile>> {
+    [Stream::Stdout, Stream::Stderr].into_iter().filter_map(|s| lock(shared.buffer(s)).spill()).collect()
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.shared.signal_group(libc::SIGKILL) {
+            let _enter = self.span.enter();
+            tracing::debug!(pid = self.shared.pid, "process dropped while alive: SIGKILL to its group");
+        }
+    }
+}
+
+async fn wait_until(shared: &Shared, ready: impl Fn(&Shared) -> bool) {
+    loop {
+        let notified = shared.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so no wake-up is lost in between.
+        notified.as_mut().enable();
+        if ready(shared) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// Waits for the leader's exit; enforces the timeout and the kill deadline.
+async fn supervise(
+    shared: Arc<Shared>,
+    pidfd: AsyncFd<OwnedFd>,
+    mut timeout: Option<Instant>,
+    mut kill_rx: watch::Receiver<Option<Instant>>,
+) {
+    let mut kill_at: Option<Instant> = None;
+    let status = loop {
+        tokio::select! {
+            guard = pidfd.readable() => {
+                if let Ok(mut guard) = guard {
+                    guard.clear_ready();
+                }
+                let mut life = lock(&shared.life);
+                // The leader is a zombie now: it still pins the group id, so
+                // this reaches exactly what it left behind in its group.
+                // SAFETY: plain syscall on our own unreaped group.
+                unsafe { libc::kill(-shared.pid, libc::SIGKILL) };
+                let mut raw = 0;
+                // SAFETY: reaps our own child, without blocking.
+                match unsafe { libc::waitpid(shared.pid, &mut raw, libc::WNOHANG) } {
+                    0 => continue,
+                    pid if pid == shared.pid => {
+                        let status = ExitStatus::from_wait(raw);
+                        life.reaped = true;
+                        life.status = Some(status);
+                        break status;
+                    }
+                    _ => {
+                        let e = std::io::Error::last_os_error();
+                        tracing::warn!(pid = shared.pid, error = %e, "cannot collect the exit status");
+                        life.reaped = true;
+                        life.status = Some(ExitStatus::Code(-1));
+                        break ExitStatus::Code(-1);
+                    }
+                }
+            }
+            _ = sleep_until(timeout), if timeout.is_some() => {
+                timeout = None;
+                lock(&shared.life).timed_out = true;
+                tracing::debug!(pid = shared.pid, "timeout expired");
+                shared.kill();
+            }
+            changed = kill_rx.changed() => {
+                if changed.is_ok() {
+                    kill_at = *kill_rx.borrow_and_update();
+                }
+            }
+            _ = sleep_until(kill_at), if kill_at.is_some() => {
+                kill_at = None;
+                if shared.signal_group(libc::SIGKILL) {
+                    tracing::debug!(pid = shared.pid, "grace expired: SIGKILL to the process group");
+                }
+            }
+        }
+    };
+    tracing::debug!(pid = shared.pid, %status, "process exited");
+    lock(live()).remove(&shared.id);
+    shared.exited.send_replace(true);
+    shared.notify.notify_waiters();
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Moves one stream's output into its buffer (and spill file) until it ends.
+async fn read_stream(
+    shared: Arc<Shared>,
+    stream: Stream,
+    mut rx: pipe::Receiver,
+    mut spill: SpillWriter,
+    chunk: usize,
+    mut exited: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; chunk];
+    let mut spill_ok = true;
+    let linger = async {
+        let _ = exited.wait_for(|e| *e).await;
+        tokio::time::sleep(OUTPUT_LINGER).await;
+    };
+    tokio::pin!(linger);
+    loop {
+        tokio::select! {
+            biased;
+            read = rx.read(&mut buf) => match read {
+                Ok(0) => break,
+                Ok(n) => {
+                    let data = &buf[..n];
+                    let created = if spill_ok {
+                        spill.write(data).unwrap_or_else(|e| {
+                            tracing::warn!(?stream, error = %e, "spill file write failed; output beyond the memory cap is lost");
+                            spill_ok = false;
+                            None
+                        })
+                    } else {
+                        None
+                    };
+                    let drained = shared.drained.notified();
+                    tokio::pin!(drained);
+                    let pace = {
+                        let mut buffer = lock(shared.buffer(stream));
+                        if let Some(file) = created {
+                            buffer.set_spill(file);
+                        }
+                        buffer.push(data);
+                        let pace = buffer.len() > buffer.memory_cap() / 4 * 3 && buffer.reader_active(READER_ACTIVE);
+                        if pace {
+                            // Registered under the lock, so a read right
+                            // after it is not missed.
+                            drained.as_mut().enable();
+                        }
+                        pace
+                    };
+                    shared.notify.notify_waiters();
+                    if pace {
+                        // Someone is reading this stream right now: give them
+                        // a moment to take what is there before more arrives
+                        // and pushes unread bytes out of memory. A stream
+                        // nobody reads is never slowed down.
+                        let _ = tokio::time::timeout(PACE_WAIT, drained).await;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(?stream, error = %e, "reading process output failed");
+                    break;
+                }
+            },
+            _ = &mut linger => {
+                tracing::warn!(
+                    ?stream,
+                    "output still open after the process exited: a descendant that left its process \
+                     group holds it (no PID namespace); stopped reading"
+                );
+                break;
+            }
+        }
+    }
+    lock(shared.buffer(stream)).set_eof();
+    shared.notify.notify_waiters();
+}

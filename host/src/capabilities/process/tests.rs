@@ -1,0 +1,497 @@
+//! Tests with real processes. Leaks are checked through `/proc`, never
+//! through our own bookkeeping: every spawned tree carries a unique marker
+//! variable, and a test fails if any process still has it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+fn host() -> Arc<ProcessHost> {
+    ProcessHost::new(&ProcessHostConfig::default()).expect("process host")
+}
+
+fn bash_grant() -> ProcessGrant {
+    ProcessGrant {
+        programs: vec!["bash".into()],
+        working_dirs: vec![std::env::temp_dir()],
+        limits: ProcessLimits { kill_grace_ms: 3_000, ..ProcessLimits::default() },
+        ..ProcessGrant::default()
+    }
+}
+
+/// A marker unique to one test, put into the environment of its processes.
+fn marker(test: &str) -> (String, String) {
+    ("TASKHOST_TEST_MARK".into(), format!("{test}-{}", std::process::id()))
+}
+
+fn bash(script: &str, mark: &(String, String)) -> SpawnRequest {
+    SpawnRequest {
+        argv: vec!["bash".into(), "-c".into(), script.into()],
+        env: vec![mark.clone()],
+        ..Default::default()
+    }
+}
+
+/// Pids of live processes whose environment holds the marker (zombies have
+/// an empty environ and do not count: they hold no resources but a pid).
+fn marked(mark: &(String, String)) -> Vec<u32> {
+    let needle = format!("{}={}", mark.0, mark.1).into_bytes();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Pids of processes (zombies included) in process group `pgid`: the keeper
+/// and init, which never exec and so carry no marker, are found this way.
+fn in_group(pgid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command: state ppid pgrp ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+            continue;
+        };
+        if rest.split_whitespace().nth(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits up to 5 s for every marked process to be gone.
+async fn assert_no_marked(mark: &(String, String)) {
+    for _ in 0..100 {
+        if marked(mark).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("leaked processes with {}={}: {:?}", mark.0, mark.1, marked(mark));
+}
+
+/// Waits up to 5 s until neither marked processes nor members of the tree's
+/// process group exist.
+async fn assert_tree_gone(mark: &(String, String), pgid: u32) {
+    assert_no_marked(mark).await;
+    for _ in 0..100 {
+        if in_group(pgid).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("leaked processes in group {pgid}: {:?}", in_group(pgid));
+}
+
+/// Waits until at least `n` marked processes run (the tree is set up).
+async fn await_marked(mark: &(String, String), n: usize) {
+    for _ in 0..200 {
+        if marked(mark).len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("expected {n} marked processes, found {:?}", marked(mark));
+}
+
+/// Reads a process to its end: every chunk of stdout and stderr, in order.
+async fn drain(process: &Process) -> (Vec<u8>, Vec<u8>, Vec<StreamChunk>, ExitStatus) {
+    let (mut out, mut err, mut chunks) = (Vec::new(), Vec::new(), Vec::new());
+    loop {
+        tokio::time::timeout(Duration::from_secs(20), process.ready()).await.expect("process got stuck");
+        let status = process.exit_status();
+        let o = process.read(Stream::Stdout);
+        let e = process.read(Stream::Stderr);
+        out.extend_from_slice(&o.data);
+        err.extend_from_slice(&e.data);
+        chunks.push(o);
+        chunks.push(e);
+        if let Some(status) = status {
+            return (out, err, chunks, status);
+        }
+    }
+}
+
+#[tokio::test]
+async fn deltas_never_repeat_or_lose_a_byte() {
+    let host = host();
+    let mut grant = bash_grant();
+    grant.limits.memory_cap_bytes = 4 << 20;
+    let mark = marker("deltas");
+    let script = "for i in $(seq 1 30000); do echo \"line $i\"; if (( i % 5000 == 0 )); then sleep 0.05; fi; done";
+    let process = host.spawn(&grant, bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    let (out, err, chunks, status) = drain(&process).await;
+    let expected: String = (1..=30000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8(out).unwrap(), expected);
+    assert!(err.is_empty());
+    assert_eq!(status, ExitStatus::Code(0));
+    let nonempty = chunks.iter().filter(|c| !c.data.is_empty()).count();
+    assert!(nonempty >= 3, "expected several deltas, got {nonempty}");
+    assert!(chunks.iter().all(|c| !c.dropped && c.spill_path.is_none()));
+    // Consuming: nothing is left to read.
+    assert!(process.read(Stream::Stdout).data.is_empty());
+}
+
+#[tokio::test]
+async fn stderr_is_its_own_stream() {
+    let host = host();
+    let mark = marker("stderr");
+    let process = host
+        .spawn(&bash_grant(), bash("echo out; echo err >&2; echo out2", &mark), &tracing::Span::none())
+        .await
+        .unwrap();
+    let (out, err, _, status) = drain(&process).await;
+    assert_eq!(out, b"out\nout2\n");
+    assert_eq!(err, b"err\n");
+    assert_eq!(status, ExitStatus::Code(0));
+}
+
+#[tokio::test]
+async fn overflow_spills_the_full_output_and_flags_the_drop() {
+    let host = host();
+    let mark = marker("spill");
+    let script = "for i in $(seq 1 40000); do echo \"row $i\"; done";
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), process.finished()).await.unwrap();
+    let chunk = process.read(Stream::Stdout);
+    let expected: String = (1..=40000).map(|i| format!("row {i}\n")).collect();
+    assert!(chunk.dropped, "a late reader must be told output was dropped");
+    assert_eq!(chunk.data.len(), grant::DEFAULT_MEMORY_CAP);
+    assert!(expected.as_bytes().ends_with(&chunk.data), "memory keeps the tail");
+    let path = chunk.spill_path.expect("spill path");
+    assert!(path.starts_with(host.spill_dir()));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+    // The file lives as long as someone holds it, then goes.
+    let files = process.spill_files();
+    drop(process);
+    assert!(path.exists());
+    drop(files);
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn exit_codes_and_signals_are_reported() {
+    let host = host();
+    let mark = marker("codes");
+    for (script, expected) in [
+        ("exit 3", ExitStatus::Code(3)),
+        ("true", ExitStatus::Code(0)),
+        ("kill -TERM $$", ExitStatus::Signal(libc::SIGTERM)),
+        ("kill -KILL $$", ExitStatus::Signal(libc::SIGKILL)),
+    ] {
+        let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+        let (_, _, _, status) = drain(&process).await;
+        assert_eq!(status, expected, "{script}");
+    }
+    assert_eq!(ExitStatus::Signal(libc::SIGTERM).to_string(), "signal: SIGTERM");
+    assert_eq!(ExitStatus::Code(2).to_string(), "exit code: 2");
+}
+
+#[tokio::test]
+async fn stdin_is_dev_null_and_terminal_is_model_friendly() {
+    let host = host();
+    let mark = marker("stdin");
+    let script = "cat; echo \"[$NO_COLOR $TERM $PAGER $GIT_PAGER]\"; readlink /proc/self/fd/0";
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    let (out, _, _, status) = drain(&process).await;
+    assert_eq!(String::from_utf8(out).unwrap(), "[1 dumb cat cat]\n/dev/null\n");
+    assert_eq!(status, ExitStatus::Code(0));
+}
+
+#[tokio::test]
+async fn kill_ends_the_whole_tree_with_sigterm() {
+    let host = host();
+    let mark = marker("kill-tree");
+    let script = "sleep 1000 & sleep 1000 & (sleep 1000; true) & wait";
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 4).await;
+    process.kill();
+    process.kill(); // idempotent
+    let (_, _, _, status) = drain(&process).await;
+    assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
+    assert!(process.kill_requested());
+    assert_no_marked(&mark).await;
+}
+
+#[tokio::test]
+async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
+    let host = host();
+    let mut grant = bash_grant();
+    grant.limits.kill_grace_ms = 300;
+    let mark = marker("grace");
+    // Cleans up on TERM within the grace: its own exit code wins.
+    let polite = "trap 'echo cleaning; exit 7' TERM; echo ready; sleep 1000 & wait";
+    let process = host.spawn(&grant, bash(polite, &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 2).await;
+    process.kill();
+    let (out, _, _, status) = drain(&process).await;
+    assert_eq!(String::from_utf8_lossy(&out), "ready\ncleaning\n");
+    assert_eq!(status, ExitStatus::Code(7));
+    // Ignores TERM: SIGKILL after the grace.
+    let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.05; done";
+    let process = host.spawn(&grant, bash(stubborn, &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 1).await;
+    let started = std::time::Instant::now();
+    process.kill();
+    let (_, _, _, status) = drain(&process).await;
+    assert_eq!(status, ExitStatus::Signal(libc::SIGKILL));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_no_marked(&mark).await;
+}
+
+#[tokio::test]
+async fn timeout_kills_the_tree_and_says_so() {
+    let host = host();
+    let mark = marker("timeout");
+    let request = SpawnRequest { timeout: Some(Duration::from_millis(200)), ..bash("sleep 1000 & wait", &mark) };
+    let process = host.spawn(&bash_grant(), request, &tracing::Span::none()).await.unwrap();
+    let (_, _, _, status) = drain(&process).await;
+    assert!(process.timed_out());
+    assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
+    assert_no_marked(&mark).await;
+}
+
+#[tokio::test]
+async fn the_grant_refuses_clearly() {
+    let host = host();
+    let mark = marker("refuse");
+    let span = tracing::Span::none();
+    let err = host
+        .spawn(&bash_grant(), SpawnRequest { argv: vec!["env".into()], ..Default::default() }, &span)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("refuses program \"env\"") && text.contains("allowed programs: bash"), "{text}");
+    let err = host.spawn(&ProcessGrant::default(), bash("true", &mark), &span).await.unwrap_err();
+    assert!(err.to_string().contains("allows no programs"), "{err}");
+    let request = SpawnRequest { cwd: Some("/".into()), ..bash("true", &mark) };
+    let err = host.spawn(&bash_grant(), request, &span).await.unwrap_err();
+    assert!(err.to_string().contains("refuses working directory \"/\""), "{err}");
+    let request = SpawnRequest { cwd: Some("..".into()), ..bash("true", &mark) };
+    assert!(matches!(host.spawn(&bash_grant(), request, &span).await, Err(SpawnError::Refused(_))));
+    let err = host.spawn(&bash_grant(), SpawnRequest::default(), &span).await.unwrap_err();
+    assert!(matches!(err, SpawnError::Refused(Refusal::EmptyArgv)));
+    assert!(marked(&mark).is_empty());
+}
+
+#[tokio::test]
+async fn working_directory_follows_the_grant() {
+    let host = host();
+    let mark = marker("cwd");
+    let dir = std::env::temp_dir().join(format!("taskhost-cwd-test-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let grant = ProcessGrant { working_dirs: vec![dir.clone()], ..bash_grant() };
+    let request = SpawnRequest { cwd: Some("sub".into()), ..bash("pwd", &mark) };
+    let process = host.spawn(&grant, request, &tracing::Span::none()).await.unwrap();
+    let (out, _, _, _) = drain(&process).await;
+    assert_eq!(String::from_utf8(out).unwrap().trim(), dir.join("sub").canonicalize().unwrap().to_str().unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The tree of this script leaves a `setsid` daemon, a `nohup` one and a
+/// double-forked orphan behind, then blocks (bash execs its last command, so
+/// four processes carry the marker).
+const ESCAPEES: &str = "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & \
+                        ( (sleep 1000 &) & ) ; echo started; sleep 1000";
+
+fn require_pid_namespaces() {
+    if confine::support().pid_namespace.is_none() {
+        assert!(
+            std::env::var_os("TASKHOST_ALLOW_NO_PIDNS").is_some(),
+            "PID namespaces are unavailable here; set TASKHOST_ALLOW_NO_PIDNS=1 to accept that setsid \
+             escapees can outlive their task ({})",
+            confine::support().describe()
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_leak_after_kill_including_setsid_and_double_fork() {
+    require_pid_namespaces();
+    if confine::support().pid_namespace.is_none() {
+        return;
+    }
+    let host = host();
+    let mark = marker("leak-kill");
+    let process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
+    assert!(process.confinement().pid_namespace);
+    await_marked(&mark, 4).await;
+    let pgid = process.pid();
+    assert!(in_group(pgid).len() >= 3, "keeper, init and the command share the group");
+    process.kill();
+    let (_, _, _, status) = drain(&process).await;
+    assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
+    assert_tree_gone(&mark, pgid).await;
+}
+
+#[tokio::test]
+async fn no_leak_after_drop_including_setsid_and_double_fork() {
+    require_pid_namespaces();
+    if confine::support().pid_namespace.is_none() {
+        return;
+    }
+    let host = host();
+    let mark = marker("leak-drop");
+    let process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 4).await;
+    let pgid = process.pid();
+    drop(process);
+    assert_tree_gone(&mark, pgid).await;
+}
+
+#[tokio::test]
+async fn no_leak_after_the_command_exits_on_its_own() {
+    require_pid_namespaces();
+    if confine::support().pid_namespace.is_none() {
+        return;
+    }
+    let host = host();
+    let mark = marker("leak-exit");
+    let script = "setsid sleep 1000 & ( (sleep 1000 &) & ); sleep 0.3; exit 4";
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    let (_, _, _, status) = drain(&process).await;
+    assert_eq!(status, ExitStatus::Code(4));
+    assert_tree_gone(&mark, process.pid()).await;
+}
+
+#[tokio::test]
+async fn kill_all_ends_every_tree() {
+    let host = host();
+    let mark = marker("kill-all");
+    let process = host.spawn(&bash_grant(), bash("sleep 1000 & wait", &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 2).await;
+    assert!(kill_all() >= 1);
+    let (_, _, _, status) = drain(&process).await;
+    assert_eq!(status, ExitStatus::Signal(libc::SIGKILL));
+    assert_no_marked(&mark).await;
+}
+
+#[tokio::test]
+async fn without_a_pid_namespace_the_group_still_dies() {
+    let host = host();
+    let mark = marker("no-pidns");
+    let grant = ProcessGrant { pid_namespace: false, ..bash_grant() };
+    let process =
+        host.spawn(&grant, bash("sleep 1000 & echo started; wait", &mark), &tracing::Span::none()).await.unwrap();
+    assert!(!process.confinement().pid_namespace);
+    await_marked(&mark, 2).await;
+    process.kill();
+    let (out, _, _, status) = drain(&process).await;
+    assert_eq!(out, b"started\n");
+    assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
+    assert_no_marked(&mark).await;
+}
+
+#[tokio::test]
+async fn no_network_unless_granted() {
+    if !confine::support().net_namespace {
+        return; // the probe logged it; the spawn below would run with the host network
+    }
+    let host = host();
+    let mark = marker("net");
+    let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+    let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    assert!(process.confinement().net_namespace);
+    let (out, _, _, _) = drain(&process).await;
+    assert_eq!(String::from_utf8(out).unwrap(), "lo\n");
+    let grant = ProcessGrant { network: true, ..bash_grant() };
+    let process = host.spawn(&grant, bash(script, &mark), &tracing::Span::none()).await.unwrap();
+    assert!(!process.confinement().net_namespace);
+    let (out, _, _, _) = drain(&process).await;
+    let host_ifaces = std::fs::read_to_string("/proc/self/net/dev").unwrap().lines().skip(2).count();
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), host_ifaces);
+}
+
+#[tokio::test]
+async fn landlock_confines_writes_to_the_granted_paths() {
+    if landlock::abi().is_none() {
+        return; // the probe logged it
+    }
+    let host = host();
+    let mark = marker("landlock");
+    let base = std::env::temp_dir().join(format!("taskhost-landlock-test-{}", std::process::id()));
+    let (inside, outside) = (base.join("rw"), base.join("other"));
+    std::fs::create_dir_all(&inside).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let grant =
+        ProcessGrant { read_only_paths: vec!["/".into()], read_write_paths: vec![inside.clone()], ..bash_grant() };
+    let script = format!(
+        "echo a > {}/ok && echo wrote-inside; echo b > {}/no 2>/dev/null || echo denied-outside; cat /etc/hostname >/dev/null && echo read-ok",
+        inside.display(),
+        outside.display()
+    );
+    let process = host.spawn(&grant, bash(&script, &mark), &tracing::Span::none()).await.unwrap();
+    assert!(process.confinement().landlock);
+    let (out, _, _, _) = drain(&process).await;
+    assert_eq!(String::from_utf8(out).unwrap(), "wrote-inside\ndenied-outside\nread-ok\n");
+    assert!(inside.join("ok").exists());
+    assert!(!outside.join("no").exists());
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+/// Not a test by itself: the stand-in host of `no_leak_when_the_host_dies`.
+/// It starts a tree that leaves escapees behind, says so, and waits to be
+/// killed.
+#[tokio::test]
+#[ignore = "helper process of no_leak_when_the_host_dies"]
+async fn helper_host_that_gets_killed() {
+    let Ok(value) = std::env::var("TASKHOST_HELPER_MARK") else {
+        return;
+    };
+    let host = host();
+    let mark = ("TASKHOST_TEST_MARK".to_string(), value);
+    let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
+    await_marked(&mark, 4).await;
+    println!("helper-ready");
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+}
+
+#[tokio::test]
+async fn no_leak_when_the_host_dies() {
+    require_pid_namespaces();
+    if confine::support().pid_namespace.is_none() {
+        return;
+    }
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let mark = marker(&format!("host-dies-{signal}"));
+        let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
+            .env("TASKHOST_HELPER_MARK", &mark.1)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        await_marked(&mark, 4).await;
+        let helper_pid = helper.id().unwrap();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(helper_pid as i32, signal) };
+        helper.wait().await.unwrap();
+        assert_no_marked(&mark).await;
+        // The dead host could not remove its spill directory; the next host does.
+        let prefix = format!("taskhost-{helper_pid}-");
+        let stale = || {
+            std::fs::read_dir(std::env::temp_dir())
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        };
+        assert!(stale(), "the killed helper left its spill directory");
+        drop(host());
+        assert!(!stale(), "a new host removes the spill directory of a dead one");
+    }
+}

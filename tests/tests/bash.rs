@@ -1,0 +1,314 @@
+//! The `bash` plugin end to end: the real built component, the host's
+//! `process` capability, the task registry and the control tools.
+//!
+//! Leaks are checked through `/proc`, never through our bookkeeping: each
+//! fixture's plugin config puts a unique marker variable into the
+//! environment of every command, and a test fails while any live process
+//! still carries it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use taskhost::Host;
+use taskhost::agents::Agent;
+use taskhost::capabilities::process::{ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig};
+use taskhost::config::TasksSettings;
+use taskhost::ids::TaskId;
+use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::producer::{Producer, RunMode};
+use taskhost::tasks::TaskStatus;
+use taskhost::tools::CallContext;
+use taskhost::tools::producer_tool::ProducerToolOptions;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+struct Fixture {
+    host: Host,
+    agent: Agent,
+    context: CallContext,
+    processes: Arc<ProcessHost>,
+    producer: Arc<WasmProducer>,
+    mark: (String, String),
+    _engine: PluginEngine,
+}
+
+fn engine() -> PluginEngine {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    PluginEngine::new(PluginRuntimeConfig {
+        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bash-test-cache-{}", std::process::id()))),
+        ..PluginRuntimeConfig::default()
+    })
+    .expect("engine")
+}
+
+fn grant() -> ProcessGrant {
+    ProcessGrant { programs: vec!["bash".into()], working_dirs: vec![std::env::temp_dir()], ..ProcessGrant::default() }
+}
+
+/// A host serving the real bash plugin as tool `bash`, with `grant` (none:
+/// the capability is not granted) and the plugin `config` (plus the marker).
+async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value) -> Fixture {
+    let mark = ("TASKHOST_TEST_MARK".to_string(), format!("bash-e2e-{test}-{}", std::process::id()));
+    config
+        .as_object_mut()
+        .unwrap()
+        .entry("env")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .unwrap()
+        .insert(mark.0.clone(), Value::String(mark.1.clone()));
+    let engine = engine();
+    let version = engine.load_file(taskhost::builtin::BASH_PATH).await.expect("load bash plugin");
+    let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
+    let mut producer = WasmProducer::new(version, config).await.expect("describe");
+    if let Some(grant) = grant {
+        producer = producer.with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant) });
+    }
+    let producer = Arc::new(producer);
+    let host = Host::new(&TasksSettings::default()).unwrap();
+    host.add_producer(
+        producer.clone(),
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+    );
+    let agent = host.create_agent("agent", format!("session-{test}")).unwrap();
+    let context = CallContext::for_agent(&agent);
+    Fixture { host, agent, context, processes, producer, mark, _engine: engine }
+}
+
+async fn fixture(test: &str) -> Fixture {
+    fixture_with(test, Some(grant()), json!({})).await
+}
+
+impl Fixture {
+    async fn call(&self, tool: &str, args: Value) -> String {
+        match self.host.call_tool(tool, args, &self.context).await {
+            Ok(output) => output.text,
+            Err(error) => format!("ERROR: {error}"),
+        }
+    }
+
+    async fn start(&self, command: &str) -> TaskId {
+        let reply = self.call("bash", json!({"command": command, "run_in_background": true})).await;
+        let id = reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("not started: {reply}"));
+        TaskId::new(id)
+    }
+
+    /// Raw consuming reads until the task settles: every delta, concatenated.
+    async fn read_to_end(&self, id: &TaskId) -> (String, taskhost::tasks::TaskSnapshot) {
+        let deadline = Instant::now() + BOUND;
+        let mut text = String::new();
+        loop {
+            let read = self.host.registry().read(id, Some(&self.agent)).await.expect("read");
+            text.push_str(&read.text);
+            if read.snapshot.status.is_terminal() {
+                return (text, read.snapshot);
+            }
+            assert!(Instant::now() < deadline, "task {id} did not settle; read so far: {text:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn marked(&self) -> Vec<u32> {
+        let needle = format!("{}={}", self.mark.0, self.mark.1).into_bytes();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+            if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    async fn await_marked(&self, n: usize) {
+        let deadline = Instant::now() + BOUND;
+        while self.marked().len() < n {
+            assert!(Instant::now() < deadline, "expected {n} marked processes, found {:?}", self.marked());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn assert_no_marked(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.marked().is_empty() {
+            assert!(Instant::now() < deadline, "leaked processes: {:?}", self.marked());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Leaves a `setsid` daemon, a `nohup` one and a double-forked orphan, then
+/// blocks; bash execs its last command, so four processes carry the marker.
+const ESCAPEES: &str =
+    "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & ( (sleep 1000 &) & ); echo started; sleep 1000";
+
+fn lines(prefix: &str, n: usize) -> String {
+    (1..=n).map(|i| format!("{prefix} {i}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_deltas_never_repeat_or_lose_a_byte() {
+    let fx = fixture("deltas").await;
+    let id = fx
+        .start("for i in $(seq 1 3000); do echo \"line $i\"; if (( i % 600 == 0 )); then sleep 0.1; fi; done; echo warn >&2; exit 3")
+        .await;
+    assert!(id.as_str().starts_with("bash-"), "{id}");
+    let (text, snapshot) = fx.read_to_end(&id).await;
+    assert_eq!(text, format!("{}[stderr]\nwarn\n", lines("line", 3000)));
+    assert_eq!(snapshot.status, TaskStatus::Completed);
+    assert_eq!(snapshot.status_line(), "[status: completed, exit code: 3]");
+    assert_eq!(
+        snapshot.label,
+        "for i in $(seq 1 3000); do echo \"line $i\"; if (( i % 600 == 0 )); then sleep 0.1; fi; done; echo warn >&2; exit 3"
+    );
+    // Consuming: the control tool now has nothing new.
+    let reply = fx.call("task_output", json!({"task_id": id.as_str()})).await;
+    assert_eq!(reply, "(no new output)\n[status: completed, exit code: 3]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_returns_output_stderr_section_and_exit_code() {
+    let fx = fixture("foreground").await;
+    let reply = fx.call("bash", json!({"command": "echo hi; echo oops >&2; exit 2", "description": "demo"})).await;
+    assert_eq!(reply, "hi\n[stderr]\noops\n[status: completed, exit code: 2]");
+    let reply = fx.call("bash", json!({"command": "printf 'no newline'"})).await;
+    assert_eq!(reply, "no newline\n[status: completed, exit code: 0]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_spill_names_a_file_holding_the_full_output() {
+    let fx = fixture("spill").await;
+    let id = fx.start("for i in $(seq 1 30000); do echo \"row $i\"; done").await;
+    let snapshot = fx.host.registry().wait(&id, BOUND, Some(&fx.agent), None).await.expect("wait");
+    assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
+    let read = fx.host.registry().read(&id, Some(&fx.agent)).await.unwrap();
+    let expected = lines("row", 30000);
+    let (notice, tail) = read.text.split_once('\n').expect("a notice line");
+    let path = notice
+        .strip_prefix("[some output was dropped from memory; full output: ")
+        .and_then(|p| p.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("no drop notice: {notice:?}"));
+    assert!(path.starts_with(fx.processes.spill_dir().to_str().unwrap()), "{path}");
+    assert_eq!(tail.len(), 64_000);
+    assert!(expected.ends_with(tail));
+    assert_eq!(std::fs::read_to_string(path).expect("spill file readable"), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_truncation_names_a_file_that_outlives_the_call() {
+    let fx = fixture("truncate").await;
+    let reply = fx.call("bash", json!({"command": "for i in $(seq 1 30000); do echo \"row $i\"; done"})).await;
+    let (notice, rest) = reply.split_once('\n').unwrap();
+    let path = notice
+        .strip_prefix("[output truncated; full output: ")
+        .and_then(|p| p.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("no truncation notice: {notice:?}"));
+    assert!(rest.ends_with("row 30000\n[status: completed, exit code: 0]"), "{}", &rest[rest.len() - 80..]);
+    assert_eq!(std::fs::read_to_string(path).expect("spill file readable"), lines("row", 30000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_timeout_kills_the_group_and_says_so() {
+    let fx = fixture("timeout").await;
+    let started = Instant::now();
+    let reply = fx
+        .call("bash", json!({"command": "echo before; sleep 1000 & sleep 1000; echo never", "timeout_ms": 300}))
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        reply,
+        "before\n[command timed out after 300 ms and was killed]\n\
+         [status: killed, signal: SIGTERM (timed out after 300 ms)]"
+    );
+    fx.assert_no_marked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_kill_ends_the_whole_tree_including_escapees() {
+    let fx = fixture("kill").await;
+    let id = fx.start(ESCAPEES).await;
+    fx.await_marked(4).await;
+    let reply = fx.call("task_kill", json!({"task_id": id.as_str(), "reason": "test"})).await;
+    assert_eq!(reply, format!("requested cancellation of task {id}"));
+    let reply = fx.call("task_output", json!({"task_id": id.as_str(), "wait": true, "timeout_ms": 10000})).await;
+    assert_eq!(reply, "started\n[status: killed, signal: SIGTERM]");
+    fx.assert_no_marked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leak_after_agent_disposal() {
+    let fx = fixture("dispose-agent").await;
+    fx.start(ESCAPEES).await;
+    fx.start("sleep 1000").await;
+    fx.await_marked(5).await;
+    fx.agent.dispose().await;
+    fx.assert_no_marked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leak_after_host_shutdown() {
+    let fx = fixture("shutdown").await;
+    fx.start(ESCAPEES).await;
+    fx.await_marked(4).await;
+    fx.host.dispose().await;
+    fx.assert_no_marked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leak_when_the_task_store_is_dropped() {
+    // What a trap does to a task: its store is dropped mid-flight, without
+    // the plugin's help. `abandon` (the registry's last resort) does the
+    // same; so does forgetting every handle to the task.
+    let fx = fixture("store-drop").await;
+    let prepared = fx.producer.prepare(json!({"command": ESCAPEES}), RunMode::Background).await.unwrap();
+    let hooks = (prepared.run)().await.unwrap();
+    fx.await_marked(4).await;
+    hooks.control.abandon();
+    fx.assert_no_marked().await;
+    let outcome = hooks.done.await.unwrap();
+    assert!(outcome.detail.unwrap().contains("abandoned"));
+
+    let prepared = fx.producer.prepare(json!({"command": ESCAPEES}), RunMode::Background).await.unwrap();
+    let hooks = (prepared.run)().await.unwrap();
+    fx.await_marked(4).await;
+    drop(hooks);
+    fx.assert_no_marked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_outside_the_grant_are_refused_clearly() {
+    let sh_only = ProcessGrant { programs: vec!["sh".into()], ..grant() };
+    let fx = fixture_with("refused", Some(sh_only), json!({})).await;
+    let reply = fx.call("bash", json!({"command": "echo hi"})).await;
+    assert!(reply.starts_with("ERROR: "), "{reply}");
+    assert!(
+        reply.contains("the process grant refuses program \"bash\"") && reply.contains("allowed programs: sh"),
+        "{reply}"
+    );
+    let reply = fx.call("bash", json!({"command": "echo hi", "run_in_background": true})).await;
+    assert!(reply.contains("refuses program \"bash\""), "{reply}");
+    assert!(fx.host.registry().list(Some(&fx.agent)).is_empty(), "nothing registered");
+
+    let fx = fixture_with("no-grant", None, json!({})).await;
+    let reply = fx.call("bash", json!({"command": "echo hi"})).await;
+    assert!(reply.contains("has no process grant"), "{reply}");
+
+    let fx = fixture_with("bad-cwd", Some(grant()), json!({"cwd": "/"})).await;
+    let reply = fx.call("bash", json!({"command": "pwd"})).await;
+    assert!(reply.contains("refuses working directory \"/\""), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_schema_and_errors_for_bad_arguments() {
+    let fx = fixture("schema").await;
+    let definition = fx.host.tool_definitions().into_iter().find(|d| d.name == "bash").unwrap();
+    let properties = &definition.input_schema["properties"];
+    assert_eq!(properties["command"]["type"], "string");
+    assert_eq!(properties["timeout_ms"]["maximum"], 600_000);
+    assert_eq!(properties["run_in_background"]["type"], "boolean");
+    assert!(definition.description.contains("default 120000"), "{}", definition.description);
+    let reply = fx.call("bash", json!({"command": "true", "timeout_ms": 600_001})).await;
+    assert!(reply.starts_with("ERROR: invalid arguments for bash"), "{reply}");
+}
