@@ -27,6 +27,13 @@ pub struct Config {
     /// `[serve]`: the MCP server (`taskhost serve`).
     #[serde(default)]
     pub serve: ServeSettings,
+    /// `[plugins]`: the WebAssembly plugin runtime (memory cap, call
+    /// deadline, instance pool, compile cache).
+    #[serde(default)]
+    pub plugins: crate::plugin::PluginRuntimeConfig,
+    /// `[process]`: host-wide settings of the process capability.
+    #[serde(default)]
+    pub process: crate::capabilities::process::ProcessHostConfig,
 }
 
 /// `[serve]`: settings of the MCP server.
@@ -232,6 +239,18 @@ pub struct ProducerConfig {
     /// How long a foreground call may run before it is cancelled.
     #[serde(default = "default_foreground_timeout_ms")]
     pub foreground_timeout_ms: u64,
+    /// Capabilities granted to this instance's plugin. None by default: a
+    /// plugin has no ambient authority.
+    #[serde(default)]
+    pub grants: Grants,
+}
+
+/// `[producer.grants]`: what the host lets one producer instance do.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Grants {
+    /// `[producer.grants.process]`: start processes (the `process` capability).
+    pub process: Option<crate::capabilities::process::ProcessGrant>,
 }
 
 fn empty_table() -> toml::Table {
@@ -271,13 +290,19 @@ impl Config {
     /// The producers served when the configuration lists none. The one
     /// place that decides what a bare `taskhost serve` offers.
     pub fn default_producers() -> Vec<ProducerConfig> {
-        vec![ProducerConfig {
-            tool: "ticker".to_string(),
-            plugin: "native:ticker".to_string(),
+        let builtin = |tool: &str, grants: Grants| ProducerConfig {
+            tool: tool.to_string(),
+            plugin: format!("builtin:{tool}"),
             config: empty_table(),
             background: true,
             foreground_timeout_ms: default_foreground_timeout_ms(),
-        }]
+            grants,
+        };
+        // bash may start only bash, in the current directory and below, with
+        // credentials scrubbed from its environment and no network.
+        let bash_grant =
+            crate::capabilities::process::ProcessGrant { programs: vec!["bash".to_string()], ..Default::default() };
+        vec![builtin("bash", Grants { process: Some(bash_grant) }), builtin("ticker", Grants::default())]
     }
 
     /// The configured producers, or the defaults when none are configured.

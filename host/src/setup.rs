@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::Host;
+use crate::capabilities::process::{ProcessHost, ProcessHostConfig, wasm::ProcessCapability};
 use crate::config::{Config, ProducerConfig};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::producer::Producer;
@@ -34,39 +35,77 @@ fn supported() -> String {
 pub async fn build_producer(
     config: &ProducerConfig,
     base_dir: &Path,
-    engine: &mut Option<PluginEngine>,
+    runtime: &mut PluginRuntime,
 ) -> anyhow::Result<Arc<dyn Producer>> {
     let plugin = config.plugin.as_str();
     if plugin == "native:ticker" {
+        anyhow::ensure!(
+            config.grants.process.is_none(),
+            "tool {:?}: the native ticker starts no processes; remove its process grant",
+            config.tool
+        );
         return Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?));
     }
     let version = if let Some(name) = plugin.strip_prefix("builtin:") {
         let Some(builtin) = crate::builtin::find(name) else {
             anyhow::bail!("unknown built-in plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
         };
-        plugin_engine(engine)?.load_bytes(builtin.name, builtin.wasm).await?
+        runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?
     } else if plugin.ends_with(".wasm") {
-        plugin_engine(engine)?.load_file(base_dir.join(plugin)).await?
+        runtime.engine()?.load_file(base_dir.join(plugin)).await?
     } else {
         anyhow::bail!("unsupported plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
     };
-    Ok(Arc::new(WasmProducer::new(version, config.config_json()).await?))
+    let mut producer = WasmProducer::new(version, config.config_json()).await?;
+    if let Some(grant) = &config.grants.process {
+        producer =
+            producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant.clone()) });
+    }
+    Ok(Arc::new(producer))
 }
 
-fn plugin_engine(engine: &mut Option<PluginEngine>) -> anyhow::Result<&PluginEngine> {
-    if engine.is_none() {
-        *engine = Some(PluginEngine::new(PluginRuntimeConfig::default()).context("starting the plugin engine")?);
+/// The shared runtimes wasm producers need, created on first use so a host
+/// serving only native producers starts neither.
+pub struct PluginRuntime {
+    engine_config: PluginRuntimeConfig,
+    process_config: ProcessHostConfig,
+    engine: Option<PluginEngine>,
+    process_host: Option<Arc<ProcessHost>>,
+}
+
+impl PluginRuntime {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            engine_config: config.plugins.clone(),
+            process_config: config.process.clone(),
+            engine: None,
+            process_host: None,
+        }
     }
-    Ok(engine.as_ref().expect("just created"))
+
+    pub fn engine(&mut self) -> anyhow::Result<&PluginEngine> {
+        if self.engine.is_none() {
+            self.engine = Some(PluginEngine::new(self.engine_config.clone()).context("starting the plugin engine")?);
+        }
+        Ok(self.engine.as_ref().expect("just created"))
+    }
+
+    pub fn process_host(&mut self) -> anyhow::Result<Arc<ProcessHost>> {
+        if self.process_host.is_none() {
+            self.process_host =
+                Some(ProcessHost::new(&self.process_config).context("creating the process spill directory")?);
+        }
+        Ok(self.process_host.clone().expect("just created"))
+    }
 }
 
 /// A host serving the configuration's producers (or the defaults).
 /// `base_dir` is the configuration file's directory.
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
     let host = Host::new(&config.tasks)?;
-    let mut engine = None;
+    let mut runtime = PluginRuntime::new(config);
     for producer in config.effective_producers() {
-        let built = build_producer(&producer, base_dir, &mut engine)
+        let built = build_producer(&producer, base_dir, &mut runtime)
             .await
             .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
         host.add_producer(
@@ -89,7 +128,7 @@ mod tests {
     async fn defaults_serve_the_ticker_and_the_control_tools() {
         let host = host_from_config(&Config::default(), Path::new(".")).await.unwrap();
         let names: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
-        assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+        assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
     }
 
     #[tokio::test]

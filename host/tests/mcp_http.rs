@@ -92,7 +92,7 @@ async fn two_tokens_are_two_isolated_owners() {
     let bob = server.client(BOB).await;
 
     let names: Vec<String> = alice.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
 
     let started =
         call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;

@@ -71,6 +71,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     signals.abort();
     host.dispose().await;
+    // Backstop: disposal awaited every task, but a producer that broke its
+    // contract may have left a process tree; none may outlive the host.
+    let stragglers = crate::capabilities::process::kill_all();
+    if stragglers > 0 {
+        tracing::warn!(stragglers, "killed process trees left after disposal");
+    }
     tracing::info!("host disposed; exiting");
     served
 }
