@@ -7,6 +7,7 @@
 //! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
 //! - [`native`]: producers written in Rust, run in process.
+//! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
@@ -20,6 +21,7 @@ pub mod host;
 pub mod ids;
 pub mod native;
 pub mod notices;
+pub mod plugin;
 pub mod producer;
 pub mod prompt;
 pub mod tasks;

@@ -1,0 +1,391 @@
+//! Loading a plugin: bytes → validated, compiled, pre-instantiated version.
+//!
+//! Model: a [`PluginVersion`] is one immutable build of a plugin, identified
+//! by the SHA-256 of its bytes (`<name>@<first 12 hex digits>`). Loading
+//! checks, in order, and stops at the first problem with an error that says
+//! what is wrong: the bytes are WebAssembly at all; they are a component, not
+//! a core module; they compile (truncated or corrupt files fail here); every
+//! import is one the host provides (named when not); the component exports
+//! `taskhost:producer/producer@0.1.0` with every function of the contract, at
+//! the right signature (checked one by one in a throwaway instance).
+//!
+//! Invariants:
+//! - A loaded version is never mutated; reload makes a new one. Each task
+//!   keeps an `Arc` of the version that started it.
+//! - `InstancePre` is built once per version; a task store costs one
+//!   pre-instantiation from it.
+//! - Compiled code is cached under the engine's cache dir, keyed by content
+//!   hash and engine compatibility hash. A cached load deserializes and never
+//!   compiles; an unreadable or incompatible cache entry is recompiled and
+//!   replaced.
+
+use std::hash::{Hash as _, Hasher as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use sha2::Digest as _;
+use wasmtime::Store;
+use wasmtime::component::{Component, Instance, Resource, ResourceAny};
+use wasmtime_wasi::p2::DynPollable;
+
+use super::bindings::PluginPre;
+use super::bindings::exports::taskhost::producer::producer::{Descriptor, Outcome, RunMode};
+use super::engine::PluginEngine;
+use super::fault;
+use super::state::{self, StoreState, StoreTag};
+
+/// The export every plugin must provide.
+pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.1.0";
+
+/// Where a plugin version came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PluginSource {
+    File(PathBuf),
+    /// Bytes handed to the host (a built-in plugin embedded in the binary).
+    Bytes,
+}
+
+/// How the compiled code was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompileSource {
+    /// Compiled now (and written to the cache if there is one).
+    Compiled,
+    /// Deserialized from the compile cache; nothing was compiled.
+    Cache,
+}
+
+/// One loaded, validated and pre-instantiated build of a plugin.
+pub struct PluginVersion {
+    engine: PluginEngine,
+    name: Arc<str>,
+    version: Arc<str>,
+    hash: String,
+    source: PluginSource,
+    component: Component,
+    pre: PluginPre<StoreState>,
+    compile_source: CompileSource,
+    load_time: Duration,
+    imports: Vec<String>,
+    runs: AtomicU64,
+}
+
+impl std::fmt::Debug for PluginVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginVersion")
+            .field("version", &self.version)
+            .field("source", &self.source)
+            .field("compile_source", &self.compile_source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginVersion {
+    /// The plugin name (file stem or the name given with the bytes).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `<name>@<12 hex digits of the content hash>`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The full SHA-256 of the component bytes, in hex.
+    pub fn content_hash(&self) -> &str {
+        &self.hash
+    }
+
+    pub fn source(&self) -> &PluginSource {
+        &self.source
+    }
+
+    /// Whether the compiled code came from the cache.
+    pub fn compile_source(&self) -> CompileSource {
+        self.compile_source
+    }
+
+    /// Wall time of the whole load (read, compile or deserialize, validate).
+    pub fn load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// The component's imports, by name.
+    pub fn imports(&self) -> &[String] {
+        &self.imports
+    }
+
+    pub fn engine(&self) -> &PluginEngine {
+        &self.engine
+    }
+
+    pub fn component(&self) -> &Component {
+        &self.component
+    }
+
+    pub(crate) fn pre(&self) -> &PluginPre<StoreState> {
+        &self.pre
+    }
+
+    /// A new store for this version, tagged with `purpose`.
+    pub(crate) fn new_store(&self, purpose: impl Into<Arc<str>>) -> Store<StoreState> {
+        let tag = StoreTag { plugin: self.name.clone(), version: self.version.clone(), purpose: purpose.into() };
+        StoreState::new(&self.engine, tag).into_store(&self.engine)
+    }
+
+    /// The sequence number of the next task this version runs (from 1).
+    pub(crate) fn next_run(&self) -> u64 {
+        self.runs.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+impl PluginEngine {
+    /// Loads a plugin from a file. The plugin name is the file stem.
+    pub async fn load_file(&self, path: impl AsRef<Path>) -> anyhow::Result<Arc<PluginVersion>> {
+        let path = path.as_ref();
+        let bytes = tokio::fs::read(path).await.with_context(|| format!("cannot read plugin {}", path.display()))?;
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(|s| s.replace('_', "-"))
+            .unwrap_or_else(|| "plugin".to_string());
+        self.load(name, bytes, PluginSource::File(path.to_path_buf()))
+            .await
+            .with_context(|| format!("cannot load plugin {}", path.display()))
+    }
+
+    /// Loads a plugin from bytes (a built-in plugin embedded in the binary).
+    pub async fn load_bytes(&self, name: &str, bytes: impl Into<Vec<u8>>) -> anyhow::Result<Arc<PluginVersion>> {
+        self.load(name.to_string(), bytes.into(), PluginSource::Bytes)
+            .await
+            .with_context(|| format!("cannot load plugin {name}"))
+    }
+
+    async fn load(&self, name: String, bytes: Vec<u8>, source: PluginSource) -> anyhow::Result<Arc<PluginVersion>> {
+        let started = Instant::now();
+        sniff(&bytes)?;
+        let hash = hex(&sha2::Sha256::digest(&bytes));
+        let version: Arc<str> = format!("{name}@{}", &hash[..12]).into();
+        let engine = self.clone();
+        let key = hash.clone();
+        let (component, compile_source) = tokio::task::spawn_blocking(move || engine.compile_cached(&key, &bytes))
+            .await
+            .context("the compile worker panicked")??;
+
+        let imports =
+            component.component_type().imports(self.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
+        let linker = state::host_linker(self)?;
+        let instance_pre = linker.instantiate_pre(&component).map_err(|err| {
+            anyhow!(
+                "the component imports something taskhost does not provide: {err:#}. \
+                 taskhost provides {}",
+                state::PROVIDED_IMPORTS
+            )
+        })?;
+        check_export_names(self, &component)?;
+        let pre = PluginPre::new(instance_pre)
+            .map_err(anyhow::Error::from)
+            .context("the component does not match the `plugin` world")?;
+
+        let version = PluginVersion {
+            engine: self.clone(),
+            name: name.into(),
+            version,
+            hash,
+            source,
+            component,
+            pre,
+            compile_source,
+            load_time: Duration::ZERO,
+            imports,
+            runs: AtomicU64::new(0),
+        };
+        // Signatures can only be checked against an instance: make one.
+        let mut store = version.new_store("validate");
+        fault::arm(&mut store, self.config().call_deadline());
+        let instance = version
+            .pre
+            .instance_pre()
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|err| anyhow!("cannot instantiate the component: {err:#}"))?;
+        check_signatures(&mut store, &instance)?;
+        drop(store);
+
+        let version = PluginVersion { load_time: started.elapsed(), ..version };
+        tracing::info!(
+            plugin = %version.name,
+            version = %version.version,
+            compile = ?version.compile_source,
+            load_ms = version.load_time.as_secs_f64() * 1000.0,
+            "plugin loaded"
+        );
+        Ok(Arc::new(version))
+    }
+
+    /// Compiles `bytes`, or deserializes them from the cache.
+    fn compile_cached(&self, hash: &str, bytes: &[u8]) -> anyhow::Result<(Component, CompileSource)> {
+        let cache_file = self.cache_dir().map(|dir| {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            self.engine().precompile_compatibility_hash().hash(&mut hasher);
+            dir.join(format!("{hash}-{:016x}.cwasm", hasher.finish()))
+        });
+        if let Some(file) = &cache_file
+            && file.exists()
+        {
+            // SAFETY: the cache dir belongs to this user and holds only
+            // files this function wrote with `Component::serialize` for
+            // this engine configuration (the file name carries its
+            // compatibility hash; wasmtime re-checks it on load).
+            match unsafe { Component::deserialize_file(self.engine(), file) } {
+                Ok(component) => return Ok((component, CompileSource::Cache)),
+                Err(err) => tracing::warn!(
+                    file = %file.display(),
+                    error = %format!("{err:#}"),
+                    "unusable compile cache entry; recompiling"
+                ),
+            }
+        }
+        let component = Component::new(self.engine(), bytes).map_err(|err| {
+            let text = format!("{err:#}");
+            let truncated = text.contains("end-of-file")
+                || text.contains("unexpected end")
+                || (text.contains("section range") && text.contains("out of bounds"));
+            if truncated {
+                anyhow!("the file is truncated: it is not a complete WebAssembly component ({text})")
+            } else {
+                anyhow!("the file is not a valid WebAssembly component (corrupt?): {text}")
+            }
+        })?;
+        if let Some(file) = &cache_file
+            && let Err(err) = write_cache(file, &component)
+        {
+            tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot write the compile cache");
+        }
+        Ok((component, CompileSource::Compiled))
+    }
+}
+
+fn write_cache(file: &Path, component: &Component) -> anyhow::Result<()> {
+    let bytes = component.serialize()?;
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, file)?;
+    Ok(())
+}
+
+/// Checks the header: WebAssembly at all, and a component, not a core module.
+fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        if bytes.len() >= 4 && &bytes[..4] == b"\0asm" {
+            bail!("the file is truncated: it ends inside the WebAssembly header ({} bytes)", bytes.len());
+        }
+        bail!("not a WebAssembly file: it does not start with the `\\0asm` magic number");
+    }
+    match bytes[4..8] {
+        [1, 0, 0, 0] => bail!(
+            "this is a core WebAssembly module, not a component: build the plugin for the \
+             `wasm32-wasip2` target (whose output is a component) or wrap the module with \
+             `wasm-tools component new`"
+        ),
+        [_, _, 1, 0] => Ok(()),
+        _ => bail!("unsupported WebAssembly version or layer {:02x?}: expected a component (WASI 0.2)", &bytes[4..8]),
+    }
+}
+
+/// Checks that the producer interface and each of its functions are exported.
+fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::Result<()> {
+    let Some(iface) = component.get_export_index(None, PRODUCER_EXPORT) else {
+        let exports = component
+            .component_type()
+            .exports(engine.engine())
+            .map(|(name, _)| format!("`{name}`"))
+            .collect::<Vec<_>>();
+        let exports = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+        bail!(
+            "the component does not export `{PRODUCER_EXPORT}`, so it is not a taskhost producer \
+             (world `taskhost:producer/plugin`); it exports {exports}"
+        );
+    };
+    let missing = CONTRACT_FUNCTIONS
+        .iter()
+        .filter(|f| component.get_export_index(Some(&iface), f).is_none())
+        .map(|f| format!("`{f}`"))
+        .collect::<Vec<_>>();
+    if !missing.is_empty() {
+        bail!("the export `{PRODUCER_EXPORT}` lacks {} of the contract", missing.join(", "));
+    }
+    Ok(())
+}
+
+const CONTRACT_FUNCTIONS: &[&str] = &[
+    "describe",
+    "label",
+    "run",
+    "[method]task.cancel",
+    "[method]task.subscribe",
+    "[method]task.done",
+    "[method]task.read-output",
+];
+
+/// Type-checks each contract function against the WIT signature.
+fn check_signatures(store: &mut Store<StoreState>, instance: &Instance) -> anyhow::Result<()> {
+    let iface = instance
+        .get_export_index(&mut *store, None, PRODUCER_EXPORT)
+        .ok_or_else(|| anyhow!("the component does not export `{PRODUCER_EXPORT}`"))?;
+    macro_rules! check {
+        ($name:literal, $sig:literal, $params:ty, $results:ty) => {{
+            let index = instance
+                .get_export_index(&mut *store, Some(&iface), $name)
+                .ok_or_else(|| anyhow!("the export `{PRODUCER_EXPORT}` lacks `{}`", $name))?;
+            instance.get_typed_func::<$params, $results>(&mut *store, &index).map_err(|err| {
+                anyhow!("`{}` in `{PRODUCER_EXPORT}` has the wrong signature (expected `{}`): {err:#}", $name, $sig)
+            })?;
+        }};
+    }
+    check!("describe", "func(config: string) -> result<descriptor, string>", (&str,), (Result<Descriptor, String>,));
+    check!(
+        "label",
+        "func(config: string, args: string) -> result<string, string>",
+        (&str, &str),
+        (Result<String, String>,)
+    );
+    check!(
+        "run",
+        "func(config: string, args: string, mode: run-mode) -> result<task, string>",
+        (&str, &str, RunMode),
+        (Result<ResourceAny, String>,)
+    );
+    check!("[method]task.cancel", "func(reason: option<string>)", (ResourceAny, Option<&str>), ());
+    check!("[method]task.subscribe", "func() -> pollable", (ResourceAny,), (Resource<DynPollable>,));
+    check!("[method]task.done", "func() -> option<outcome>", (ResourceAny,), (Option<Outcome>,));
+    check!("[method]task.read-output", "func() -> string", (ResourceAny,), (String,));
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sniff_tells_core_modules_garbage_and_truncation_apart() {
+        let core = sniff(b"\0asm\x01\0\0\0").unwrap_err().to_string();
+        assert!(core.contains("core WebAssembly module, not a component"), "{core}");
+        let garbage = sniff(b"#!/bin/sh\necho").unwrap_err().to_string();
+        assert!(garbage.contains("not a WebAssembly file"), "{garbage}");
+        let short = sniff(b"\0asm\x0d").unwrap_err().to_string();
+        assert!(short.contains("truncated"), "{short}");
+        assert!(sniff(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

@@ -1,0 +1,308 @@
+//! The driver of one wasm task: the only code that touches its store.
+//!
+//! Model: after a guest's `run` returned a `task`, one tokio task owns the
+//! store and loops: `task.subscribe` → await the returned pollable host-side
+//! in the store's `ResourceTable` → `task.done`, while awaiting serving
+//! `read-output` and `cancel` requests that arrive on a channel (a
+//! `tokio::select!`, so requests never race the loop: all calls into the
+//! guest are made by this one task, one at a time). A cancel ends the wait
+//! early so `done` is asked again at once.
+//!
+//! Invariants:
+//! - Every call into the guest is armed with the per-call deadline; a fault
+//!   in any export (trap, deadline, memory limit) settles the task `failed`
+//!   with a detail naming the export and the cause, and drops the store. No
+//!   fault reaches another task or the host.
+//! - When `done` returns an outcome, `read-output` is called once more and the
+//!   remainder is kept in a host-side buffer; the store is dropped before
+//!   `done` settles. Reads after that take the buffer, so every byte of output
+//!   is delivered exactly once.
+//! - Guest-returned pollables are dropped with `HostPollable::drop` (which
+//!   also frees a parent it owns), never `ResourceTable::delete`.
+//! - [`TaskControl::abandon`] aborts the driver, which drops the store at
+//!   once, even in the middle of a guest call. Dropping every handle to the
+//!   control (the registry forgot the task) does the same.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument as _;
+use wasmtime::Store;
+use wasmtime::component::{Resource, ResourceAny};
+use wasmtime_wasi::p2::DynPollable;
+use wasmtime_wasi::p2::bindings::io::poll::HostPollable as _;
+
+use super::bindings::exports::taskhost::producer::producer::Guest;
+use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitStatus};
+use super::fault::{self, Fault};
+use super::state::StoreState;
+use crate::tasks::{TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
+
+enum Request {
+    Read(oneshot::Sender<String>),
+    Cancel(Option<String>, oneshot::Sender<()>),
+}
+
+/// What the driver and its controls share.
+struct Shared {
+    /// Output drained after the store was dropped, taken by the next read.
+    remainder: Mutex<String>,
+    abandoned: AtomicBool,
+}
+
+/// Everything the driver needs to run a task that `run` just returned.
+pub(crate) struct TaskParts {
+    pub store: Store<StoreState>,
+    pub guest: Guest,
+    pub task: ResourceAny,
+    pub deadline: Duration,
+    pub streams_output: bool,
+    /// Pins the version (and so the engine whose epoch ticker bounds calls).
+    pub _version: Arc<super::component::PluginVersion>,
+}
+
+/// Starts the driver and returns the hooks the registry holds.
+pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let shared = Arc::new(Shared { remainder: Mutex::new(String::new()), abandoned: AtomicBool::new(false) });
+    let streams_output = parts.streams_output;
+    let plugin = parts.store.data().tag().plugin.clone();
+    let driver = Driver { parts, shared: shared.clone() };
+    let handle = tokio::spawn(driver.run(rx, done_tx).instrument(span));
+    let control = WasmTaskControl { tx, shared: shared.clone(), streams_output, abort: handle.abort_handle() };
+    let done = Box::pin(async move {
+        match done_rx.await {
+            Ok(outcome) => Ok(outcome),
+            Err(_) if shared.abandoned.load(Ordering::Acquire) => {
+                Ok(TaskOutcome::failed(format!("plugin {plugin} task abandoned: its store was dropped")))
+            }
+            Err(_) => Err(anyhow!("the driver of a plugin {plugin} task stopped without an outcome")),
+        }
+    });
+    TaskHooks { control: Arc::new(control), done }
+}
+
+struct WasmTaskControl {
+    tx: mpsc::UnboundedSender<Request>,
+    shared: Arc<Shared>,
+    streams_output: bool,
+    abort: tokio::task::AbortHandle,
+}
+
+impl WasmTaskControl {
+    fn take_remainder(&self) -> String {
+        let mut remainder = self.shared.remainder.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *remainder)
+    }
+}
+
+#[async_trait::async_trait]
+impl TaskControl for WasmTaskControl {
+    async fn cancel(&self, reason: Option<&str>) -> anyhow::Result<()> {
+        let (reply, replied) = oneshot::channel();
+        if self.tx.send(Request::Cancel(reason.map(str::to_string), reply)).is_ok() {
+            // An error here means the driver ended meanwhile: the task settled.
+            let _ = replied.await;
+        }
+        Ok(())
+    }
+
+    fn streams_output(&self) -> bool {
+        self.streams_output
+    }
+
+    async fn read_output(&self) -> anyhow::Result<String> {
+        let (reply, replied) = oneshot::channel();
+        if self.tx.send(Request::Read(reply)).is_ok()
+            && let Ok(text) = replied.await
+        {
+            return Ok(text);
+        }
+        Ok(self.take_remainder())
+    }
+
+    fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::Release);
+        self.abort.abort();
+    }
+}
+
+struct Driver {
+    parts: TaskParts,
+    shared: Arc<Shared>,
+}
+
+/// How the loop ended.
+enum End {
+    Settled(TaskOutcome),
+    /// Every control handle is gone: nobody can read or cancel any more.
+    Orphaned,
+}
+
+impl Driver {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>, done_tx: oneshot::Sender<TaskOutcome>) {
+        let Driver { mut parts, shared } = self;
+        // Requests taken but not answered because the store faulted under them.
+        let mut deferred = Vec::new();
+        let end = drive(&mut parts, &mut rx, &mut deferred, &shared).await;
+        drop(parts);
+        let outcome = match end {
+            End::Settled(outcome) => outcome,
+            End::Orphaned => {
+                tracing::debug!("every handle to the task is gone; its store was dropped");
+                return;
+            }
+        };
+        tracing::debug!(status = ?outcome.status, detail = ?outcome.detail, "wasm task settled");
+        rx.close();
+        let _ = done_tx.send(outcome);
+        while let Ok(request) = rx.try_recv() {
+            deferred.push(request);
+        }
+        for request in deferred {
+            match request {
+                Request::Read(reply) => {
+                    let text = std::mem::take(&mut *shared.remainder.lock().unwrap_or_else(|e| e.into_inner()));
+                    let _ = reply.send(text);
+                }
+                Request::Cancel(_, reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+}
+
+async fn drive(
+    parts: &mut TaskParts,
+    rx: &mut mpsc::UnboundedReceiver<Request>,
+    deferred: &mut Vec<Request>,
+    shared: &Shared,
+) -> End {
+    loop {
+        let pollable = match call_subscribe(parts).await {
+            Ok(pollable) => pollable,
+            Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
+        };
+        // Wait for readiness, serving requests meanwhile.
+        loop {
+            let event = {
+                let table = parts.store.data_mut().table();
+                let ready = table.block(Resource::<DynPollable>::new_borrow(pollable.rep()));
+                tokio::select! {
+                    biased;
+                    request = rx.recv() => Event::Request(request),
+                    ready = ready => Event::Ready(ready),
+                }
+            };
+            match event {
+                Event::Ready(Ok(())) => break,
+                Event::Ready(Err(err)) => {
+                    let detail = format!(
+                        "plugin {} failed in task.subscribe: the pollable it returned cannot be awaited: {err:#}",
+                        parts.store.data().tag().plugin
+                    );
+                    return End::Settled(TaskOutcome::failed(detail));
+                }
+                Event::Request(None) => return End::Orphaned,
+                Event::Request(Some(Request::Read(reply))) => match call_read_output(parts).await {
+                    Ok(text) => {
+                        let _ = reply.send(text);
+                    }
+                    Err(fault) => {
+                        deferred.push(Request::Read(reply));
+                        return End::Settled(TaskOutcome::failed(fault.detail));
+                    }
+                },
+                Event::Request(Some(Request::Cancel(reason, reply))) => {
+                    match call_cancel(parts, reason.as_deref()).await {
+                        Ok(()) => {
+                            let _ = reply.send(());
+                        }
+                        Err(fault) => {
+                            deferred.push(Request::Cancel(reason, reply));
+                            return End::Settled(TaskOutcome::failed(fault.detail));
+                        }
+                    }
+                    // Ask `done` at once: the cancel may have finished the work.
+                    break;
+                }
+            }
+        }
+        if let Err(err) = parts.store.data_mut().table().drop(pollable) {
+            let detail = format!(
+                "plugin {} failed in task.subscribe: cannot drop the pollable it returned: {err:#}",
+                parts.store.data().tag().plugin
+            );
+            return End::Settled(TaskOutcome::failed(detail));
+        }
+        match call_done(parts).await {
+            Ok(Some(outcome)) => {
+                let outcome = convert(outcome);
+                // Drain what is left, so later reads still get it.
+                return match call_read_output(parts).await {
+                    Ok(text) => {
+                        shared.remainder.lock().unwrap_or_else(|e| e.into_inner()).push_str(&text);
+                        End::Settled(outcome)
+                    }
+                    Err(fault) => End::Settled(TaskOutcome::failed(fault.detail)),
+                };
+            }
+            Ok(None) => {}
+            Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
+        }
+    }
+}
+
+enum Event {
+    Ready(wasmtime::Result<()>),
+    Request(Option<Request>),
+}
+
+fn convert(outcome: Outcome) -> TaskOutcome {
+    let status = match outcome.status {
+        WitStatus::Completed => TerminalStatus::Completed,
+        WitStatus::Killed => TerminalStatus::Killed,
+        WitStatus::Failed => TerminalStatus::Failed,
+    };
+    TaskOutcome { status, detail: outcome.detail, output: outcome.output }
+}
+
+/// Runs one armed call and classifies its error.
+macro_rules! guest_call {
+    ($parts:ident, $export:literal, |$store:ident, $guest:ident, $task:ident| $call:expr) => {{
+        let deadline = $parts.deadline;
+        fault::arm(&mut $parts.store, deadline);
+        let result = {
+            let $store = &mut $parts.store;
+            let $guest = &$parts.guest;
+            let $task = $parts.task;
+            $call.await
+        };
+        result.map_err(|err| {
+            let fault = fault::classify(&$parts.store, deadline, $export, &err);
+            tracing::warn!(export = $export, cause = ?fault.cause, detail = %fault.detail, "plugin fault; failing the task");
+            fault
+        })
+    }};
+}
+
+async fn call_done(parts: &mut TaskParts) -> Result<Option<Outcome>, Fault> {
+    guest_call!(parts, "task.done", |store, guest, task| guest.task().call_done(store, task))
+}
+
+async fn call_subscribe(parts: &mut TaskParts) -> Result<Resource<DynPollable>, Fault> {
+    guest_call!(parts, "task.subscribe", |store, guest, task| guest.task().call_subscribe(store, task))
+}
+
+async fn call_read_output(parts: &mut TaskParts) -> Result<String, Fault> {
+    guest_call!(parts, "task.read-output", |store, guest, task| guest.task().call_read_output(store, task))
+}
+
+async fn call_cancel(parts: &mut TaskParts, reason: Option<&str>) -> Result<(), Fault> {
+    guest_call!(parts, "task.cancel", |store, guest, task| guest.task().call_cancel(store, task, reason))
+}

@@ -1,0 +1,152 @@
+//! Calls into a guest under a deadline, and what to say when one goes wrong.
+//!
+//! Model: every call into a guest goes through [`arm`] first (a store's
+//! epoch deadline starts at 0, so an unarmed call would be interrupted at
+//! once), and every error it returns is turned into a [`Fault`] by
+//! [`classify`], which names the plugin, the export and the cause: the call
+//! deadline, the memory limit, a wasm trap (with the guest's last stderr
+//! line, usually a Rust panic message) or a host-side error.
+//!
+//! Invariant: after any fault the store must be dropped, never re-entered
+//! (a trapped component instance is poisoned).
+
+use std::time::Instant;
+
+use wasmtime::{Store, Trap};
+
+use super::state::StoreState;
+
+/// Sets the deadline for the next call into the guest.
+pub fn arm(store: &mut Store<StoreState>, deadline: std::time::Duration) {
+    let state = store.data_mut();
+    state.call_deadline_at = Instant::now() + deadline;
+    state.deadline_hit = false;
+    // The callback runs at the first tick and then every tick: it yields, or
+    // interrupts once the deadline has passed.
+    store.set_epoch_deadline(1);
+}
+
+/// What went wrong in a call into a guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub cause: FaultCause,
+    /// The full model-facing detail, e.g.
+    /// `plugin misbehave trapped in task.done: wasm trap: wasm \`unreachable\` instruction executed
+    /// (guest stderr: panicked at src/lib.rs:170:24: boom)`.
+    pub detail: String,
+}
+
+/// The cause of a [`Fault`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultCause {
+    Deadline,
+    MemoryLimit,
+    Trap,
+    Host,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for Fault {}
+
+/// Turns the error of a call to `export` into a [`Fault`].
+pub fn classify(
+    store: &Store<StoreState>,
+    deadline: std::time::Duration,
+    export: &str,
+    err: &wasmtime::Error,
+) -> Fault {
+    let state = store.data();
+    let plugin = &*state.tag().plugin;
+    let trap = err.downcast_ref::<Trap>().copied();
+    if state.deadline_hit || trap == Some(Trap::Interrupt) {
+        return Fault {
+            cause: FaultCause::Deadline,
+            detail: format!("plugin {plugin} exceeded its {} ms call deadline in {export}", deadline.as_millis()),
+        };
+    }
+    if state.memory_limit_hit() {
+        return Fault {
+            cause: FaultCause::MemoryLimit,
+            detail: format!(
+                "plugin {plugin} hit its {} memory limit in {export}",
+                human_bytes(state.memory_cap() as u64)
+            ),
+        };
+    }
+    if let Some(trap) = trap {
+        let tail = last_line(&state.stderr_tail());
+        let detail = match tail {
+            Some(line) => format!("plugin {plugin} trapped in {export}: wasm trap: {trap} (guest stderr: {line})"),
+            None => format!("plugin {plugin} trapped in {export}: wasm trap: {trap}"),
+        };
+        return Fault { cause: FaultCause::Trap, detail };
+    }
+    Fault { cause: FaultCause::Host, detail: format!("plugin {plugin} failed in {export}: {err:#}") }
+}
+
+/// What the guest last said on stderr, in one line: the message of a Rust
+/// panic (`panicked at <place>: <message>`), else the last line that is not
+/// a `note:`. Capped at 200 characters.
+fn last_line(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let summary = match lines.iter().rposition(|l| l.contains(" panicked at ")) {
+        Some(at) => {
+            let place = lines[at].split(" panicked at ").nth(1).unwrap_or("").trim_end_matches(':');
+            let message: Vec<&str> = lines[at + 1..].iter().copied().take_while(|l| !l.starts_with("note: ")).collect();
+            if message.is_empty() {
+                format!("panicked at {place}")
+            } else {
+                format!("panicked at {place}: {}", message.join(" "))
+            }
+        }
+        None => lines.iter().rev().find(|l| !l.starts_with("note: "))?.to_string(),
+    };
+    let mut out: String = summary.chars().take(200).collect();
+    if out.len() < summary.len() {
+        out.push('…');
+    }
+    Some(out)
+}
+
+/// `64 MiB`, `512 KiB`, `100 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
+        format!("{} GiB", n >> 30)
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_picks_the_exact_unit() {
+        assert_eq!(human_bytes(64 << 20), "64 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+        assert_eq!(human_bytes(1536), "1536 bytes");
+        assert_eq!(human_bytes(2048), "2 KiB");
+        assert_eq!(human_bytes(100), "100 bytes");
+    }
+
+    #[test]
+    fn last_line_skips_blank_lines_and_truncates() {
+        assert_eq!(last_line("a\nsomething broke\n\n"), Some("something broke".to_string()));
+        let panic = "thread '<unnamed>' panicked at src/lib.rs:170:24:\nmisbehave: trap in done\n\
+                     note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        assert_eq!(last_line(panic), Some("panicked at src/lib.rs:170:24: misbehave: trap in done".to_string()));
+        assert_eq!(last_line("  \n"), None);
+        let long = "x".repeat(300);
+        assert_eq!(last_line(&long).unwrap().chars().count(), 201);
+    }
+}

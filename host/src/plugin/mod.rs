@@ -1,0 +1,32 @@
+//! The WebAssembly plugin runtime: producers as sandboxed components.
+//!
+//! Model: one [`PluginEngine`] (wasmtime, async, epoch deadlines, pooling
+//! allocator, compile cache) loads plugin files or bytes into immutable
+//! [`PluginVersion`]s (validated against the `taskhost:producer/plugin`
+//! world, pre-instantiated once). A [`WasmProducer`] serves one tool instance
+//! (version + config) through [`crate::producer::Producer`]: one store per
+//! task, driven by its own driver task that owns the store.
+//!
+//! Invariants: a plugin never runs outside a per-call deadline and a memory
+//! cap; a fault in any export fails only the task it happened in; a task stays
+//! on the version that started it across reloads.
+//!
+//! Submodules: [`engine`] (engine, config, epoch ticker), [`bindings`]
+//! (generated from `wit/`), [`state`] (store data, sandboxed WASI, host
+//! imports), [`component`] (load, validate, cache), [`fault`] (deadlines and
+//! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
+//! loop), [`check`] (`taskhost check`).
+
+pub mod bindings;
+pub mod check;
+pub mod component;
+mod driver;
+pub mod engine;
+pub mod fault;
+pub mod producer;
+pub mod state;
+
+pub use check::{CheckReport, check_plugin, check_plugin_with};
+pub use component::{CompileSource, PluginSource, PluginVersion};
+pub use engine::{PluginEngine, PluginRuntimeConfig};
+pub use producer::WasmProducer;

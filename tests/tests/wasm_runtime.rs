@@ -1,0 +1,367 @@
+//! The wasm plugin runtime end to end: the real `ticker` plugin through the
+//! task registry, the compile cache, and the fault matrix over the
+//! `misbehave` fixture and the malformed artifacts. Every fault must end in a
+//! force-failed task or a refused load/call with a specific message, within a
+//! bounded time, while another ticker task in the same registry keeps going.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use taskhost::agents::{Agent, AgentRegistry};
+use taskhost::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, PluginVersion, WasmProducer};
+use taskhost::producer::{Producer, RunMode};
+use taskhost::tasks::{
+    RegistryConfig, SurfaceGuard, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
+};
+use taskhost_tests::{TICKER_PATH, fixtures, truncated};
+
+/// Short enough to keep the loop cases fast, long enough for a debug host.
+const CALL_DEADLINE_MS: u64 = 300;
+/// Every fault case must settle within this.
+const BOUND: Duration = Duration::from_secs(10);
+
+fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("taskhost-test-cache-{}", std::process::id()))
+}
+
+fn engine() -> PluginEngine {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    PluginEngine::new(PluginRuntimeConfig {
+        call_deadline_ms: CALL_DEADLINE_MS,
+        max_live_stores: 64,
+        cache_dir: Some(cache_dir()),
+        ..PluginRuntimeConfig::default()
+    })
+    .expect("engine")
+}
+
+struct Fixture {
+    registry: TaskRegistry,
+    _surface: SurfaceGuard,
+    agent: Agent,
+}
+
+fn registry() -> Fixture {
+    let agents = AgentRegistry::new();
+    let agent = agents.create("agent", "session-1").expect("agent");
+    let registry = TaskRegistry::new(
+        agents,
+        RegistryConfig { max_live_tasks_per_owner: 100, teardown_timeout: Some(Duration::from_secs(2)) },
+    );
+    let surface = registry.attach_surface("test");
+    Fixture { registry, _surface: surface, agent }
+}
+
+async fn load(engine: &PluginEngine, path: &str) -> Arc<PluginVersion> {
+    engine.load_file(path).await.unwrap_or_else(|e| panic!("cannot load {path}: {e:#}"))
+}
+
+/// Prepares and starts a background task; a refusal is its message.
+async fn start(fx: &Fixture, producer: &WasmProducer, args: Value) -> Result<taskhost::ids::TaskId, String> {
+    let prepared = producer.prepare(args, RunMode::Background).await.map_err(|e| format!("{e:#}"))?;
+    fx.registry
+        .start(TaskStart {
+            kind: producer.descriptor().kind.clone(),
+            label: prepared.label,
+            owner: Some(fx.agent.clone()),
+            producer_info: prepared.producer_info,
+            run: prepared.run,
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Reads until the task is terminal; returns everything read and the final snapshot.
+async fn read_to_end(fx: &Fixture, id: &taskhost::ids::TaskId) -> (String, TaskSnapshot) {
+    let deadline = Instant::now() + BOUND;
+    let mut text = String::new();
+    loop {
+        let read = fx.registry.read(id, Some(&fx.agent)).await.expect("read");
+        text.push_str(&read.text);
+        if read.snapshot.status.is_terminal() {
+            return (text, read.snapshot);
+        }
+        assert!(Instant::now() < deadline, "task {id} did not settle within {BOUND:?}; read so far: {text:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn wait_terminal(fx: &Fixture, id: &taskhost::ids::TaskId) -> TaskSnapshot {
+    let snapshot = fx.registry.wait(id, BOUND, Some(&fx.agent), None).await.expect("wait");
+    assert!(snapshot.status.is_terminal(), "task {id} did not settle within {BOUND:?}: {snapshot:?}");
+    snapshot
+}
+
+fn ticks(count: u32) -> String {
+    (1..=count).map(|i| format!("tick {i}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticker_streams_every_tick_exactly_once_and_completes() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let descriptor = ticker.descriptor();
+    assert_eq!(descriptor.kind, "ticker");
+    assert!(descriptor.streams_output);
+    assert_eq!(descriptor.parameters["type"], "object");
+
+    let fx = registry();
+    let id = start(&fx, &ticker, json!({"count": 8, "interval_ms": 15})).await.expect("start");
+    assert!(id.as_str().starts_with("ticker-"), "{id}");
+    let snapshot = fx.registry.get(&id, Some(&fx.agent)).expect("get");
+    let info = snapshot.producer_info.clone().expect("producer_info");
+    assert!(info.starts_with("ticker@") && info.len() == "ticker@".len() + 12, "{info}");
+
+    let (text, snapshot) = read_to_end(&fx, &id).await;
+    assert_eq!(text, ticks(8));
+    assert_eq!(snapshot.status, TaskStatus::Completed);
+    assert_eq!(snapshot.detail.as_deref(), Some("ticks: 8"));
+    // Consuming reads: nothing is delivered twice.
+    let again = fx.registry.read(&id, Some(&fx.agent)).await.expect("read");
+    assert_eq!(again.text, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_left_at_settlement_is_read_after_it() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({"default_message": "beat"}))
+        .await
+        .expect("describe");
+    let fx = registry();
+    let id = start(&fx, &ticker, json!({"count": 5, "interval_ms": 0})).await.expect("start");
+    let snapshot = wait_terminal(&fx, &id).await;
+    assert_eq!(snapshot.status, TaskStatus::Completed);
+    let read = fx.registry.read(&id, Some(&fx.agent)).await.expect("read");
+    assert_eq!(read.text, "beat 1\nbeat 2\nbeat 3\nbeat 4\nbeat 5\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_cancels_the_guest_and_the_task_ends_killed() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let fx = registry();
+    let id = start(&fx, &ticker, json!({"count": 1000, "interval_ms": 20})).await.expect("start");
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let first = fx.registry.read(&id, Some(&fx.agent)).await.expect("read").text;
+    fx.registry.kill(&id, Some(&fx.agent), Some("test")).await.expect("kill");
+    let (rest, snapshot) = read_to_end(&fx, &id).await;
+    assert_eq!(snapshot.status, TaskStatus::Killed);
+    let detail = snapshot.detail.expect("detail");
+    let n: u32 = detail.strip_prefix("after ").and_then(|d| d.strip_suffix(" ticks")).expect(&detail).parse().unwrap();
+    assert!((1..1000).contains(&n), "{detail}");
+    assert_eq!(format!("{first}{rest}"), ticks(n));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_load_does_not_recompile_and_has_the_same_version() {
+    let engine = engine();
+    let bytes = std::fs::read(TICKER_PATH).unwrap();
+    // A name of its own so another test's load cannot have cached it first...
+    // the cache is keyed by content, so compile once into a fresh dir.
+    let fresh = PluginEngine::new(PluginRuntimeConfig {
+        cache_dir: Some(cache_dir().join(format!("fresh-{:?}", Instant::now()))),
+        pooling: false,
+        ..PluginRuntimeConfig::default()
+    })
+    .unwrap();
+    let cold = fresh.load_bytes("ticker", bytes.clone()).await.unwrap();
+    assert_eq!(cold.compile_source(), CompileSource::Compiled);
+    let warm = fresh.load_bytes("ticker", bytes.clone()).await.unwrap();
+    assert_eq!(warm.compile_source(), CompileSource::Cache);
+    assert_eq!(cold.version(), warm.version());
+    let from_file = engine.load_file(TICKER_PATH).await.unwrap();
+    assert_eq!(from_file.content_hash(), warm.content_hash());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_swaps_new_starts_and_keeps_running_tasks_on_their_version() {
+    let engine = engine();
+    let v1 = load(&engine, TICKER_PATH).await;
+    let ticker = WasmProducer::new(v1.clone(), json!({})).await.expect("describe");
+    let fx = registry();
+    let old = start(&fx, &ticker, json!({"count": 4, "interval_ms": 30})).await.unwrap();
+    // The same bytes under another name give another version string.
+    let v2 = engine.load_bytes("ticker2", std::fs::read(TICKER_PATH).unwrap()).await.unwrap();
+    ticker.reload(v2.clone()).await.expect("reload");
+    let new = start(&fx, &ticker, json!({"count": 2, "interval_ms": 1})).await.unwrap();
+    assert_eq!(fx.registry.get(&old, Some(&fx.agent)).unwrap().producer_info.as_deref(), Some(v1.version()));
+    assert_eq!(fx.registry.get(&new, Some(&fx.agent)).unwrap().producer_info.as_deref(), Some(v2.version()));
+    assert_eq!(read_to_end(&fx, &old).await.0, ticks(4));
+    assert_eq!(read_to_end(&fx, &new).await.0, ticks(2));
+
+    // A version that cannot describe itself leaves the old one serving.
+    let broken = load(&engine, fixtures::MISBEHAVE_PATH).await;
+    let bad = WasmProducer::new(broken.clone(), json!({"describe": "garbage"})).await;
+    assert!(bad.is_err());
+    let err = ticker.reload(broken).await.expect_err("kind change refused");
+    assert!(format!("{err:#}").contains("cannot change the kind"), "{err:#}");
+    assert_eq!(ticker.version().version(), v2.version());
+}
+
+/// What a fault case must produce.
+enum Expect {
+    /// `prepare` or `start` refused, with this in the message.
+    Refused(String),
+    /// The task started and settled failed, with this in its detail.
+    Failed(String),
+}
+
+fn cause_text(fault: &str, export: &str) -> String {
+    match fault {
+        "trap" => format!("plugin misbehave trapped in {export}: wasm trap"),
+        "loop" => format!("plugin misbehave exceeded its {CALL_DEADLINE_MS} ms call deadline in {export}"),
+        "oom" => format!("plugin misbehave hit its 64 MiB memory limit in {export}"),
+        other => unreachable!("{other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_matrix_every_export_and_fault_fails_alone() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let misbehave =
+        WasmProducer::new(load(&engine, fixtures::MISBEHAVE_PATH).await, json!({})).await.expect("describe");
+    let fx = registry();
+    // A ticker that runs through the whole matrix.
+    let bystander = start(&fx, &ticker, json!({"count": 100_000, "interval_ms": 5})).await.unwrap();
+
+    let mut failures = Vec::new();
+    for fault in ["trap", "loop", "oom"] {
+        for export in ["label", "run", "cancel", "subscribe", "done", "read-output"] {
+            let expect = match export {
+                "label" | "run" => Expect::Refused(cause_text(fault, export)),
+                other => Expect::Failed(cause_text(fault, &format!("task.{other}"))),
+            };
+            let began = Instant::now();
+            let outcome = start(&fx, &misbehave, json!({"fault": fault, "in": export})).await;
+            let result: Result<(), String> = match (expect, outcome) {
+                (Expect::Refused(want), Err(message)) if message.contains(&want) => Ok(()),
+                (Expect::Refused(want), other) => Err(format!("wanted a refusal with {want:?}, got {other:?}")),
+                (Expect::Failed(want), Ok(id)) => {
+                    // Reach the export that holds the fault.
+                    match export {
+                        "cancel" => {
+                            fx.registry.kill(&id, Some(&fx.agent), None).await.expect("kill");
+                        }
+                        "read-output" => {
+                            let _ = fx.registry.read(&id, Some(&fx.agent)).await.expect("read");
+                        }
+                        _ => {}
+                    }
+                    let snapshot = wait_terminal(&fx, &id).await;
+                    let detail = snapshot.detail.clone().unwrap_or_default();
+                    if snapshot.status == TaskStatus::Failed && detail.contains(&want) {
+                        Ok(())
+                    } else {
+                        Err(format!("wanted failed with {want:?}, got {:?} {detail:?}", snapshot.status))
+                    }
+                }
+                (Expect::Failed(want), Err(message)) => {
+                    Err(format!("wanted a failed task with {want:?}, start refused: {message}"))
+                }
+            };
+            assert!(began.elapsed() < BOUND, "{fault} in {export} took {:?}", began.elapsed());
+            if let Err(problem) = result {
+                failures.push(format!("{fault} in {export}: {problem}"));
+            }
+            // The bystander is unharmed after every case.
+            let snapshot = fx.registry.get(&bystander, Some(&fx.agent)).unwrap();
+            assert_eq!(snapshot.status, TaskStatus::Running, "after {fault} in {export}: {snapshot:?}");
+        }
+    }
+    assert!(failures.is_empty(), "fault matrix failures:\n{}", failures.join("\n"));
+
+    // A panic's message reaches the detail through the guest's stderr.
+    let id = start(&fx, &misbehave, json!({"fault": "trap", "in": "done"})).await.unwrap();
+    let detail = wait_terminal(&fx, &id).await.detail.unwrap();
+    assert!(detail.contains("misbehave: trap in done"), "{detail}");
+
+    // run-error refuses the call with the guest's message; nothing registered.
+    let before = fx.registry.list(Some(&fx.agent)).len();
+    let refused = start(&fx, &misbehave, json!({"fault": "run-error"})).await.expect_err("refused");
+    assert!(refused.contains("refusing: the arguments asked for run-error"), "{refused}");
+    assert_eq!(fx.registry.list(Some(&fx.agent)).len(), before);
+
+    // The bystander kept ticking and still reads in order.
+    let read = fx.registry.read(&bystander, Some(&fx.agent)).await.unwrap();
+    assert!(read.text.starts_with("tick 1\ntick 2\n"), "{:?}", &read.text[..read.text.len().min(40)]);
+    fx.registry.kill(&bystander, Some(&fx.agent), None).await.unwrap();
+    assert_eq!(wait_terminal(&fx, &bystander).await.status, TaskStatus::Killed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_done_task_ignores_cancel_until_abandoned() {
+    let engine = engine();
+    let misbehave =
+        WasmProducer::new(load(&engine, fixtures::MISBEHAVE_PATH).await, json!({})).await.expect("describe");
+    let prepared = misbehave.prepare(json!({"fault": "never-done"}), RunMode::Background).await.unwrap();
+    assert_eq!(prepared.label, "never-done");
+    let mut hooks = (prepared.run)().await.expect("run");
+    hooks.control.cancel(Some("stop")).await.expect("cancel is accepted");
+    let still_live = tokio::time::timeout(Duration::from_millis(200), &mut hooks.done).await;
+    assert!(still_live.is_err(), "a never-done task settled by itself: {still_live:?}");
+    hooks.control.abandon();
+    let outcome = tokio::time::timeout(BOUND, hooks.done).await.expect("settles once abandoned").unwrap();
+    assert_eq!(outcome.status, TerminalStatus::Failed);
+    assert!(outcome.detail.unwrap().contains("abandoned"));
+    // Reads after abandonment do not hang.
+    assert_eq!(hooks.control.read_output().await.unwrap(), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_faults_and_garbage_refuse_the_instance() {
+    let engine = engine();
+    let misbehave = load(&engine, fixtures::MISBEHAVE_PATH).await;
+    let cases = [
+        ("trap", "plugin misbehave trapped in describe: wasm trap".to_string()),
+        ("loop", format!("plugin misbehave exceeded its {CALL_DEADLINE_MS} ms call deadline in describe")),
+        ("oom", "plugin misbehave hit its 64 MiB memory limit in describe".to_string()),
+        ("garbage", "plugin misbehave returned a bad descriptor from describe: kind \"Not A Kind!\"".to_string()),
+    ];
+    for (fault, want) in cases {
+        let began = Instant::now();
+        let err = WasmProducer::new(misbehave.clone(), json!({"describe": fault})).await.expect_err(fault);
+        let text = format!("{err:#}");
+        assert!(text.contains(&want), "describe {fault}: wanted {want:?} in {text:?}");
+        assert!(began.elapsed() < BOUND);
+    }
+    // Refused config: the guest's own message.
+    let err = WasmProducer::new(misbehave, json!({"nope": 1})).await.expect_err("bad config");
+    assert!(format!("{err:#}").contains("refused its config in describe"), "{err:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_artifacts_are_refused_with_what_is_wrong() {
+    let engine = engine();
+
+    let err = engine.load_file(fixtures::WRONG_WORLD_PATH).await.expect_err("wrong world");
+    let text = format!("{err:#}");
+    assert!(text.contains("does not export `taskhost:producer/producer@0.1.0`"), "{text}");
+
+    let core = wat::parse_file(fixtures::NOT_A_COMPONENT_WAT_PATH).unwrap();
+    let text = format!("{:#}", engine.load_bytes("core", core).await.expect_err("core module"));
+    assert!(text.contains("core WebAssembly module, not a component"), "{text}");
+
+    let ticker = std::fs::read(TICKER_PATH).unwrap();
+    let text = format!("{:#}", engine.load_bytes("half", truncated(&ticker)).await.expect_err("truncated"));
+    assert!(text.contains("truncated"), "{text}");
+
+    let text = format!("{:#}", engine.load_bytes("text", b"hello world".to_vec()).await.expect_err("text"));
+    assert!(text.contains("not a WebAssembly file"), "{text}");
+
+    let text = format!("{:#}", engine.load_file("/nonexistent/plugin.wasm").await.expect_err("missing"));
+    assert!(text.contains("cannot read plugin /nonexistent/plugin.wasm"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_prints_the_tool_definition() {
+    let report = taskhost::plugin::check_plugin(TICKER_PATH, "{}").await.expect("check");
+    let text = report.to_string();
+    assert!(text.contains("tool kind: ticker"), "{text}");
+    assert!(text.contains("output: streamed"), "{text}");
+    assert!(text.contains("\"interval_ms\""), "{text}");
+    let err = taskhost::plugin::check_plugin(fixtures::WRONG_WORLD_PATH, "{}").await.expect_err("wrong world");
+    assert!(format!("{err:#}").contains("does not export"), "{err:#}");
+}
