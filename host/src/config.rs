@@ -23,6 +23,9 @@ pub struct Config {
     /// Producer tool instances. Empty means the built-in defaults.
     #[serde(default, rename = "producer")]
     pub producers: Vec<ProducerConfig>,
+    /// `[subagents]`: the backends child runs are started on.
+    #[serde(default)]
+    pub subagents: crate::capabilities::subagents::SubagentsConfig,
 }
 
 /// `[tasks]`: the registry and the control tools.
@@ -125,6 +128,7 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         self.tasks.validate()?;
+        self.subagents.validate()?;
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(

@@ -6,6 +6,7 @@
 //! - [`tasks`]: the task registry: ids, owner fence, reads, kill, wait, settlement.
 //! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
+//! - [`capabilities`]: what plugins may reach beyond their sandbox (subagents).
 //! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).
@@ -16,6 +17,7 @@
 
 pub mod agents;
 pub mod builtin;
+pub mod capabilities;
 pub mod config;
 pub mod host;
 pub mod ids;
