@@ -17,6 +17,7 @@ wasmtime::component::bindgen!({
     with: {
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        "taskhost:producer/subagents.run": crate::capabilities::subagents::wasm::RunResource,
     },
     require_store_data_send: true,
 });

@@ -33,6 +33,8 @@ use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 pub struct WasmProducer {
     config_json: Arc<str>,
     current: RwLock<Arc<Active>>,
+    /// The `subagents` grant given to every task store of this instance.
+    subagents: Option<crate::capabilities::subagents::Subagents>,
 }
 
 /// The version new invocations use, with its description.
@@ -57,7 +59,13 @@ impl WasmProducer {
     pub async fn new(version: Arc<PluginVersion>, config: serde_json::Value) -> anyhow::Result<Self> {
         let config_json: Arc<str> = serde_json::to_string(&config).context("cannot encode the plugin config")?.into();
         let descriptor = Arc::new(describe(&version, &config_json).await?);
-        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })) })
+        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })), subagents: None })
+    }
+
+    /// Grants this instance's tasks the `subagents` capability.
+    pub fn with_subagents(mut self, subagents: crate::capabilities::subagents::Subagents) -> Self {
+        self.subagents = Some(subagents);
+        self
     }
 
     /// Makes `version` serve new invocations, once it described itself with
@@ -185,6 +193,9 @@ impl Producer for WasmProducer {
         let config = self.config_json.clone();
 
         let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
+        if let Some(subagents) = &self.subagents {
+            store.data_mut().grant_subagents(subagents.clone());
+        }
         let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
         let label = match guest.call_label(&mut store, &config, &args_json).await {

@@ -26,7 +26,8 @@
 //!
 //! [`producer`] serves the capability natively as a `subagent` tool (the twin
 //! of the `plugins/subagent` guest) and holds [`producer::outcome_of`], the
-//! stop reason → task outcome mapping.
+//! stop reason → task outcome mapping; [`wasm`] is the WIT host
+//! implementation plugins import.
 
 pub mod acp;
 pub mod config;
@@ -35,6 +36,7 @@ pub mod producer;
 pub mod run;
 pub mod scripted;
 pub mod types;
+pub mod wasm;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

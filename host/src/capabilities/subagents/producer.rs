@@ -220,7 +220,8 @@ pub async fn producer_from_config(
             Arc::new(
                 crate::plugin::WasmProducer::new(version, config)
                     .await
-                    .map_err(|e| anyhow::anyhow!("[[producer]] {:?}: {e:#}", entry.tool))?,
+                    .map_err(|e| anyhow::anyhow!("[[producer]] {:?}: {e:#}", entry.tool))?
+                    .with_subagents(subagents.clone()),
             )
         }
         other => anyhow::bail!(
