@@ -85,10 +85,14 @@ struct Shared {
 #[derive(Default)]
 struct State {
     tasks: HashMap<TaskId, Record>,
-    next_id_by_kind: HashMap<Arc<str>, u64>,
+    /// Per-kind id counters; the value keeps the shared kind name.
+    next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
+    /// Reused buffer for formatting ids.
+    id_scratch: String,
     /// Start order, for stable listings.
     next_seq: u64,
-    buckets: HashMap<Option<u64>, Bucket>,
+    /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
+    unowned: Bucket,
     owner_scopes: HashMap<u64, OwnerScope>,
     surfaces: usize,
     starts_in_flight: usize,
@@ -107,7 +111,7 @@ struct OwnerScope {
     agent: WeakAgent,
     cleanup: CleanupKey,
     closing: bool,
-    starting: usize,
+    bucket: Bucket,
     starts_drained: Arc<Notify>,
     tasks: Vec<TaskId>,
 }
@@ -324,8 +328,8 @@ impl TaskRegistry {
             }
         }
         let limit = self.shared.config.max_live_tasks_per_owner;
-        let bucket = state.buckets.get(&bucket_key);
-        if bucket.map_or(0, |b| b.live + b.starting) >= limit {
+        let in_use = bucket_mut(&mut state, bucket_key).map_or(0, |b| b.live + b.starting);
+        if in_use >= limit {
             let owner = match owner {
                 Some(agent) => format!("session {}", agent.session()),
                 None => "unowned tasks".to_string(),
@@ -343,15 +347,14 @@ impl TaskRegistry {
                     agent: owner.downgrade(),
                     cleanup: key,
                     closing: false,
-                    starting: 0,
+                    bucket: Bucket::default(),
                     starts_drained: Arc::new(Notify::new()),
                     tasks: Vec::new(),
                 },
             );
         }
-        state.buckets.entry(bucket_key).or_default().starting += 1;
-        if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
-            scope.starting += 1;
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.starting += 1;
         }
         state.starts_in_flight += 1;
         Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
@@ -364,15 +367,29 @@ impl TaskRegistry {
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
         release_start(&mut state, &self.shared, bucket_key);
-        state.buckets.entry(bucket_key).or_default().live += 1;
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.live += 1;
+        }
 
-        let kind: Arc<str> = match state.next_id_by_kind.get_key_value(kind.as_str()) {
-            Some((existing, _)) => existing.clone(),
-            None => Arc::from(kind),
+        let (kind, counter) = match state.next_id_by_kind.get_mut(kind.as_str()) {
+            Some((name, next)) => {
+                *next += 1;
+                (name.clone(), *next)
+            }
+            None => {
+                let name: Arc<str> = Arc::from(kind);
+                state.next_id_by_kind.insert(name.clone(), (name.clone(), 1));
+                (name, 1)
+            }
         };
-        let counter = state.next_id_by_kind.entry(kind.clone()).or_insert(0);
-        *counter += 1;
-        let id = TaskId::new(format!("{kind}-{counter}"));
+        let mut scratch = std::mem::take(&mut state.id_scratch);
+        scratch.clear();
+        {
+            use std::fmt::Write;
+            let _ = write!(scratch, "{kind}-{counter}");
+        }
+        let id = TaskId::new(scratch.as_str());
+        state.id_scratch = scratch;
         let seq = state.next_seq;
         state.next_seq += 1;
 
@@ -645,7 +662,7 @@ impl TaskRegistry {
                 record.watcher.abort();
             }
             let bucket_key = record.bucket_key();
-            if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
+            if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
                 bucket.live -= 1;
             }
             (done, settled)
@@ -765,7 +782,7 @@ impl TaskRegistry {
                     .filter(|id| tasks.get(*id).is_some_and(|r| !r.status.is_terminal()))
                     .cloned()
                     .collect();
-                (live, scope.starting, scope.starts_drained.clone())
+                (live, scope.bucket.starting, scope.starts_drained.clone())
             };
             tracing::debug!(live = live.len(), starting, "cancelling the owner's tasks");
             futures::future::join_all(live.iter().map(|id| self.teardown(id, "owner disposed"))).await;
@@ -780,7 +797,6 @@ impl TaskRegistry {
                 state.tasks.remove(id);
             }
         }
-        state.buckets.remove(&Some(instance));
     }
 }
 
@@ -837,15 +853,22 @@ impl Drop for Reservation {
     }
 }
 
+/// The live-task accounting of an owner instance (`None`: unowned tasks).
+fn bucket_mut(state: &mut State, bucket_key: Option<u64>) -> Option<&mut Bucket> {
+    match bucket_key {
+        None => Some(&mut state.unowned),
+        Some(instance) => state.owner_scopes.get_mut(&instance).map(|scope| &mut scope.bucket),
+    }
+}
+
 fn release_start(state: &mut State, shared: &Shared, bucket_key: Option<u64>) {
-    if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
+    if let Some(bucket) = bucket_mut(state, bucket_key) {
         bucket.starting -= 1;
     }
-    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
-        scope.starting -= 1;
-        if scope.starting == 0 {
-            scope.starts_drained.notify_one();
-        }
+    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k))
+        && scope.bucket.starting == 0
+    {
+        scope.starts_drained.notify_one();
     }
     state.starts_in_flight -= 1;
     if state.starts_in_flight == 0 {
