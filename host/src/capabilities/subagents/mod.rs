@@ -79,8 +79,11 @@ struct Inner {
     toolbox: WeakToolbox,
     default_backend: String,
     backends: BTreeMap<String, Arc<dyn Backend>>,
-    next_child: AtomicU64,
 }
+
+/// Numbers child agents process-wide, so two services on one host (or one
+/// agent registry) never pick the same child id.
+static NEXT_CHILD: AtomicU64 = AtomicU64::new(1);
 
 /// A backend drives one child run to its result.
 #[async_trait::async_trait]
@@ -160,7 +163,6 @@ impl Subagents {
                 toolbox: host.toolbox().downgrade(),
                 default_backend: config.default_backend_name(),
                 backends,
-                next_child: AtomicU64::new(1),
             }),
         })
     }
@@ -180,7 +182,7 @@ impl Subagents {
                 self.profiles().join(", ")
             );
         };
-        let n = self.inner.next_child.fetch_add(1, Ordering::Relaxed);
+        let n = NEXT_CHILD.fetch_add(1, Ordering::Relaxed);
         let child = self
             .inner
             .agents
