@@ -189,3 +189,34 @@ fn outcome_of(result: &RunResult) -> Outcome {
 }
 
 taskhost_plugin_sdk::export!(SubagentPlugin);
+
+#[cfg(test)]
+mod tests {
+    use taskhost_plugin_sdk::TerminalStatus;
+
+    use super::*;
+
+    fn result(text: &str, stop_reason: StopReason, detail: Option<&str>) -> RunResult {
+        RunResult { text: text.into(), stop_reason, detail: detail.map(str::to_string) }
+    }
+
+    fn parts(outcome: Outcome) -> (TerminalStatus, Option<String>, Option<String>) {
+        (outcome.status, outcome.detail, outcome.output)
+    }
+
+    #[test]
+    fn outcome_mapping_follows_the_rfc() {
+        let completed = parts(outcome_of(&result("answer", StopReason::Completed, None)));
+        assert_eq!(completed, (TerminalStatus::Completed, None, Some("answer".into())));
+        let killed = parts(outcome_of(&result("", StopReason::Aborted, Some("task_kill"))));
+        assert_eq!(killed, (TerminalStatus::Killed, Some("task_kill".into()), None));
+        let error = parts(outcome_of(&result("", StopReason::Error, Some("HTTP 503"))));
+        assert_eq!(error, (TerminalStatus::Failed, Some("error: HTTP 503".into()), None));
+        let max = parts(outcome_of(&result("partial", StopReason::MaxTokens, None)));
+        assert_eq!(max, (TerminalStatus::Failed, Some("max-tokens".into()), Some("partial".into())));
+        let refusal = parts(outcome_of(&result("", StopReason::Refusal, None)));
+        assert_eq!(refusal, (TerminalStatus::Failed, Some("refusal".into()), None));
+        let unknown = parts(outcome_of(&result("", StopReason::Other("context-overflow".into()), None)));
+        assert_eq!(unknown, (TerminalStatus::Failed, Some("context-overflow".into()), None));
+    }
+}
