@@ -178,18 +178,28 @@ impl TaskControl for NativeSubagentTask {
     }
 }
 
-/// Builds the subagent tool of a `[[producer]]` entry whose `plugin` is
+/// True for the `plugin` values [`subagent_producer`] serves.
+pub fn is_subagent_plugin(plugin: &str) -> bool {
+    matches!(plugin, "native:subagent" | "builtin:subagent")
+}
+
+/// The producer of a `[[producer]]` entry whose `plugin` is
 /// `native:subagent` (the in-process twin) or `builtin:subagent` (the wasm
-/// guest, granted the `subagents` capability), and adds it to `host`.
+/// guest, granted the `subagents` capability); `Ok(None)` for any other
+/// plugin. `engine` is needed for `builtin:subagent` only.
+///
 /// The entry's `background` flag is written into the instance config as
 /// `background` (a conflicting explicit value is an error), so the plugin
-/// describes the background behaviour only when it is offered.
-pub async fn producer_from_config(
-    host: &crate::Host,
+/// describes background collection only when the host offers
+/// `run_in_background`.
+pub async fn subagent_producer(
+    entry: &ProducerConfig,
     subagents: &Subagents,
     engine: Option<&crate::plugin::PluginEngine>,
-    entry: &ProducerConfig,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Arc<dyn Producer>>> {
+    if !is_subagent_plugin(&entry.plugin) {
+        return Ok(None);
+    }
     let mut config = entry.config_json();
     let object = config
         .as_object_mut()
@@ -204,30 +214,44 @@ pub async fn producer_from_config(
             object.insert("background".into(), json!(entry.background));
         }
     }
-    let producer: Arc<dyn Producer> = match entry.plugin.as_str() {
-        "native:subagent" => Arc::new(
+    let producer: Arc<dyn Producer> = if entry.plugin == "native:subagent" {
+        Arc::new(
             SubagentProducer::new(subagents.clone(), &config)
                 .map_err(|e| anyhow::anyhow!("[[producer]] {:?}: {e:#}", entry.tool))?,
-        ),
-        "builtin:subagent" => {
-            let engine = engine.ok_or_else(|| {
-                anyhow::anyhow!("[[producer]] {:?}: builtin:subagent needs the plugin runtime", entry.tool)
-            })?;
-            let builtin = crate::builtin::find("subagent").ok_or_else(|| {
-                anyhow::anyhow!("[[producer]] {:?}: this build has no built-in subagent plugin", entry.tool)
-            })?;
-            let version = engine.load_bytes("subagent", builtin.wasm).await?;
-            Arc::new(
-                crate::plugin::WasmProducer::new(version, config)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("[[producer]] {:?}: {e:#}", entry.tool))?
-                    .with_subagents(subagents.clone()),
-            )
-        }
-        other => anyhow::bail!(
-            "[[producer]] {:?}: plugin {other:?} is not a subagent producer (use native:subagent or builtin:subagent)",
-            entry.tool
-        ),
+        )
+    } else {
+        let engine = engine.ok_or_else(|| {
+            anyhow::anyhow!("[[producer]] {:?}: builtin:subagent needs the plugin runtime", entry.tool)
+        })?;
+        let builtin = crate::builtin::find("subagent").ok_or_else(|| {
+            anyhow::anyhow!("[[producer]] {:?}: this build has no built-in subagent plugin", entry.tool)
+        })?;
+        let version = engine.load_bytes(builtin.name, builtin.wasm).await?;
+        Arc::new(
+            crate::plugin::WasmProducer::new(version, config)
+                .await
+                .map_err(|e| anyhow::anyhow!("[[producer]] {:?}: {e:#}", entry.tool))?
+                .with_subagents(subagents.clone()),
+        )
+    };
+    Ok(Some(producer))
+}
+
+/// [`subagent_producer`], served on `host` under the entry's tool name with
+/// its background switch and foreground timeout. Errors for an entry that is
+/// not a subagent producer.
+pub async fn producer_from_config(
+    host: &crate::Host,
+    subagents: &Subagents,
+    engine: Option<&crate::plugin::PluginEngine>,
+    entry: &ProducerConfig,
+) -> anyhow::Result<()> {
+    let Some(producer) = subagent_producer(entry, subagents, engine).await? else {
+        anyhow::bail!(
+            "[[producer]] {:?}: plugin {:?} is not a subagent producer (use native:subagent or builtin:subagent)",
+            entry.tool,
+            entry.plugin
+        );
     };
     host.add_producer(
         producer,
