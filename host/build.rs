@@ -8,7 +8,7 @@ use std::{env, fs};
 
 /// The plugins the binary embeds: guest crate names in `plugins/`. The only
 /// list to edit when adding one.
-const BUILTIN_PLUGINS: &[&str] = &["ticker", "bash"];
+const BUILTIN_PLUGINS: &[&str] = &["ticker", "bash", "subagent"];
 
 fn main() {
     let artifacts = taskhost_build_support::build_guests(Path::new("../plugins"), &[Path::new("../wit")]);

@@ -34,6 +34,9 @@ pub struct Config {
     /// `[process]`: host-wide settings of the process capability.
     #[serde(default)]
     pub process: crate::capabilities::process::ProcessHostConfig,
+    /// `[subagents]`: the backends child runs are started on.
+    #[serde(default)]
+    pub subagents: crate::capabilities::subagents::SubagentsConfig,
 }
 
 /// `[serve]`: settings of the MCP server.
@@ -313,6 +316,7 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.tasks.validate()?;
         self.serve.validate()?;
+        self.subagents.validate()?;
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(

@@ -7,6 +7,7 @@
 //! - [`capabilities`]: what the host grants plugins (processes), and how it confines them.
 //! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
+//! - [`capabilities`]: what plugins may reach beyond their sandbox (subagents).
 //! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).

@@ -17,13 +17,14 @@ use anyhow::Context;
 
 use crate::Host;
 use crate::capabilities::process::{ProcessHost, ProcessHostConfig, wasm::ProcessCapability};
+use crate::capabilities::subagents::{Subagents, is_subagent_plugin, subagent_producer};
 use crate::config::{Config, ProducerConfig};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::producer::Producer;
 use crate::tools::producer_tool::ProducerToolOptions;
 
 /// The native producers this build can serve.
-pub const NATIVE_PRODUCERS: &[&str] = &["native:ticker"];
+pub const NATIVE_PRODUCERS: &[&str] = &["native:ticker", "native:subagent"];
 
 fn supported() -> String {
     let builtins: Vec<String> = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| format!("builtin:{}", p.name)).collect();
@@ -36,8 +37,14 @@ pub async fn build_producer(
     config: &ProducerConfig,
     base_dir: &Path,
     runtime: &mut PluginRuntime,
+    subagents: &Subagents,
 ) -> anyhow::Result<Arc<dyn Producer>> {
     let plugin = config.plugin.as_str();
+    if is_subagent_plugin(plugin) {
+        let engine = if plugin == "builtin:subagent" { Some(runtime.engine()?) } else { None };
+        let producer = subagent_producer(config, subagents, engine).await?;
+        return producer.ok_or_else(|| anyhow::anyhow!("{plugin:?} is not a subagent plugin"));
+    }
     if plugin == "native:ticker" {
         anyhow::ensure!(
             config.grants.process.is_none(),
@@ -104,8 +111,9 @@ impl PluginRuntime {
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
     let host = Host::new(&config.tasks)?;
     let mut runtime = PluginRuntime::new(config);
+    let subagents = Subagents::new(&host, &config.subagents)?;
     for producer in config.effective_producers() {
-        let built = build_producer(&producer, base_dir, &mut runtime)
+        let built = build_producer(&producer, base_dir, &mut runtime, &subagents)
             .await
             .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
         host.add_producer(
@@ -137,7 +145,7 @@ mod tests {
             let config = Config::parse(&format!("[[producer]]\ntool = \"x\"\nplugin = \"{plugin}\"\n")).unwrap();
             let error = format!("{:#}", host_from_config(&config, Path::new(".")).await.err().unwrap());
             assert!(error.contains(&format!("plugin \"{plugin}\" for tool \"x\"")), "{error}");
-            assert!(error.contains("native:ticker, builtin:ticker"), "{error}");
+            assert!(error.contains("native:ticker, native:subagent, builtin:ticker"), "{error}");
         }
     }
 

@@ -18,6 +18,7 @@ wasmtime::component::bindgen!({
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
         "taskhost:producer/process.process": crate::capabilities::process::wasm::ProcessResource,
+        "taskhost:producer/subagents.run": crate::capabilities::subagents::wasm::RunResource,
     },
     require_store_data_send: true,
 });

@@ -36,6 +36,8 @@ pub struct WasmProducer {
     current: RwLock<Arc<Active>>,
     /// The `process` capability granted to this instance's task stores.
     process: Option<ProcessCapability>,
+    /// The `subagents` grant given to every task store of this instance.
+    subagents: Option<crate::capabilities::subagents::Subagents>,
 }
 
 /// The version new invocations use, with its description.
@@ -60,7 +62,18 @@ impl WasmProducer {
     pub async fn new(version: Arc<PluginVersion>, config: serde_json::Value) -> anyhow::Result<Self> {
         let config_json: Arc<str> = serde_json::to_string(&config).context("cannot encode the plugin config")?.into();
         let descriptor = Arc::new(describe(&version, &config_json).await?);
-        Ok(Self { config_json, current: RwLock::new(Arc::new(Active { version, descriptor })), process: None })
+        Ok(Self {
+            config_json,
+            current: RwLock::new(Arc::new(Active { version, descriptor })),
+            process: None,
+            subagents: None,
+        })
+    }
+
+    /// Grants this instance's tasks the `subagents` capability.
+    pub fn with_subagents(mut self, subagents: crate::capabilities::subagents::Subagents) -> Self {
+        self.subagents = Some(subagents);
+        self
     }
 
     /// Makes `version` serve new invocations, once it described itself with
@@ -198,6 +211,9 @@ impl Producer for WasmProducer {
 
         let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
         store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
+        if let Some(subagents) = &self.subagents {
+            store.data_mut().grant_subagents(subagents.clone());
+        }
         let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
         let label = match fault::bounded(deadline, guest.call_label(&mut store, &config, &args_json)).await {

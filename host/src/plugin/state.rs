@@ -54,6 +54,8 @@ pub struct StoreState {
     stderr_tail: Arc<Mutex<TailBuffer>>,
     /// The `process` capability of this store (denied unless granted).
     process: ProcessCtx,
+    /// The `subagents` grant: None refuses `subagents.start`.
+    pub(crate) subagents: Option<crate::capabilities::subagents::Subagents>,
 }
 
 impl StoreState {
@@ -79,6 +81,7 @@ impl StoreState {
             deadline_hit: false,
             stderr_tail,
             process: ProcessCtx::default(),
+            subagents: None,
         }
     }
 
@@ -168,19 +171,22 @@ impl host_log::Host for StoreState {
 }
 
 /// Assembles every host import a plugin may use: WASI 0.2 (sandboxed by the
-/// context in [`StoreState`]) and `taskhost:producer/host-log`. Capabilities
+/// context in [`StoreState`]), `taskhost:producer/host-log` and the
+/// `subagents` capability (refused unless the store was granted it). Capabilities
 /// add their interfaces here.
 pub fn host_linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> {
     let mut linker = Linker::new(engine.engine());
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     host_log::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
     process::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
+    crate::capabilities::subagents::wasm::add_to_linker(&mut linker)?;
     Ok(linker)
 }
 
 /// The interfaces [`host_linker`] provides, for error messages.
 pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, and taskhost:producer/host-log and /process@0.1.0";
+     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.1.0, \
+     taskhost:producer/process@0.1.0 and taskhost:producer/subagents@0.1.0 (both refused unless granted)";
 
 /// The memory cap of a store, remembering whether it was hit.
 struct TaskLimiter {

@@ -88,6 +88,12 @@ impl Toolbox {
         Self::default()
     }
 
+    /// A reference that does not keep the tools alive (for services the
+    /// tools themselves hold, such as the subagents capability).
+    pub fn downgrade(&self) -> WeakToolbox {
+        WeakToolbox(Arc::downgrade(&self.tools))
+    }
+
     /// Adds or replaces the tool under its definition's name.
     pub fn insert(&self, tool: Arc<dyn Tool>) {
         let name = tool.definition().name;
@@ -125,6 +131,16 @@ impl Toolbox {
             owner = context.caller.as_ref().map(|a| a.session().as_str()).unwrap_or("-"),
         );
         tracing::Instrument::instrument(tool.call(args, context), span).await
+    }
+}
+
+/// A non-owning reference to a [`Toolbox`].
+#[derive(Clone, Default)]
+pub struct WeakToolbox(std::sync::Weak<std::sync::RwLock<BTreeMap<String, Arc<dyn Tool>>>>);
+
+impl WeakToolbox {
+    pub fn upgrade(&self) -> Option<Toolbox> {
+        self.0.upgrade().map(|tools| Toolbox { tools })
     }
 }
 

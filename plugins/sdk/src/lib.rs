@@ -74,6 +74,9 @@ pub use bindings::exports::taskhost::producer::producer::{Guest, GuestTask, Task
 pub use bindings::taskhost::producer::host_log;
 /// The `process` capability (granted per plugin instance by the host).
 pub use bindings::taskhost::producer::process;
+/// The `subagents` capability: child agent runs (granted per instance; see
+/// `wit/subagents.wit` and the `subagent` plugin).
+pub use bindings::taskhost::producer::subagents;
 pub use bindings::taskhost::producer::types::{Descriptor, Outcome, RunMode, TerminalStatus};
 pub use bindings::wasi::clocks::monotonic_clock;
 pub use bindings::wasi::io::poll::Pollable;
