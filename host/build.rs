@@ -11,8 +11,7 @@ use std::{env, fs};
 const BUILTIN_PLUGINS: &[&str] = &["ticker"];
 
 fn main() {
-    let artifacts =
-        taskhost_build_support::build_guests(Path::new("../plugins"), &[Path::new("../wit")]);
+    let artifacts = taskhost_build_support::build_guests(Path::new("../plugins"), &[Path::new("../wit")]);
 
     let mut code = String::new();
     let mut table = String::new();
@@ -28,11 +27,8 @@ fn main() {
              pub const {constant}_WASM: &[u8] = include_bytes!({path:?});"
         )
         .unwrap();
-        writeln!(
-            table,
-            "    BuiltinPlugin {{ name: {name:?}, path: {constant}_PATH, wasm: {constant}_WASM }},"
-        )
-        .unwrap();
+        writeln!(table, "    BuiltinPlugin {{ name: {name:?}, path: {constant}_PATH, wasm: {constant}_WASM }},")
+            .unwrap();
     }
     writeln!(
         code,
@@ -42,6 +38,5 @@ fn main() {
     .unwrap();
 
     let out_dir = env::var_os("OUT_DIR").expect("OUT_DIR is set for build scripts");
-    fs::write(Path::new(&out_dir).join("builtin_plugins.rs"), code)
-        .expect("cannot write builtin_plugins.rs");
+    fs::write(Path::new(&out_dir).join("builtin_plugins.rs"), code).expect("cannot write builtin_plugins.rs");
 }

@@ -62,9 +62,7 @@ impl GuestArtifacts {
     /// Panics if the build did not produce it: a misspelt name must fail
     /// the build, not a test much later.
     pub fn component(&self, crate_name: &str) -> PathBuf {
-        let path = self
-            .dir
-            .join(format!("{}.wasm", crate_name.replace('-', "_")));
+        let path = self.dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
         assert!(
             path.is_file(),
             "guest crate `{crate_name}` produced no component at {}; is it a member of the \
@@ -90,18 +88,11 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
     let manifest_dir = PathBuf::from(required_env("CARGO_MANIFEST_DIR"));
     let workspace = absolute(&manifest_dir, workspace);
     let manifest = workspace.join("Cargo.toml");
-    assert!(
-        manifest.is_file(),
-        "guest workspace manifest {} does not exist",
-        manifest.display()
-    );
+    assert!(manifest.is_file(), "guest workspace manifest {} does not exist", manifest.display());
 
     watch_guest_sources(&workspace);
     for path in also_watch {
-        println!(
-            "cargo:rerun-if-changed={}",
-            absolute(&manifest_dir, path).display()
-        );
+        println!("cargo:rerun-if-changed={}", absolute(&manifest_dir, path).display());
     }
     for name in CLEARED_ENV {
         // The guest build reads them; a change must rebuild the guests.
@@ -126,17 +117,11 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
         command.env_remove(name);
     }
     let output = command.output().unwrap_or_else(|error| {
-        panic!(
-            "could not run `{}` to build the guests in {}: {error}",
-            cargo.to_string_lossy(),
-            workspace.display()
-        )
+        panic!("could not run `{}` to build the guests in {}: {error}", cargo.to_string_lossy(), workspace.display())
     });
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let hint = if stderr.contains("target may not be installed")
-            || stderr.contains("can't find crate for `core`")
-        {
+        let hint = if stderr.contains("target may not be installed") || stderr.contains("can't find crate for `core`") {
             format!("\nhint: install the guest target with `rustup target add {GUEST_TARGET}`")
         } else {
             String::new()
@@ -148,20 +133,17 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
         );
     }
 
-    GuestArtifacts {
-        dir: target_dir.join(GUEST_TARGET).join("release"),
-    }
+    GuestArtifacts { dir: target_dir.join(GUEST_TARGET).join("release") }
 }
 
 /// Emits `rerun-if-changed` for the workspace manifest, its lock file and
 /// every member directory, but not for a `target` directory someone left by
 /// building the workspace by hand (it changes on every such build).
 fn watch_guest_sources(workspace: &Path) {
-    let entries = fs::read_dir(workspace)
-        .unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
+    let entries =
+        fs::read_dir(workspace).unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
     for entry in entries {
-        let entry =
-            entry.unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
+        let entry = entry.unwrap_or_else(|error| panic!("cannot list {}: {error}", workspace.display()));
         let name = entry.file_name();
         if name == "target" || name.to_string_lossy().starts_with('.') {
             continue;
@@ -180,12 +162,7 @@ fn guest_target_dir() -> PathBuf {
     let outer = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .filter(|dir| dir.is_absolute())
-        .or_else(|| {
-            out_dir
-                .ancestors()
-                .find(|dir| dir.join("CACHEDIR.TAG").is_file())
-                .map(Path::to_path_buf)
-        });
+        .or_else(|| out_dir.ancestors().find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf));
     match outer {
         Some(outer) => outer.join("wasm-guests"),
         None => out_dir.join("wasm-guests"),
@@ -196,10 +173,7 @@ fn guest_target_dir() -> PathBuf {
 /// target is missing. rustup never installs targets on its own here.
 fn ensure_target_installed() {
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| OsString::from("rustc"));
-    let Ok(output) = Command::new(&rustc)
-        .args(["--print", "target-libdir", "--target", GUEST_TARGET])
-        .output()
-    else {
+    let Ok(output) = Command::new(&rustc).args(["--print", "target-libdir", "--target", GUEST_TARGET]).output() else {
         // Not knowing is no reason to stop: the build itself will tell.
         return;
     };
@@ -214,14 +188,9 @@ fn ensure_target_installed() {
 }
 
 fn required_env(name: &str) -> OsString {
-    env::var_os(name)
-        .unwrap_or_else(|| panic!("{name} is not set: build_guests must run from a build script"))
+    env::var_os(name).unwrap_or_else(|| panic!("{name} is not set: build_guests must run from a build script"))
 }
 
 fn absolute(base: &Path, path: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base.join(path)
-    }
+    if path.is_absolute() { path.to_path_buf() } else { base.join(path) }
 }

@@ -41,11 +41,7 @@ mod tests {
     fn every_builtin_plugin_is_an_embedded_component() {
         assert!(!BUILTIN_PLUGINS.is_empty());
         for plugin in BUILTIN_PLUGINS {
-            assert!(
-                plugin.wasm.starts_with(&COMPONENT_PREAMBLE),
-                "{} is not a component",
-                plugin.name
-            );
+            assert!(plugin.wasm.starts_with(&COMPONENT_PREAMBLE), "{} is not a component", plugin.name);
             assert!(find(plugin.name).is_some());
         }
         assert_eq!(find("ticker").map(|plugin| plugin.wasm), Some(TICKER_WASM));

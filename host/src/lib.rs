@@ -6,13 +6,13 @@
 //! - [`tasks`]: the task registry: ids, owner fence, reads, kill, wait, settlement.
 //! - [`notices`]: completion notices injected into the owner's session.
 //! - [`producer`]: the contract every kind of background work implements.
-//! - [`builtin`]: the plugins built into the binary (embedded components).
 //! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
 //! - [`host`]: the facade that wires all of it together.
+//! - [`builtin`]: the plugins built into the binary (embedded components).
 
 pub mod agents;
 pub mod builtin;

@@ -21,8 +21,7 @@ pub mod fixtures {
     include!(concat!(env!("OUT_DIR"), "/fixtures.rs"));
 
     /// A core WebAssembly module (not a component), as WAT text.
-    pub const NOT_A_COMPONENT_WAT_PATH: &str =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/not-a-component.wat");
+    pub const NOT_A_COMPONENT_WAT_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/not-a-component.wat");
 }
 
 /// The first half of `component`: a file a host must refuse to load, not

@@ -13,15 +13,8 @@ const COMPONENT_VERSION_LAYOUT: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
 const CORE_MODULE_VERSION_LAYOUT: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
 
 fn assert_component(name: &str, bytes: &[u8]) {
-    assert!(
-        bytes.len() > 8 && bytes.starts_with(MAGIC),
-        "{name} is not WebAssembly"
-    );
-    assert_eq!(
-        bytes[4..8],
-        COMPONENT_VERSION_LAYOUT,
-        "{name} is not a component"
-    );
+    assert!(bytes.len() > 8 && bytes.starts_with(MAGIC), "{name} is not WebAssembly");
+    assert_eq!(bytes[4..8], COMPONENT_VERSION_LAYOUT, "{name} is not a component");
 }
 
 fn read(path: &str) -> Vec<u8> {
@@ -32,10 +25,7 @@ fn read(path: &str) -> Vec<u8> {
 fn the_ticker_plugin_is_a_component_and_embedded_as_built() {
     let on_disk = read(TICKER_PATH);
     assert_component("ticker", &on_disk);
-    assert_eq!(
-        on_disk, TICKER_WASM,
-        "the embedded ticker differs from the built file"
-    );
+    assert_eq!(on_disk, TICKER_WASM, "the embedded ticker differs from the built file");
 }
 
 #[test]
@@ -46,8 +36,7 @@ fn the_fixture_plugins_are_components() {
 
 #[test]
 fn the_not_a_component_fixture_is_a_core_module() {
-    let module =
-        wat::parse_file(fixtures::NOT_A_COMPONENT_WAT_PATH).expect("not-a-component.wat compiles");
+    let module = wat::parse_file(fixtures::NOT_A_COMPONENT_WAT_PATH).expect("not-a-component.wat compiles");
     assert!(module.starts_with(MAGIC));
     assert_eq!(module[4..8], CORE_MODULE_VERSION_LAYOUT);
 }

@@ -21,12 +21,14 @@
 //!   (bounded by the teardown timeout, then force-fails with a possible-orphan
 //!   detail), waits for starts still in flight, and drops the owner's records.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
+// Ids are generated here, never chosen by a caller for insertion, so a fast
+// non-keyed hash is safe and keeps starts cheap.
+use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -83,10 +85,14 @@ struct Shared {
 #[derive(Default)]
 struct State {
     tasks: HashMap<TaskId, Record>,
-    next_id_by_kind: HashMap<Arc<str>, u64>,
+    /// Per-kind id counters; the value keeps the shared kind name.
+    next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
+    /// Reused buffer for formatting ids.
+    id_scratch: String,
     /// Start order, for stable listings.
     next_seq: u64,
-    buckets: HashMap<Option<u64>, Bucket>,
+    /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
+    unowned: Bucket,
     owner_scopes: HashMap<u64, OwnerScope>,
     surfaces: usize,
     starts_in_flight: usize,
@@ -105,7 +111,7 @@ struct OwnerScope {
     agent: WeakAgent,
     cleanup: CleanupKey,
     closing: bool,
-    starting: usize,
+    bucket: Bucket,
     starts_drained: Arc<Notify>,
     tasks: Vec<TaskId>,
 }
@@ -135,7 +141,11 @@ struct Record {
     producer_info: Option<String>,
     streams_output: bool,
     control: Arc<dyn TaskControl>,
-    settled: CancellationToken,
+    /// The task awaiting the producer's `done`; aborted on force-fail.
+    watcher: tokio::task::AbortHandle,
+    /// Fires after settlement (and its listeners); made on first demand,
+    /// since most tasks are never waited on.
+    settled: Option<CancellationToken>,
 }
 
 impl Record {
@@ -156,6 +166,10 @@ impl Record {
 
     fn done_event(&self) -> TaskDone {
         TaskDone { snapshot: self.snapshot(), owner: self.owner.as_ref().and_then(|o| o.agent.upgrade()) }
+    }
+
+    fn settled_signal(&mut self) -> CancellationToken {
+        self.settled.get_or_insert_with(CancellationToken::new).clone()
     }
 
     fn bucket_key(&self) -> Option<u64> {
@@ -279,37 +293,9 @@ impl TaskRegistry {
             }
         };
 
-        let TaskHooks { control, done } = hooks;
-        let (id, settled, cancel_now) = self.commit(reservation, kind, label, owner, producer_info, control);
+        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
-
-        let registry = Arc::downgrade(&self.shared);
-        let watched_id = id.clone();
-        tokio::spawn(
-            async move {
-                let outcome = tokio::select! {
-                    outcome = AssertUnwindSafe(done).catch_unwind() => outcome,
-                    // Force-failed: the record is final; stop watching.
-                    _ = settled.cancelled() => return,
-                };
-                let Some(shared) = registry.upgrade() else { return };
-                let outcome = match outcome {
-                    Ok(Ok(outcome)) => outcome,
-                    Ok(Err(error)) => {
-                        tracing::warn!(error = %format!("{error:#}"), "producer's done failed; contained as failed");
-                        TaskOutcome::failed(format!("producer error: {error:#}"))
-                    }
-                    Err(panic) => {
-                        let message = panic_message(&panic);
-                        tracing::warn!(%message, "producer's done panicked; contained as failed");
-                        TaskOutcome::failed(format!("producer panicked: {message}"))
-                    }
-                };
-                TaskRegistry { shared }.settle(&watched_id, outcome);
-            }
-            .instrument(tracing::info_span!("task", task = %id)),
-        );
 
         if cancel_now {
             // The owner (or the registry) began disposing while this start
@@ -342,8 +328,8 @@ impl TaskRegistry {
             }
         }
         let limit = self.shared.config.max_live_tasks_per_owner;
-        let bucket = state.buckets.get(&bucket_key);
-        if bucket.map_or(0, |b| b.live + b.starting) >= limit {
+        let in_use = bucket_mut(&mut state, bucket_key).map_or(0, |b| b.live + b.starting);
+        if in_use >= limit {
             let owner = match owner {
                 Some(agent) => format!("session {}", agent.session()),
                 None => "unowned tasks".to_string(),
@@ -361,42 +347,49 @@ impl TaskRegistry {
                     agent: owner.downgrade(),
                     cleanup: key,
                     closing: false,
-                    starting: 0,
+                    bucket: Bucket::default(),
                     starts_drained: Arc::new(Notify::new()),
                     tasks: Vec::new(),
                 },
             );
         }
-        state.buckets.entry(bucket_key).or_default().starting += 1;
-        if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
-            scope.starting += 1;
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.starting += 1;
         }
         state.starts_in_flight += 1;
         Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
     }
 
-    fn commit(
-        &self,
-        mut reservation: Reservation,
-        kind: String,
-        label: String,
-        owner: Option<Agent>,
-        producer_info: Option<String>,
-        control: Arc<dyn TaskControl>,
-    ) -> (TaskId, CancellationToken, bool) {
+    fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
+        let Identity { kind, label, owner, producer_info } = identity;
+        let TaskHooks { control, done } = hooks;
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
         release_start(&mut state, &self.shared, bucket_key);
-        state.buckets.entry(bucket_key).or_default().live += 1;
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.live += 1;
+        }
 
-        let kind: Arc<str> = match state.next_id_by_kind.get_key_value(kind.as_str()) {
-            Some((existing, _)) => existing.clone(),
-            None => Arc::from(kind),
+        let (kind, counter) = match state.next_id_by_kind.get_mut(kind.as_str()) {
+            Some((name, next)) => {
+                *next += 1;
+                (name.clone(), *next)
+            }
+            None => {
+                let name: Arc<str> = Arc::from(kind);
+                state.next_id_by_kind.insert(name.clone(), (name.clone(), 1));
+                (name, 1)
+            }
         };
-        let counter = state.next_id_by_kind.entry(kind.clone()).or_insert(0);
-        *counter += 1;
-        let id = TaskId::new(format!("{kind}-{counter}"));
+        let mut scratch = std::mem::take(&mut state.id_scratch);
+        scratch.clear();
+        {
+            use std::fmt::Write;
+            let _ = write!(scratch, "{kind}-{counter}");
+        }
+        let id = TaskId::new(scratch.as_str());
+        state.id_scratch = scratch;
         let seq = state.next_seq;
         state.next_seq += 1;
 
@@ -405,7 +398,9 @@ impl TaskRegistry {
             scope.tasks.push(id.clone());
             cancel_now |= scope.closing;
         }
-        let settled = CancellationToken::new();
+        // Spawned under the lock so the record can hold its abort handle; the
+        // watcher's first settle simply waits for this commit to finish.
+        let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
         let streams_output = control.streams_output();
         state.tasks.insert(
             id.clone(),
@@ -430,10 +425,11 @@ impl TaskRegistry {
                 producer_info,
                 streams_output,
                 control,
-                settled: settled.clone(),
+                watcher,
+                settled: None,
             },
         );
-        (id, settled, cancel_now)
+        (id, cancel_now)
     }
 
     /// A non-consuming snapshot. Fails for unknown ids and foreign callers.
@@ -555,7 +551,7 @@ impl TaskRegistry {
                 return Ok(record.snapshot());
             }
             record.pending_reporters += 1;
-            record.settled.clone()
+            record.settled_signal()
         };
         let mut pending = PendingReporter { registry: self, id, armed: true };
         let never = CancellationToken::new();
@@ -661,9 +657,12 @@ impl TaskRegistry {
                 record.notice_held = true;
             }
             let done = record.done_event();
-            let settled = record.settled.clone();
+            let settled = record.settled.take();
+            if forced {
+                record.watcher.abort();
+            }
             let bucket_key = record.bucket_key();
-            if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
+            if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
                 bucket.live -= 1;
             }
             (done, settled)
@@ -674,7 +673,9 @@ impl TaskRegistry {
         self.notify_listeners(&done);
         // Waiters (waits, teardown, disposal) wake only after the listeners
         // ran, so a disposal that returned has no notice still in flight.
-        settled.cancel();
+        if let Some(settled) = settled {
+            settled.cancel();
+        }
     }
 
     fn notify_listeners(&self, done: &TaskDone) {
@@ -710,7 +711,7 @@ impl TaskRegistry {
                 return;
             }
             record.status = TaskStatus::Stopping;
-            (record.control.clone(), record.settled.clone())
+            (record.control.clone(), record.settled_signal())
         };
         let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
             .catch_unwind()
@@ -781,7 +782,7 @@ impl TaskRegistry {
                     .filter(|id| tasks.get(*id).is_some_and(|r| !r.status.is_terminal()))
                     .cloned()
                     .collect();
-                (live, scope.starting, scope.starts_drained.clone())
+                (live, scope.bucket.starting, scope.starts_drained.clone())
             };
             tracing::debug!(live = live.len(), starting, "cancelling the owner's tasks");
             futures::future::join_all(live.iter().map(|id| self.teardown(id, "owner disposed"))).await;
@@ -796,8 +797,40 @@ impl TaskRegistry {
                 state.tasks.remove(id);
             }
         }
-        state.buckets.remove(&Some(instance));
     }
+}
+
+/// Awaits a producer's `done` and settles its task; contains errors and
+/// panics as `failed` outcomes.
+async fn watch_done(
+    registry: Weak<Shared>,
+    id: TaskId,
+    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+) {
+    let outcome = AssertUnwindSafe(done).catch_unwind().await;
+    let Some(shared) = registry.upgrade() else { return };
+    let _span = tracing::info_span!("task", task = %id).entered();
+    let outcome = match outcome {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => {
+            tracing::warn!(error = %format!("{error:#}"), "producer's done failed; contained as failed");
+            TaskOutcome::failed(format!("producer error: {error:#}"))
+        }
+        Err(panic) => {
+            let message = panic_message(&panic);
+            tracing::warn!(%message, "producer's done panicked; contained as failed");
+            TaskOutcome::failed(format!("producer panicked: {message}"))
+        }
+    };
+    TaskRegistry { shared }.settle(&id, outcome);
+}
+
+/// What a start says about its task, kept for the commit.
+struct Identity {
+    kind: String,
+    label: String,
+    owner: Option<Agent>,
+    producer_info: Option<String>,
 }
 
 /// A start that passed preflight. Dropped without commit (the runner failed
@@ -820,15 +853,22 @@ impl Drop for Reservation {
     }
 }
 
+/// The live-task accounting of an owner instance (`None`: unowned tasks).
+fn bucket_mut(state: &mut State, bucket_key: Option<u64>) -> Option<&mut Bucket> {
+    match bucket_key {
+        None => Some(&mut state.unowned),
+        Some(instance) => state.owner_scopes.get_mut(&instance).map(|scope| &mut scope.bucket),
+    }
+}
+
 fn release_start(state: &mut State, shared: &Shared, bucket_key: Option<u64>) {
-    if let Some(bucket) = state.buckets.get_mut(&bucket_key) {
+    if let Some(bucket) = bucket_mut(state, bucket_key) {
         bucket.starting -= 1;
     }
-    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
-        scope.starting -= 1;
-        if scope.starting == 0 {
-            scope.starts_drained.notify_one();
-        }
+    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k))
+        && scope.bucket.starting == 0
+    {
+        scope.starts_drained.notify_one();
     }
     state.starts_in_flight -= 1;
     if state.starts_in_flight == 0 {
