@@ -8,6 +8,7 @@
 //! - [`producer`]: the contract every kind of background work implements.
 //! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
+//! - [`reload`]: hot reload of wasm plugins (make-before-break) and file watching.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
@@ -24,6 +25,7 @@ pub mod notices;
 pub mod plugin;
 pub mod producer;
 pub mod prompt;
+pub mod reload;
 pub mod tasks;
 pub mod tools;
 
