@@ -13,10 +13,12 @@
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
 //! - [`host`]: the facade that wires all of it together.
+//! - [`cli`]: the `taskhost` command line (`dev`, `demo`).
 //! - [`builtin`]: the plugins built into the binary (embedded components).
 
 pub mod agents;
 pub mod builtin;
+pub mod cli;
 pub mod config;
 pub mod host;
 pub mod ids;

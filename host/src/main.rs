@@ -1,1 +1,5 @@
-fn main() {}
+//! The `taskhost` binary: everything lives in [`taskhost::cli`].
+
+fn main() -> std::process::ExitCode {
+    taskhost::cli::main()
+}
