@@ -10,7 +10,9 @@
 //!   [`taskhost::builtin`]).
 //! - Fixtures: [`fixtures::MISBEHAVE_PATH`] (a fault chosen per export by its
 //!   config and arguments), [`fixtures::WRONG_WORLD_PATH`] (a valid
-//!   component of another world), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
+//!   component of another world), [`fixtures::TICKER_NEXT_PATH`] (kind
+//!   `ticker` with another argument schema: the next build of a reloaded
+//!   ticker), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
 //!   core module as WAT text: compile it with `wat::parse_file`). A truncated
 //!   component is made at run time with [`truncated`].
 

@@ -270,3 +270,35 @@ async fn unloading_stops_new_starts_and_running_tasks_finish() {
     assert_eq!(text, ticks(COUNT));
     host.dispose().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_shows_in_the_next_tool_listing_and_old_tasks_keep_theirs() {
+    let engine = engine();
+    let (host, agent) = host();
+    let v1 = engine.load_bytes("ticker", TICKER_WASM.to_vec()).await.expect("load");
+    let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options()).await.expect("serve");
+    let schema = |host: &Host| {
+        host.tool_definitions().into_iter().find(|d| d.name == "ticker").expect("ticker tool").input_schema
+    };
+    assert!(schema(&host)["properties"].get("interval_ms").is_some());
+    let old = start(&host, &agent).await.expect("start on v1");
+
+    let reloaded =
+        plugin.reload_file(std::path::Path::new(fixtures::TICKER_NEXT_PATH)).await.unwrap_or_else(|f| panic!("{f}"));
+    assert!(reloaded.schema_changed);
+    assert_eq!(reloaded.to.tag(), "v2");
+    let properties = schema(&host)["properties"].clone();
+    assert!(properties.get("shout").is_some() && properties.get("interval_ms").is_none(), "{properties}");
+    assert!(properties.get("run_in_background").is_some(), "the host's flag stays");
+
+    // New calls are validated against the new schema...
+    let refused = start(&host, &agent).await.expect_err("interval_ms is gone");
+    assert!(matches!(refused, ToolError::InvalidArguments { .. }), "{refused}");
+    let ctx = CallContext::for_agent(&agent);
+    let out = host.call_tool("ticker", json!({"count": 2, "shout": true}), &ctx).await.expect("call v2");
+    assert_eq!(out.text, "TICK 1\nTICK 2\n[status: completed, ticks: 2]");
+    // ...while the task started on v1 finishes on v1, output intact.
+    let (text, status) = stream_to_end(host.clone(), agent.clone(), old).await;
+    assert_eq!((text, status), (ticks(COUNT), TaskStatus::Completed));
+    host.dispose().await;
+}
