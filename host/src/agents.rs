@@ -61,11 +61,7 @@ impl AgentRegistry {
     }
 
     /// Registers a new live agent. Fails while another live agent holds `id`.
-    pub fn create(
-        &self,
-        id: impl Into<AgentId>,
-        session: impl Into<SessionId>,
-    ) -> Result<Agent, AgentError> {
+    pub fn create(&self, id: impl Into<AgentId>, session: impl Into<SessionId>) -> Result<Agent, AgentError> {
         let id = id.into();
         let mut live = self.shared.live.lock().expect("agent registry poisoned");
         if live.contains_key(&id) {
@@ -86,28 +82,16 @@ impl AgentRegistry {
 
     /// The live agent registered under `id`, if any.
     pub fn get(&self, id: &AgentId) -> Option<Agent> {
-        self.shared
-            .live
-            .lock()
-            .expect("agent registry poisoned")
-            .get(id)
-            .cloned()
+        self.shared.live.lock().expect("agent registry poisoned").get(id).cloned()
     }
 
     /// True if `agent` is the exact instance currently registered under its id.
     pub fn is_current(&self, agent: &Agent) -> bool {
-        self.get(&agent.0.id)
-            .is_some_and(|current| current.same_instance(agent))
+        self.get(&agent.0.id).is_some_and(|current| current.same_instance(agent))
     }
 
     pub fn list(&self) -> Vec<Agent> {
-        self.shared
-            .live
-            .lock()
-            .expect("agent registry poisoned")
-            .values()
-            .cloned()
-            .collect()
+        self.shared.live.lock().expect("agent registry poisoned").values().cloned().collect()
     }
 
     /// Disposes every live agent, awaiting each one's cleanups.
@@ -197,10 +181,7 @@ impl Agent {
             if state.lifecycle != Lifecycle::Live {
                 return Err(AgentError::Disposed(self.0.id.clone()));
             }
-            state.log.push(SessionMessage {
-                at: SystemTime::now(),
-                text: text.into(),
-            });
+            state.log.push(SessionMessage { at: SystemTime::now(), text: text.into() });
         }
         self.0.messages.notify_waiters();
         Ok(())
@@ -268,10 +249,7 @@ impl Agent {
         };
         if let Some(registry) = self.0.registry.upgrade() {
             let mut live = registry.live.lock().expect("agent registry poisoned");
-            if live
-                .get(&self.0.id)
-                .is_some_and(|current| current.same_instance(self))
-            {
+            if live.get(&self.0.id).is_some_and(|current| current.same_instance(self)) {
                 live.remove(&self.0.id);
             }
         }

@@ -20,9 +20,154 @@ use crate::tools::control::ControlToolsConfig;
 pub struct Config {
     #[serde(default)]
     pub tasks: TasksSettings,
-    /// Producer tool instances. Empty means the built-in defaults.
+    /// Producer tool instances. Empty means the built-in defaults
+    /// ([`Config::default_producers`]).
     #[serde(default, rename = "producer")]
     pub producers: Vec<ProducerConfig>,
+    /// `[serve]`: the MCP server (`taskhost serve`).
+    #[serde(default)]
+    pub serve: ServeSettings,
+}
+
+/// `[serve]`: settings of the MCP server.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeSettings {
+    /// Tool-call arguments larger than this (serialized JSON bytes) are
+    /// refused with an error result before any tool sees them. A model never
+    /// needs megabytes of arguments; a runaway client must not make the
+    /// server parse, validate and echo them.
+    pub max_argument_bytes: usize,
+    /// How often a long tool call reports progress to a client that sent a
+    /// progress token.
+    pub progress_interval_ms: u64,
+    /// `[serve.http]`: the streamable HTTP transport.
+    pub http: HttpSettings,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self { max_argument_bytes: 1024 * 1024, progress_interval_ms: 1000, http: HttpSettings::default() }
+    }
+}
+
+/// `[serve.http]`: the streamable HTTP transport (`taskhost serve --http`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// The socket address to listen on. Loopback by default; `--http ADDR`
+    /// overrides it.
+    pub listen: String,
+    /// The URL path of the MCP endpoint.
+    pub path: String,
+    /// Accepted `Host` headers (names or `name:port`), against DNS
+    /// rebinding. `["*"]` accepts any host (only behind a trusted proxy).
+    pub allowed_hosts: Vec<String>,
+    /// The clients allowed in. Each token's `name` is one owner: one
+    /// long-lived agent session whose tasks only that token sees.
+    pub tokens: Vec<TokenConfig>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8765".to_string(),
+            path: "/mcp".to_string(),
+            allowed_hosts: vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()],
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// One bearer token: `{ name = "alice", token = "..." }` or
+/// `{ name = "alice", token_env = "ALICE_TOKEN" }` (read at start, so the
+/// secret stays out of the file).
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    // Never print a secret into a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("name", &self.name)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_env", &self.token_env)
+            .finish()
+    }
+}
+
+/// Tokens shorter than this are refused: a bearer token is the whole
+/// authentication.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+impl TokenConfig {
+    /// The secret, from the file or from the named environment variable.
+    pub fn resolve(&self) -> anyhow::Result<String> {
+        let secret = match (&self.token, &self.token_env) {
+            (Some(token), None) => token.clone(),
+            (None, Some(var)) => std::env::var(var).map_err(|_| {
+                anyhow::anyhow!(
+                    "[serve.http] token {:?}: environment variable {var} is not set (or not UTF-8)",
+                    self.name
+                )
+            })?,
+            _ => anyhow::bail!("[serve.http] token {:?}: give exactly one of `token` or `token_env`", self.name),
+        };
+        anyhow::ensure!(
+            secret.len() >= MIN_TOKEN_LEN,
+            "[serve.http] token {:?} is {} bytes long; use at least {MIN_TOKEN_LEN} random bytes \
+             (e.g. `openssl rand -hex 32`)",
+            self.name,
+            secret.len()
+        );
+        Ok(secret)
+    }
+}
+
+impl ServeSettings {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.max_argument_bytes > 0, "[serve] max_argument_bytes must be positive");
+        anyhow::ensure!(self.progress_interval_ms > 0, "[serve] progress_interval_ms must be positive");
+        let http = &self.http;
+        http.listen.parse::<std::net::SocketAddr>().map_err(|e| {
+            anyhow::anyhow!("[serve.http] listen = {:?} is not a socket address like 127.0.0.1:8765: {e}", http.listen)
+        })?;
+        anyhow::ensure!(
+            http.path.starts_with('/') && http.path.len() > 1,
+            "[serve.http] path = {:?} must start with '/' and name a path, like \"/mcp\"",
+            http.path
+        );
+        anyhow::ensure!(
+            !http.allowed_hosts.is_empty(),
+            "[serve.http] allowed_hosts is empty; list the Host names clients use, or [\"*\"] to accept any"
+        );
+        let mut names = std::collections::HashSet::new();
+        for token in &http.tokens {
+            anyhow::ensure!(!token.name.trim().is_empty(), "[serve.http] a token has an empty name");
+            anyhow::ensure!(
+                names.insert(token.name.as_str()),
+                "[serve.http] two tokens are named {:?}; each name is one owner and must be unique",
+                token.name
+            );
+            anyhow::ensure!(
+                token.token.is_some() != token.token_env.is_some(),
+                "[serve.http] token {:?}: give exactly one of `token` or `token_env`",
+                token.name
+            );
+            // Secrets in the file are checked now; env secrets when serving.
+            if token.token.is_some() {
+                token.resolve()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[tasks]`: the registry and the control tools.
@@ -123,8 +268,26 @@ impl Config {
         Self::parse(&text).with_context(|| format!("in configuration {}", path.display()))
     }
 
+    /// The producers served when the configuration lists none. The one
+    /// place that decides what a bare `taskhost serve` offers.
+    pub fn default_producers() -> Vec<ProducerConfig> {
+        vec![ProducerConfig {
+            tool: "ticker".to_string(),
+            plugin: "native:ticker".to_string(),
+            config: empty_table(),
+            background: true,
+            foreground_timeout_ms: default_foreground_timeout_ms(),
+        }]
+    }
+
+    /// The configured producers, or the defaults when none are configured.
+    pub fn effective_producers(&self) -> Vec<ProducerConfig> {
+        if self.producers.is_empty() { Self::default_producers() } else { self.producers.clone() }
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         self.tasks.validate()?;
+        self.serve.validate()?;
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(
@@ -149,5 +312,64 @@ impl Config {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(text: &str) -> String {
+        format!("{:#}", Config::parse(text).expect_err("must be refused"))
+    }
+
+    #[test]
+    fn serve_defaults_are_loopback_with_no_tokens() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.serve.http.listen, "127.0.0.1:8765");
+        assert_eq!(config.serve.http.path, "/mcp");
+        assert!(config.serve.http.tokens.is_empty());
+        assert_eq!(config.serve.max_argument_bytes, 1024 * 1024);
+        assert_eq!(Config::default().serve, config.serve);
+    }
+
+    #[test]
+    fn serve_keys_are_checked() {
+        assert!(error_of("[serve.http]\nlisten_on = \"x\"\n").contains("unknown field `listen_on`"));
+        assert!(error_of("[serve.http]\nlisten = \"localhost\"\n").contains("is not a socket address"));
+        assert!(error_of("[serve.http]\npath = \"mcp\"\n").contains("must start with '/'"));
+        assert!(error_of("[serve]\nmax_argument_bytes = 0\n").contains("max_argument_bytes must be positive"));
+        assert!(error_of("[serve.http]\nallowed_hosts = []\n").contains("allowed_hosts is empty"));
+    }
+
+    #[test]
+    fn tokens_are_validated_without_echoing_secrets() {
+        let short = error_of("[[serve.http.tokens]]\nname = \"a\"\ntoken = \"short\"\n");
+        assert!(short.contains("token \"a\" is 5 bytes long; use at least 16"), "{short}");
+        assert!(!short.contains("short\""), "the secret must not be echoed: {short}");
+        let both = error_of("[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\ntoken_env = \"X\"\n");
+        assert!(both.contains("exactly one of `token` or `token_env`"), "{both}");
+        let twice = error_of(
+            "[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\n\
+             [[serve.http.tokens]]\nname = \"a\"\ntoken = \"fedcba9876543210\"\n",
+        );
+        assert!(twice.contains("two tokens are named \"a\""), "{twice}");
+        let config =
+            Config::parse("[[serve.http.tokens]]\nname = \"a\"\ntoken_env = \"TASKHOST_TEST_UNSET_VARIABLE\"\n")
+                .unwrap();
+        let unset = format!("{:#}", config.serve.http.tokens[0].resolve().unwrap_err());
+        assert!(unset.contains("environment variable TASKHOST_TEST_UNSET_VARIABLE is not set"), "{unset}");
+        let debug = format!(
+            "{:?}",
+            Config::parse("[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\n").unwrap()
+        );
+        assert!(!debug.contains("0123456789abcdef") && debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn default_producers_serve_the_ticker() {
+        let config = Config::default();
+        assert_eq!(config.effective_producers(), Config::default_producers());
+        assert_eq!(Config::default_producers()[0].plugin, "native:ticker");
     }
 }

@@ -13,8 +13,10 @@
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
 //! - [`host`]: the facade that wires all of it together.
-//! - [`cli`]: the `taskhost` command line (`dev`, `demo`).
 //! - [`builtin`]: the plugins built into the binary (embedded components).
+//! - [`setup`]: a host from a configuration (which producers serve which tools).
+//! - [`surfaces`]: the MCP server (`taskhost serve`).
+//! - [`cli`]: the `taskhost` command line (`serve`, `dev`, `demo`).
 
 pub mod agents;
 pub mod builtin;
@@ -28,6 +30,8 @@ pub mod plugin;
 pub mod producer;
 pub mod prompt;
 pub mod reload;
+pub mod setup;
+pub mod surfaces;
 pub mod tasks;
 pub mod tools;
 

@@ -279,6 +279,10 @@ async fn fault_matrix_every_export_and_fault_fails_alone() {
     let id = start(&fx, &misbehave, json!({"fault": "trap", "in": "done"})).await.unwrap();
     let detail = wait_terminal(&fx, &id).await.detail.unwrap();
     assert!(detail.contains("misbehave: trap in done"), "{detail}");
+    assert!(
+        detail.starts_with("plugin misbehave trapped in task.done: wasm trap: wasm `unreachable` instruction executed"),
+        "{detail}"
+    );
 
     // run-error refuses the call with the guest's message; nothing registered.
     let before = fx.registry.list(Some(&fx.agent)).len();
@@ -366,4 +370,107 @@ async fn check_prints_the_tool_definition() {
     assert!(text.contains("\"interval_ms\""), "{text}");
     let err = taskhost::plugin::check_plugin(fixtures::WRONG_WORLD_PATH, "{}").await.expect_err("wrong world");
     assert!(format!("{err:#}").contains("does not export"), "{err:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_instance_pool_refuses_starts_until_a_task_settles() {
+    let engine = PluginEngine::new(PluginRuntimeConfig {
+        max_live_stores: 3,
+        cache_dir: Some(cache_dir()),
+        ..PluginRuntimeConfig::default()
+    })
+    .expect("engine");
+    assert!(engine.is_pooling());
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let fx = registry();
+    let long = json!({"count": 1000, "interval_ms": 1000});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(start(&fx, &ticker, long.clone()).await.expect("start within the pool"));
+    }
+    let refused = start(&fx, &ticker, long.clone()).await.expect_err("pool full");
+    assert!(refused.contains("the wasm instance pool is full"), "{refused}");
+    fx.registry.kill(&ids[0], Some(&fx.agent), None).await.unwrap();
+    assert_eq!(wait_terminal(&fx, &ids[0]).await.status, TaskStatus::Killed);
+    // The settled task's store was dropped, so its slot is free again.
+    let id = start(&fx, &ticker, long).await.expect("start after a slot freed");
+    for id in ids.iter().skip(1).chain([&id]) {
+        fx.registry.kill(id, Some(&fx.agent), None).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_imports_and_missing_functions_are_named() {
+    let engine = engine();
+    let unknown_import = wat::parse_str(
+        r#"(component
+             (import "acme:secret/vault@1.0.0" (instance (export "open" (func))))
+           )"#,
+    )
+    .unwrap();
+    let text = format!("{:#}", engine.load_bytes("importer", unknown_import).await.expect_err("unknown import"));
+    assert!(text.contains("imports something taskhost does not provide"), "{text}");
+    assert!(text.contains("acme:secret/vault@1.0.0"), "{text}");
+
+    let only_describe = wat::parse_str(
+        r#"(component
+             (core module $m (func (export "f")))
+             (core instance $i (instantiate $m))
+             (func $f (canon lift (core func $i "f")))
+             (instance $p (export "describe" (func $f)))
+             (export "taskhost:producer/producer@0.1.0" (instance $p))
+           )"#,
+    )
+    .unwrap();
+    let text = format!("{:#}", engine.load_bytes("partial", only_describe).await.expect_err("missing functions"));
+    assert!(
+        text.contains("the export `taskhost:producer/producer@0.1.0` lacks `label`, `run`, `[method]task.cancel`"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_run_settles_and_leaves_its_output_readable() {
+    let engine = engine();
+    let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
+    let prepared =
+        ticker.prepare(json!({"count": 3, "interval_ms": 5, "message": "fg"}), RunMode::Foreground).await.unwrap();
+    assert_eq!(prepared.producer_info.as_deref(), Some(ticker.version().version()));
+    let hooks = (prepared.run)().await.expect("run");
+    assert!(hooks.control.streams_output());
+    let outcome = tokio::time::timeout(BOUND, hooks.done).await.expect("settles").expect("outcome");
+    assert_eq!(outcome.status, TerminalStatus::Completed);
+    assert_eq!(outcome.detail.as_deref(), Some("ticks: 3"));
+    // Nothing was read while it ran: the drained remainder holds it all, once.
+    assert_eq!(hooks.control.read_output().await.unwrap(), "fg 1\nfg 2\nfg 3\n");
+    assert_eq!(hooks.control.read_output().await.unwrap(), "");
+    // A cancel after settlement is accepted and changes nothing.
+    hooks.control.cancel(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_tickers_each_deliver_exactly_their_ticks() {
+    let engine = engine();
+    let ticker = Arc::new(WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe"));
+    let fx = Arc::new(registry());
+    let mut ids = Vec::new();
+    for i in 0..40u32 {
+        let message = format!("t{i}");
+        let id = start(&fx, &ticker, json!({"count": 15, "interval_ms": 2 + i % 3, "message": message}))
+            .await
+            .expect("start");
+        ids.push((id, message));
+    }
+    let readers = ids.into_iter().map(|(id, message)| {
+        let fx = fx.clone();
+        tokio::spawn(async move {
+            let (text, snapshot) = read_to_end(&fx, &id).await;
+            let want: String = (1..=15).map(|n| format!("{message} {n}\n")).collect();
+            assert_eq!(text, want, "task {id}");
+            assert_eq!(snapshot.status, TaskStatus::Completed, "task {id}");
+        })
+    });
+    for reader in readers.collect::<Vec<_>>() {
+        reader.await.expect("reader");
+    }
 }

@@ -2,12 +2,13 @@
 //!
 //! One module per subcommand; this file only parses and dispatches, so a
 //! new subcommand is a new module plus one enum variant. Logs go to stderr
-//! only (stdout is the console of `taskhost dev` and the story of
-//! `taskhost demo`), filtered by `RUST_LOG` (default `info`, `error` for the
-//! demo so its prose stays readable).
+//! only (stdout is the MCP stream of `taskhost serve`, the console of
+//! `taskhost dev` and the story of `taskhost demo`), filtered by `RUST_LOG`
+//! (default `info`; `error` for the demo so its prose stays readable).
 
 pub mod demo;
 pub mod dev;
+pub mod serve;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve every tool over the Model Context Protocol (stdio by default).
+    Serve(serve::ServeArgs),
     /// Interactive console for a producer developer: call a plugin's tool,
     /// list, read and kill its tasks, and reload it when its file changes.
     Dev(dev::DevArgs),
@@ -50,6 +53,7 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Serve(args) => serve::run(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Demo(args) => demo::run(args).await,
         }

@@ -205,12 +205,15 @@ impl PluginEngine {
         // Signatures can only be checked against an instance: make one.
         let mut store = version.new_store("validate");
         fault::arm(&mut store, self.config().call_deadline());
-        let instance = version
-            .pre
-            .instance_pre()
-            .instantiate_async(&mut store)
+        let deadline = self.config().call_deadline();
+        let instance = fault::bounded(deadline, version.pre.instance_pre().instantiate_async(&mut store))
             .await
-            .map_err(|err| anyhow!("cannot instantiate the component: {err:#}"))?;
+            .map_err(|err| {
+                anyhow!(
+                    "cannot instantiate the component: {}",
+                    fault::classify(&store, deadline, "instantiation", &err)
+                )
+            })?;
         check_signatures(&mut store, &instance)?;
         drop(store);
 

@@ -19,6 +19,8 @@
 //!   is delivered exactly once.
 //! - Guest-returned pollables are dropped with `HostPollable::drop` (which
 //!   also frees a parent it owns), never `ResourceTable::delete`.
+//! - The loop is cooperative: it spends tokio budget every round, so a guest
+//!   whose pollable is always ready cannot monopolise a worker thread.
 //! - [`TaskControl::abandon`] aborts the driver, which drops the store at
 //!   once, even in the middle of a guest call. Dropping every handle to the
 //!   control (the registry forgot the task) does the same.
@@ -184,6 +186,9 @@ async fn drive(
     shared: &Shared,
 ) -> End {
     loop {
+        // A guest whose pollable is always ready but which is never done
+        // would otherwise spin on this worker without ever yielding.
+        tokio::task::consume_budget().await;
         let pollable = match call_subscribe(parts).await {
             Ok(pollable) => pollable,
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
@@ -281,7 +286,7 @@ macro_rules! guest_call {
             let $store = &mut $parts.store;
             let $guest = &$parts.guest;
             let $task = $parts.task;
-            $call.await
+            fault::bounded(deadline, $call).await
         };
         result.map_err(|err| {
             let fault = fault::classify(&$parts.store, deadline, $export, &err);

@@ -241,15 +241,19 @@ fn wasmtime_config(config: &PluginRuntimeConfig, pooling: bool) -> Config {
         let mut pool = PoolingAllocationConfig::default();
         // A Rust wasip2 component is one component instance holding about
         // three core instances (main module, shim, fixups), one memory and
-        // two tables. Totals are caps, not preallocations, except for memory
-        // and table slots, whose address space is reserved up front.
+        // two tables. Totals are caps, not preallocations, except for memory,
+        // table and stack slots, whose address space is reserved up front
+        // (about 66 MiB per store with the default memory cap: 660 GiB of
+        // address space, no RSS, for 10 240 stores).
         pool.total_component_instances(n)
             .total_core_instances(n.saturating_mul(4))
             .total_memories(n)
             .total_tables(n.saturating_mul(2))
             .max_memory_size(config.memory_limit_bytes as usize)
             .table_elements(10_000)
-            .total_stacks(1000);
+            // A store keeps the fiber stack of its last async call cached
+            // until it is dropped, so every live store holds one stack.
+            .total_stacks(n);
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     c
@@ -308,5 +312,37 @@ impl Drop for EpochTicker {
             thread.thread().unpark();
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> PluginRuntimeConfig {
+        PluginRuntimeConfig { pooling: false, cache: false, ..PluginRuntimeConfig::default() }
+    }
+
+    #[test]
+    fn the_epoch_ticker_does_not_keep_the_engine_alive() {
+        let engine = PluginEngine::new(PluginRuntimeConfig { epoch_tick_ms: 1, ..small() }).unwrap();
+        let weak = engine.engine().weak();
+        let thread = engine.inner.ticker.thread.as_ref().unwrap().thread().id();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(engine);
+        // The ticker thread held no strong reference: the engine is gone.
+        assert!(weak.upgrade().is_none(), "the wasmtime engine outlived its owner (ticker {thread:?})");
+    }
+
+    #[test]
+    fn invalid_configs_are_refused_with_the_field_named() {
+        let err = PluginEngine::new(PluginRuntimeConfig { memory_limit_bytes: 1024, ..small() }).unwrap_err();
+        assert!(format!("{err:#}").contains("memory_limit_bytes"), "{err:#}");
+        let err =
+            PluginEngine::new(PluginRuntimeConfig { call_deadline_ms: 5, epoch_tick_ms: 10, ..small() }).unwrap_err();
+        assert!(format!("{err:#}").contains("epoch_tick_ms"), "{err:#}");
+        let parsed: PluginRuntimeConfig = toml::from_str("call_deadline_ms = 250").unwrap();
+        assert_eq!(parsed, PluginRuntimeConfig { call_deadline_ms: 250, ..PluginRuntimeConfig::default() });
+        assert!(toml::from_str::<PluginRuntimeConfig>("memory_limit = 3").is_err());
     }
 }

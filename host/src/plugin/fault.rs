@@ -10,20 +10,50 @@
 //! Invariant: after any fault the store must be dropped, never re-entered
 //! (a trapped component instance is poisoned).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::{Store, Trap};
 
 use super::state::StoreState;
 
 /// Sets the deadline for the next call into the guest.
-pub fn arm(store: &mut Store<StoreState>, deadline: std::time::Duration) {
+pub fn arm(store: &mut Store<StoreState>, deadline: Duration) {
     let state = store.data_mut();
     state.call_deadline_at = Instant::now() + deadline;
     state.deadline_hit = false;
     // The callback runs at the first tick and then every tick: it yields, or
     // interrupts once the deadline has passed.
     store.set_epoch_deadline(1);
+}
+
+/// Extra time a call may spend awaiting host futures (a guest blocking on a
+/// pollable inside an export) beyond its deadline before it is dropped. Pure
+/// wasm execution is stopped by the epoch deadline before this fires.
+const HOST_WAIT_SLACK: Duration = Duration::from_millis(100);
+
+/// The error of a call dropped by [`bounded`].
+#[derive(Debug)]
+struct CallTimedOut;
+
+impl std::fmt::Display for CallTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the call was still blocked in a host function at its deadline")
+    }
+}
+
+impl std::error::Error for CallTimedOut {}
+
+/// Runs an armed call, also bounding the time it spends awaiting host
+/// futures (which no epoch deadline can interrupt). A call past the bound is
+/// dropped (wasmtime unwinds the guest) and fails with a deadline fault.
+pub async fn bounded<R>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = wasmtime::Result<R>>,
+) -> wasmtime::Result<R> {
+    match tokio::time::timeout(deadline + HOST_WAIT_SLACK, call).await {
+        Ok(result) => result,
+        Err(_) => Err(wasmtime::Error::new(CallTimedOut)),
+    }
 }
 
 /// What went wrong in a call into a guest.
@@ -54,12 +84,7 @@ impl std::fmt::Display for Fault {
 impl std::error::Error for Fault {}
 
 /// Turns the error of a call to `export` into a [`Fault`].
-pub fn classify(
-    store: &Store<StoreState>,
-    deadline: std::time::Duration,
-    export: &str,
-    err: &wasmtime::Error,
-) -> Fault {
+pub fn classify(store: &Store<StoreState>, deadline: Duration, export: &str, err: &wasmtime::Error) -> Fault {
     let state = store.data();
     let plugin = &*state.tag().plugin;
     let trap = err.downcast_ref::<Trap>().copied();
@@ -81,8 +106,8 @@ pub fn classify(
     if let Some(trap) = trap {
         let tail = last_line(&state.stderr_tail());
         let detail = match tail {
-            Some(line) => format!("plugin {plugin} trapped in {export}: wasm trap: {trap} (guest stderr: {line})"),
-            None => format!("plugin {plugin} trapped in {export}: wasm trap: {trap}"),
+            Some(line) => format!("plugin {plugin} trapped in {export}: {trap} (guest stderr: {line})"),
+            None => format!("plugin {plugin} trapped in {export}: {trap}"),
         };
         return Fault { cause: FaultCause::Trap, detail };
     }

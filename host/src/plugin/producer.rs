@@ -195,7 +195,8 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
     let deadline = version.engine().config().call_deadline();
     let (mut store, plugin) = instantiate(version, "describe".into()).await?;
     fault::arm(&mut store, deadline);
-    let described = plugin.taskhost_producer_producer().call_describe(&mut store, config_json).await;
+    let described =
+        fault::bounded(deadline, plugin.taskhost_producer_producer().call_describe(&mut store, config_json)).await;
     let described = match described {
         Ok(Ok(d)) => d,
         Ok(Err(message)) => bail!("plugin {} refused its config in describe: {message}", version.name()),
@@ -248,16 +249,17 @@ fn preview(text: &str) -> String {
 async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Plugin)> {
     let mut store = version.new_store(purpose);
     fault::arm(&mut store, version.engine().config().call_deadline());
-    let plugin = version.pre().instantiate_async(&mut store).await.map_err(|err| {
+    let deadline = version.engine().config().call_deadline();
+    let plugin = fault::bounded(deadline, version.pre().instantiate_async(&mut store)).await.map_err(|err| {
         let text = format!("{err:#}");
-        if text.contains("maximum concurrent") || text.contains("limit") {
+        if text.contains("maximum concurrent limit of") {
             anyhow!(
                 "cannot start another instance of plugin {}: the wasm instance pool is full ({text}); \
                  wait for running tasks to finish or raise plugin max_live_stores",
                 version.name()
             )
         } else {
-            anyhow!(fault::classify(&store, version.engine().config().call_deadline(), "instantiation", &err))
+            anyhow!(fault::classify(&store, deadline, "instantiation", &err))
         }
     })?;
     Ok((store, plugin))
@@ -280,7 +282,7 @@ impl Producer for WasmProducer {
         let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
         let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
-        let label = match guest.call_label(&mut store, &config, &args_json).await {
+        let label = match fault::bounded(deadline, guest.call_label(&mut store, &config, &args_json)).await {
             Ok(Ok(label)) => one_line(&label),
             Ok(Err(message)) => bail!("{message}"),
             Err(err) => bail!(fault::classify(&store, deadline, "label", &err)),
@@ -296,7 +298,7 @@ impl Producer for WasmProducer {
                 RunMode::Background => WitRunMode::Background,
             };
             fault::arm(&mut store, deadline);
-            let task = match guest.call_run(&mut store, &config, &args_json, mode).await {
+            let task = match fault::bounded(deadline, guest.call_run(&mut store, &config, &args_json, mode)).await {
                 Ok(Ok(task)) => task,
                 Ok(Err(message)) => bail!("{message}"),
                 Err(err) => bail!(fault::classify(&store, deadline, "run", &err)),

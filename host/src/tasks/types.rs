@@ -78,27 +78,15 @@ pub struct TaskOutcome {
 
 impl TaskOutcome {
     pub fn completed(detail: impl Into<Option<String>>) -> Self {
-        Self {
-            status: TerminalStatus::Completed,
-            detail: detail.into(),
-            output: None,
-        }
+        Self { status: TerminalStatus::Completed, detail: detail.into(), output: None }
     }
 
     pub fn killed(detail: impl Into<Option<String>>) -> Self {
-        Self {
-            status: TerminalStatus::Killed,
-            detail: detail.into(),
-            output: None,
-        }
+        Self { status: TerminalStatus::Killed, detail: detail.into(), output: None }
     }
 
     pub fn failed(detail: impl Into<String>) -> Self {
-        Self {
-            status: TerminalStatus::Failed,
-            detail: Some(detail.into()),
-            output: None,
-        }
+        Self { status: TerminalStatus::Failed, detail: Some(detail.into()), output: None }
     }
 
     pub fn with_output(mut self, output: impl Into<String>) -> Self {
@@ -229,13 +217,9 @@ pub enum TaskError {
          (attach one with TaskRegistry::attach_surface, as the control tools do)"
     )]
     NoControlSurface,
-    #[error(
-        "invalid task kind {0:?}: use lowercase letters, digits, '_' or '-', starting with a letter"
-    )]
+    #[error("invalid task kind {0:?}: use lowercase letters, digits, '_' or '-', starting with a letter")]
     InvalidKind(String),
-    #[error(
-        "agent {0} is not a live agent: it was disposed or replaced, so it cannot own new tasks"
-    )]
+    #[error("agent {0} is not a live agent: it was disposed or replaced, so it cannot own new tasks")]
     OwnerNotLive(String),
     #[error(
         "too many live background tasks for {owner} ({limit} running or stopping): \

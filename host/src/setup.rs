@@ -1,0 +1,111 @@
+//! Building a [`Host`] from a [`Config`]: the one place that turns
+//! `[[producer]]` entries into served tools.
+//!
+//! Every `plugin` value a configuration may name is resolved in
+//! [`build_producer`]: `native:ticker` (in process), `builtin:<name>` (a
+//! WebAssembly plugin embedded in the binary) or a path to a `.wasm`
+//! component (relative to the configuration file). Anything else is an error
+//! that lists what is supported, so a typo never serves a half-configured
+//! host. The plugin engine is created only when a wasm producer is
+//! configured, and lives as long as the plugins loaded into it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::Host;
+use crate::config::{Config, ProducerConfig};
+use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use crate::producer::Producer;
+use crate::tools::producer_tool::ProducerToolOptions;
+
+/// The native producers this build can serve.
+pub const NATIVE_PRODUCERS: &[&str] = &["native:ticker"];
+
+fn supported() -> String {
+    let builtins: Vec<String> = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| format!("builtin:{}", p.name)).collect();
+    format!("{}, {}, or a path to a .wasm component", NATIVE_PRODUCERS.join(", "), builtins.join(", "))
+}
+
+/// Builds the producer a `[[producer]]` entry names. `base_dir` resolves
+/// relative `.wasm` paths; `engine` is created on the first wasm producer.
+pub async fn build_producer(
+    config: &ProducerConfig,
+    base_dir: &Path,
+    engine: &mut Option<PluginEngine>,
+) -> anyhow::Result<Arc<dyn Producer>> {
+    let plugin = config.plugin.as_str();
+    if plugin == "native:ticker" {
+        return Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?));
+    }
+    let version = if let Some(name) = plugin.strip_prefix("builtin:") {
+        let Some(builtin) = crate::builtin::find(name) else {
+            anyhow::bail!("unknown built-in plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
+        };
+        plugin_engine(engine)?.load_bytes(builtin.name, builtin.wasm).await?
+    } else if plugin.ends_with(".wasm") {
+        plugin_engine(engine)?.load_file(base_dir.join(plugin)).await?
+    } else {
+        anyhow::bail!("unsupported plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
+    };
+    Ok(Arc::new(WasmProducer::new(version, config.config_json()).await?))
+}
+
+fn plugin_engine(engine: &mut Option<PluginEngine>) -> anyhow::Result<&PluginEngine> {
+    if engine.is_none() {
+        *engine = Some(PluginEngine::new(PluginRuntimeConfig::default()).context("starting the plugin engine")?);
+    }
+    Ok(engine.as_ref().expect("just created"))
+}
+
+/// A host serving the configuration's producers (or the defaults).
+/// `base_dir` is the configuration file's directory.
+pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
+    let host = Host::new(&config.tasks)?;
+    let mut engine = None;
+    for producer in config.effective_producers() {
+        let built = build_producer(&producer, base_dir, &mut engine)
+            .await
+            .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
+        host.add_producer(
+            built,
+            ProducerToolOptions {
+                name: producer.tool.clone(),
+                background: producer.background,
+                foreground_timeout: Duration::from_millis(producer.foreground_timeout_ms),
+            },
+        );
+    }
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn defaults_serve_the_ticker_and_the_control_tools() {
+        let host = host_from_config(&Config::default(), Path::new(".")).await.unwrap();
+        let names: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
+        assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_plugin_names_what_is_supported() {
+        for plugin in ["native:nope", "builtin:nope", "nope"] {
+            let config = Config::parse(&format!("[[producer]]\ntool = \"x\"\nplugin = \"{plugin}\"\n")).unwrap();
+            let error = format!("{:#}", host_from_config(&config, Path::new(".")).await.err().unwrap());
+            assert!(error.contains(&format!("plugin \"{plugin}\" for tool \"x\"")), "{error}");
+            assert!(error.contains("native:ticker, builtin:ticker"), "{error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_wasm_file_is_named() {
+        let config = Config::parse("[[producer]]\ntool = \"x\"\nplugin = \"plugins/missing.wasm\"\n").unwrap();
+        let error = format!("{:#}", host_from_config(&config, Path::new("/nowhere")).await.err().unwrap());
+        assert!(error.contains("/nowhere/plugins/missing.wasm"), "{error}");
+    }
+}

@@ -1,0 +1,58 @@
+//! The MCP surface: every tool of a [`Host`] served over the Model Context
+//! Protocol (rmcp), on stdio ([`stdio`]) and streamable HTTP ([`http`]).
+//!
+//! Model:
+//! - One [`McpServer`] per process holds the host (registry, agents,
+//!   producers) and the serve settings. Protocol handlers ([`McpHandler`])
+//!   are cheap views onto it: rmcp builds one per connection, and under the
+//!   2026-07-28 protocol one per HTTP request, so nothing that must outlive a
+//!   request lives in a handler.
+//! - Every tool call runs as an *owner* agent. On stdio the owner is the
+//!   connection (one agent created at connect, disposed — tasks cancelled and
+//!   awaited — at disconnect). On HTTP the owner is the authenticated bearer
+//!   token's name (one long-lived agent per configured token), never a
+//!   string the client picks.
+//! - After each tool call, the owner's unread session messages (completion
+//!   notices) are appended to the result, one text block each. The agent
+//!   hands out each message once, so each notice reaches the model once.
+//! - A refused call (unknown tool, bad arguments, foreign or unknown task)
+//!   is an MCP tool result with `isError: true` and the library's message:
+//!   the model can read and fix it, and the server keeps serving.
+//! - The request's cancellation (a `notifications/cancelled`, a closed HTTP
+//!   stream, a closed stdio connection) cancels the call's
+//!   [`crate::tools::CallContext::cancel`], which stops a foreground run.
+//! - A client that declares the tasks extension gets foreground producer
+//!   calls answered as MCP tasks backed by the registry ([`tasks`]).
+
+pub mod handler;
+pub mod http;
+pub mod stdio;
+pub mod tasks;
+
+use std::sync::Arc;
+
+pub use handler::McpHandler;
+
+use crate::Host;
+use crate::config::ServeSettings;
+
+/// What every connection and request of one `taskhost serve` shares.
+pub struct McpServer {
+    host: Host,
+    settings: ServeSettings,
+    tasks: Arc<tasks::McpTasks>,
+}
+
+impl McpServer {
+    pub fn new(host: Host, settings: ServeSettings) -> Arc<Self> {
+        Arc::new(Self { host, settings, tasks: Arc::default() })
+    }
+
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    pub fn settings(&self) -> &ServeSettings {
+        &self.settings
+    }
+}

@@ -1,0 +1,314 @@
+//! `taskhost serve --http` end to end: the real binary on a real socket,
+//! rmcp's streamable HTTP client, and raw HTTP for what clients don't send.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Client, call, is_error, only_text, serve_command, temp_dir, texts};
+use rmcp::ServiceExt;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+
+const ALICE: &str = "alice-secret-0123456789abcdef";
+const BOB: &str = "bob-secret-0123456789abcdef0123";
+
+struct HttpServer {
+    child: tokio::process::Child,
+    url: String,
+    log: std::path::PathBuf,
+}
+
+impl HttpServer {
+    /// Starts `taskhost serve --http 127.0.0.1:0` with two clients, alice
+    /// (token in the file) and bob (token from the environment).
+    async fn start(tag: &str) -> Self {
+        let dir = temp_dir(tag);
+        let config = format!(
+            "[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n\n\
+             [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n"
+        );
+        let log = dir.join("stderr.log");
+        let mut command = serve_command(&dir, Some(&config));
+        command
+            .args(["--http", "127.0.0.1:0"])
+            .env("TASKHOST_TEST_BOB", BOB)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("spawn taskhost serve --http");
+        // The first line names the bound address; the rest goes to a file.
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let url = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let line = lines.next_line().await.unwrap().expect("the server printed its address");
+                if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
+                    return url.to_string();
+                }
+            }
+        })
+        .await
+        .expect("the server starts within 20 s");
+        let log_path = log.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                text.push_str(&line);
+                text.push('\n');
+                let _ = std::fs::write(&log_path, &text);
+            }
+        });
+        Self { child, url, log }
+    }
+
+    async fn client(&self, token: &str) -> Client {
+        let transport = StreamableHttpClientTransport::with_client(
+            reqwest::Client::new(),
+            StreamableHttpClientTransportConfig::with_uri(self.url.clone()).auth_header(token),
+        );
+        ().serve(transport).await.expect("initialize over HTTP")
+    }
+
+    async fn stop(mut self) -> String {
+        let pid = self.child.id().expect("running");
+        assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+        let status =
+            tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.expect("exits on SIGTERM").unwrap();
+        let log = common::wait_for_text(&self.log, "host disposed; exiting", Duration::from_secs(5)).await;
+        assert!(status.success(), "exit status {status}; log:\n{log}");
+        log
+    }
+}
+
+#[tokio::test]
+async fn two_tokens_are_two_isolated_owners() {
+    let server = HttpServer::start("http-owners").await;
+    let alice = server.client(ALICE).await;
+    let bob = server.client(BOB).await;
+
+    let names: Vec<String> = alice.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+
+    let started =
+        call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background ticker task ticker-1");
+
+    // Bob sees nothing of alice's task and can touch none of it.
+    assert_eq!(only_text(&call(bob.peer(), "task_list", json!({})).await), "(no background tasks)");
+    for (tool, args) in [
+        ("task_output", json!({"task_id": "ticker-1"})),
+        ("task_output", json!({"task_id": "ticker-1", "wait": true, "timeout_ms": 100})),
+        ("task_kill", json!({"task_id": "ticker-1"})),
+    ] {
+        let refused = call(bob.peer(), tool, args).await;
+        assert!(is_error(&refused), "{tool} of a foreign task is an error");
+        assert_eq!(only_text(&refused), "task ticker-1 belongs to another session");
+    }
+    // Unknown ids say so.
+    let unknown = call(bob.peer(), "task_output", json!({"task_id": "ticker-77"})).await;
+    assert!(is_error(&unknown));
+    assert_eq!(
+        only_text(&unknown),
+        "unknown task id ticker-77: no background task has this id (task_list shows your tasks)"
+    );
+
+    // Alice still owns it; a second connection with her token is the same owner.
+    let alice_again = server.client(ALICE).await;
+    assert_eq!(
+        only_text(&call(alice_again.peer(), "task_list", json!({})).await),
+        "ticker-1 [ticker] running — 1000 ticks every 50 ms"
+    );
+    assert_eq!(
+        only_text(&call(alice.peer(), "task_kill", json!({"task_id": "ticker-1"})).await),
+        "requested cancellation of task ticker-1"
+    );
+
+    // A notice reaches the owner once, on whichever of her connections calls next.
+    call(alice.peer(), "ticker", json!({"count": 1, "interval_ms": 1, "run_in_background": true})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = texts(&call(alice_again.peer(), "task_list", json!({})).await);
+    assert_eq!(first.len(), 2, "list plus one notice: {first:?}");
+    assert!(first[1].starts_with("background task ticker-2 (ticker: 1 ticks every 1 ms) finished [status: completed"));
+    assert_eq!(texts(&call(alice.peer(), "task_list", json!({})).await).len(), 1);
+    assert_eq!(texts(&call(bob.peer(), "task_list", json!({})).await), ["(no background tasks)"]);
+
+    for client in [alice, bob, alice_again] {
+        let _ = client.cancel().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_are_refused() {
+    let server = HttpServer::start("http-auth").await;
+    let http = reqwest::Client::new();
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
+    });
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+    for body in [&initialize, &list] {
+        for auth in [None, Some("Bearer wrong-token-0123456789abcdef"), Some("Basic YWxpY2U6c2VjcmV0"), Some(ALICE)] {
+            let mut request = http
+                .post(&server.url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .json(body);
+            if let Some(auth) = auth {
+                request = request.header("authorization", auth);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "auth {auth:?} must be refused");
+            assert_eq!(response.headers()["www-authenticate"], "Bearer realm=\"taskhost\"");
+            let text = response.text().await.unwrap();
+            let expected = if auth.is_none() || auth.is_some_and(|a| !a.starts_with("Bearer ")) {
+                "missing bearer token: send the header `Authorization: Bearer <token>`"
+            } else {
+                "invalid bearer token"
+            };
+            assert_eq!(text, expected);
+        }
+    }
+    // The rmcp client with a wrong token cannot even initialize.
+    let transport = StreamableHttpClientTransport::with_client(
+        reqwest::Client::new(),
+        StreamableHttpClientTransportConfig::with_uri(server.url.clone()).auth_header("not-a-valid-token-at-all"),
+    );
+    assert!(().serve(transport).await.is_err(), "a wrong token must not initialize");
+    // The right token works on the same server.
+    let response = http
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
+    let server = HttpServer::start("http-bad").await;
+    let alice = server.client(ALICE).await;
+    let peer = alice.peer();
+
+    let unknown = call(peer, "no_such_tool", json!({})).await;
+    assert!(is_error(&unknown));
+    assert_eq!(
+        only_text(&unknown),
+        "unknown tool \"no_such_tool\"; available tools: task_kill, task_list, task_output, ticker"
+    );
+    let bad = call(peer, "ticker", json!({"count": "three"})).await;
+    assert!(is_error(&bad));
+    assert!(only_text(&bad).starts_with("invalid arguments for ticker: at /count: "), "{:?}", texts(&bad));
+    let big = "x".repeat(10 * 1024 * 1024);
+    let oversized = call(peer, "ticker", json!({"message": big})).await;
+    assert!(is_error(&oversized));
+    assert_eq!(
+        only_text(&oversized),
+        "arguments for ticker are 10485774 bytes, over this server's limit of 1048576 bytes \
+         ([serve] max_argument_bytes); send less data"
+    );
+    assert_eq!(only_text(&call(peer, "task_list", json!({})).await), "(no background tasks)");
+
+    // Malformed JSON in a POST body: rmcp refuses it with a readable 415
+    // (its status for an undecodable body), and the server keeps serving.
+    let response = reqwest::Client::new()
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body("{ this is not json")
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.text().await.unwrap();
+    assert_eq!(status, 415, "body: {body}");
+    assert!(body.starts_with("fail to deserialize request body key must be a string"), "body: {body}");
+    assert_eq!(only_text(&call(peer, "task_list", json!({})).await), "(no background tasks)");
+
+    let _ = alice.cancel().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_disposes_every_owners_tasks() {
+    let server = HttpServer::start("http-shutdown").await;
+    let alice = server.client(ALICE).await;
+    let bob = server.client(BOB).await;
+    call(alice.peer(), "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+    call(bob.peer(), "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+    let log = server.stop().await;
+    for task in ["ticker-1", "ticker-2"] {
+        assert!(log.contains(&format!("task settled task={task} status=killed")), "{task} not killed:\n{log}");
+    }
+    drop((alice, bob));
+}
+
+#[tokio::test]
+async fn http_without_tokens_refuses_to_start() {
+    let dir = temp_dir("http-no-tokens");
+    let output = serve_command(&dir, None).args(["--http", "127.0.0.1:0"]).stdin(Stdio::null()).output().await.unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("serving over HTTP needs at least one client token"), "stderr: {stderr}");
+}
+
+#[tokio::test]
+async fn closing_the_response_stream_kills_a_foreground_call() {
+    let server = HttpServer::start("http-cancel").await;
+    let call = json!({
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "ticker", "arguments": {"count": 100000, "interval_ms": 50}}
+    });
+    // The client gives up after 500 ms and closes the connection.
+    let gave_up = reqwest::Client::new()
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .timeout(Duration::from_millis(500))
+        .json(&call)
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()), "the call must still be running when the client leaves");
+    common::wait_for_text(
+        &server.log,
+        "stopping a foreground task tool=ticker reason=the call was cancelled",
+        Duration::from_secs(10),
+    )
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_host_header_outside_allowed_hosts_is_refused() {
+    let server = HttpServer::start("http-hosts").await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let send = |host: &'static str| {
+        reqwest::Client::new()
+            .post(&server.url)
+            .header("host", host)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {ALICE}"))
+            .json(&list)
+            .send()
+    };
+    // A DNS-rebinding page reaches the loopback server under its own name.
+    let refused = send("evil.example").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body = refused.text().await.unwrap();
+    assert_eq!(body, "Forbidden: Host header is not allowed");
+    assert_eq!(send("localhost").await.unwrap().status(), 200);
+    server.stop().await;
+}

@@ -1,0 +1,322 @@
+//! `taskhost serve` over stdio, end to end: the real binary, rmcp's own
+//! client, real pipes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{StdioServer, call, is_error, only_text, texts};
+use serde_json::json;
+
+#[tokio::test]
+async fn tools_are_listed_with_their_schemas_and_the_instructions() {
+    let server = StdioServer::start("list", None).await;
+    let info = server.client.peer_info().expect("initialized");
+    assert!(
+        info.instructions.as_deref().is_some_and(|text| text.starts_with("# Background tasks")),
+        "instructions: {:?}",
+        info.instructions
+    );
+    let tools = server.client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    for tool in &tools {
+        assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{} schema", tool.name);
+        assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{} has a description", tool.name);
+    }
+    let schema = |name: &str| tools.iter().find(|t| t.name == name).unwrap().input_schema.clone();
+    assert_eq!(schema("task_output")["required"], json!(["task_id"]));
+    assert_eq!(schema("task_kill")["required"], json!(["task_id"]));
+    let ticker = schema("ticker");
+    assert_eq!(ticker["properties"]["run_in_background"]["type"], json!("boolean"));
+    assert_eq!(ticker["properties"]["count"]["type"], json!("integer"));
+    let (status, _) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test]
+async fn background_ticker_reads_waits_kills_and_notices_once() {
+    let server = StdioServer::start("scenario", None).await;
+    let peer = server.client.peer().clone();
+
+    assert_eq!(only_text(&call(&peer, "task_list", json!({})).await), "(no background tasks)");
+
+    // Start, read a delta, then wait for the rest.
+    let started =
+        call(&peer, "ticker", json!({"count": 3, "interval_ms": 150, "message": "beat", "run_in_background": true}))
+            .await;
+    assert!(!is_error(&started));
+    assert_eq!(only_text(&started), "started background ticker task ticker-1");
+    assert_eq!(
+        only_text(&call(&peer, "task_list", json!({})).await),
+        "ticker-1 [ticker] running — 3 ticks every 150 ms"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = only_text(&call(&peer, "task_output", json!({"task_id": "ticker-1"})).await);
+    let (first_body, first_status) = first.rsplit_once('\n').expect("body and status line");
+    assert_eq!(first_status, "[status: running]");
+    let rest = only_text(
+        &call(&peer, "task_output", json!({"task_id": "ticker-1", "wait": true, "timeout_ms": 10_000})).await,
+    );
+    let (rest_body, rest_status) = rest.rsplit_once('\n').expect("body and status line");
+    assert_eq!(rest_status, "[status: completed, ticks: 3]");
+    // Consuming reads: every line exactly once across the two reads.
+    let lines: Vec<&str> =
+        [first_body, rest_body].into_iter().filter(|body| *body != "(no new output)").flat_map(str::lines).collect();
+    assert_eq!(lines, ["beat 1", "beat 2", "beat 3"]);
+    // A read after the end has nothing new and keeps the status.
+    assert_eq!(
+        only_text(&call(&peer, "task_output", json!({"task_id": "ticker-1"})).await),
+        "(no new output)\n[status: completed, ticks: 3]"
+    );
+
+    // A task that finishes unreported: its notice rides on the next result, once.
+    assert_eq!(
+        only_text(&call(&peer, "ticker", json!({"count": 1, "interval_ms": 10, "run_in_background": true})).await),
+        "started background ticker task ticker-2"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let with_notice = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(
+        with_notice,
+        [
+            "ticker-1 [ticker] completed — 3 ticks every 150 ms\nticker-2 [ticker] completed — 1 ticks every 10 ms",
+            "background task ticker-2 (ticker: 1 ticks every 10 ms) finished [status: completed, ticks: 1]. \
+             Read its output with task_output.",
+        ]
+    );
+    let after = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(after.len(), 1, "the notice is delivered exactly once: {after:?}");
+
+    // Kill: requested, then reported as already finished, and no notice.
+    assert_eq!(
+        only_text(&call(&peer, "ticker", json!({"count": 1000, "interval_ms": 1000, "run_in_background": true})).await),
+        "started background ticker task ticker-3"
+    );
+    assert_eq!(
+        only_text(&call(&peer, "task_kill", json!({"task_id": "ticker-3", "reason": "test"})).await),
+        "requested cancellation of task ticker-3"
+    );
+    let killed = only_text(&call(&peer, "task_output", json!({"task_id": "ticker-3", "wait": true})).await);
+    assert_eq!(killed, "(no new output)\n[status: killed, after 0 ticks]");
+    assert_eq!(
+        only_text(&call(&peer, "task_kill", json!({"task_id": "ticker-3"})).await),
+        "task ticker-3 had already finished [status: killed, after 0 ticks]"
+    );
+
+    // A foreground call returns the output and the status line.
+    let foreground = call(&peer, "ticker", json!({"count": 2, "interval_ms": 5})).await;
+    assert!(!is_error(&foreground));
+    assert_eq!(only_text(&foreground), "tick 1\ntick 2\n[status: completed, ticks: 2]");
+
+    let (status, _) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test]
+async fn disconnect_disposes_the_owners_tasks() {
+    let server = StdioServer::start("disconnect", None).await;
+    let peer = server.client.peer().clone();
+    for expected in ["ticker-1", "ticker-2"] {
+        let started =
+            call(&peer, "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+        assert_eq!(only_text(&started), format!("started background ticker task {expected}"));
+    }
+    let (status, log) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    let disposed = log.find("owner disposed").unwrap_or_else(|| panic!("no disposal in the log:\n{log}"));
+    for task in ["ticker-1", "ticker-2"] {
+        let settled = log
+            .find(&format!("task settled task={task} status=killed"))
+            .unwrap_or_else(|| panic!("{task} was not killed at disconnect; log:\n{log}"));
+        assert!(settled < disposed, "{task} settled before the owner's disposal finished");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_disposes_every_task_before_exit() {
+    let server = StdioServer::start("sigterm", None).await;
+    let peer = server.client.peer().clone();
+    call(&peer, "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+    let pid = server.child.id().expect("running");
+    let kill = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    assert!(kill.success());
+    let StdioServer { mut child, dir, client } = server;
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("exits on SIGTERM").unwrap();
+    drop(client);
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    let signalled = log.find("signal=SIGTERM").unwrap_or_else(|| panic!("signal not logged:\n{log}"));
+    let settled = log.find("task settled task=ticker-1 status=killed").unwrap_or_else(|| panic!("not killed:\n{log}"));
+    let exiting = log.find("host disposed; exiting").unwrap_or_else(|| panic!("no disposal:\n{log}"));
+    assert!(signalled < settled && settled < exiting, "order: signal, task killed, exit\n{log}");
+}
+
+/// Raw JSON-RPC lines, as a broken client would send them.
+#[tokio::test]
+async fn bad_input_on_stdio_gets_clear_errors_and_the_server_keeps_serving() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let dir = common::temp_dir("stdio-bad");
+    let mut child = common::serve_command(&dir, None)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(common::log_file(&dir))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |line: String| {
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+        stdin.flush().await.unwrap();
+    };
+    let call_line = |id: u64, tool: &str, arguments: serde_json::Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+            .to_string()
+    };
+
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+        .to_string(),
+    )
+    .await;
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string()).await;
+    send("this is { not json".to_string()).await;
+    send(json!({"hello": "not json-rpc"}).to_string()).await;
+    send(call_line(2, "no_such_tool", json!({}))).await;
+    send(call_line(3, "ticker", json!({"count": -1}))).await;
+    send(call_line(4, "task_kill", json!({"task_id": "ticker-9"}))).await;
+    send(call_line(5, "task_output", json!({"task_id": "ticker-1", "bogus": true}))).await;
+    send(call_line(6, "ticker", json!({"message": "y".repeat(10 * 1024 * 1024)}))).await;
+    send(call_line(7, "task_list", json!({}))).await;
+
+    let mut answers = Vec::new();
+    while answers.len() < 9 {
+        let line = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
+            .await
+            .expect("an answer within 20 s")
+            .unwrap()
+            .expect("the server keeps its stdout open");
+        answers.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+    }
+    let by_id = |id: u64| answers.iter().find(|a| a["id"] == json!(id)).unwrap_or_else(|| panic!("no answer {id}"));
+    let tool_error = |id: u64| {
+        let answer = by_id(id);
+        assert_eq!(answer["result"]["isError"], json!(true), "answer {id}: {answer}");
+        answer["result"]["content"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(by_id(1)["result"]["serverInfo"]["name"], json!("taskhost"));
+    let nulls: Vec<&serde_json::Value> = answers.iter().filter(|a| a["id"].is_null()).collect();
+    assert_eq!(nulls.len(), 2, "one error for the non-JSON line, one for the non-JSON-RPC object: {answers:?}");
+    assert!(nulls.iter().any(|a| a["error"]["code"] == json!(-32700)
+        && a["error"]["message"].as_str().unwrap().starts_with("Parse error: the message is not valid JSON")));
+    assert!(nulls.iter().any(|a| a["error"]["code"] == json!(-32600)));
+    assert_eq!(
+        tool_error(2),
+        "unknown tool \"no_such_tool\"; available tools: task_kill, task_list, task_output, ticker"
+    );
+    assert!(tool_error(3).starts_with("invalid arguments for ticker: at /count: -1 is less than the minimum of 0"));
+    assert_eq!(tool_error(4), "unknown task id ticker-9: no background task has this id (task_list shows your tasks)");
+    assert!(tool_error(5).starts_with("invalid arguments for task_output: unknown field `bogus`"));
+    assert!(tool_error(6).starts_with("arguments for ticker are 10485774 bytes, over this server's limit"));
+    assert_eq!(by_id(7)["result"]["content"][0]["text"], json!("(no background tasks)"));
+    assert_eq!(by_id(7)["result"].get("isError"), Some(&json!(false)));
+
+    // Closing stdin is the client leaving.
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    assert!(status.success());
+}
+
+/// A client handler that forwards progress notifications to the test.
+struct ProgressProbe(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);
+
+impl rmcp::ClientHandler for ProgressProbe {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.0.send(params);
+    }
+}
+
+#[tokio::test]
+async fn a_long_foreground_call_reports_progress_and_dies_with_its_request() {
+    use rmcp::ServiceExt;
+    use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
+
+    let dir = common::temp_dir("stdio-progress");
+    let mut child = common::serve_command(&dir, Some("[serve]\nprogress_interval_ms = 100\n"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(common::log_file(&dir))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let client = ProgressProbe(tx).serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
+
+    let request =
+        CallToolRequestParams::new("ticker").with_arguments(common::args(json!({"count": 1000, "interval_ms": 50})));
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(request)),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let token = handle.progress_token.clone();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let notification = tokio::time::timeout(Duration::from_secs(10), progress.recv()).await.unwrap().unwrap();
+        assert_eq!(notification.progress_token, token);
+        seen.push(notification.progress);
+    }
+    assert!(seen.windows(2).all(|pair| pair[1] > pair[0]), "progress grows: {seen:?}");
+
+    handle.cancel(Some("the user changed their mind".to_string())).await.unwrap();
+    let log = dir.join("stderr.log");
+    common::wait_for_text(
+        &log,
+        "stopping a foreground task tool=ticker reason=the call was cancelled",
+        Duration::from_secs(10),
+    )
+    .await;
+    // The connection is unharmed.
+    assert_eq!(only_text(&call(client.peer(), "task_list", json!({})).await), "(no background tasks)");
+    let _ = client.cancel().await;
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    assert!(status.success());
+}
+
+/// A WebAssembly producer (the built-in ticker plugin) served over MCP next
+/// to the native one, and disposed with its owner.
+#[tokio::test]
+async fn a_builtin_wasm_plugin_is_served_like_a_native_producer() {
+    let config = "[[producer]]\ntool = \"wasm_ticker\"\nplugin = \"builtin:ticker\"\n\n\
+                  [[producer]]\ntool = \"ticker\"\nplugin = \"native:ticker\"\n";
+    let server = StdioServer::start("stdio-wasm", Some(config)).await;
+    let peer = server.client.peer().clone();
+    let tools = server.client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker", "wasm_ticker"]);
+    let started =
+        only_text(&call(&peer, "wasm_ticker", json!({"count": 2, "interval_ms": 10, "run_in_background": true})).await);
+    let id = started.rsplit(' ').next().unwrap().to_string();
+    assert!(started.starts_with("started background ") && id.contains('-'), "{started}");
+    let output = only_text(&call(&peer, "task_output", json!({"task_id": id, "wait": true})).await);
+    assert!(output.ends_with("[status: completed, ticks: 2]"), "{output}");
+    assert!(output.contains("tick 1\ntick 2"), "{output}");
+    // A long one dies with the connection.
+    let long = only_text(
+        &call(&peer, "wasm_ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await,
+    );
+    let long_id = long.rsplit(' ').next().unwrap().to_string();
+    let (status, log) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(log.contains(&format!("task settled task={long_id} status=killed")), "not killed:\n{log}");
+}

@@ -1,0 +1,122 @@
+"""The taskhost MCP scenario, driven by an independent client: the Python
+`mcp` SDK (pinned: mcp==2.3.0), over stdio or streamable HTTP.
+
+Usage: python3 mcp_scenario.py <taskhost binary> <legacy|auto> <work dir> [<http url> <token>]
+
+Without a URL the script launches `taskhost serve` over stdio itself; with
+one it connects to a running `taskhost serve --http` with the bearer token
+(whose server must have `[serve] progress_interval_ms = 100`).
+
+`legacy` forces the initialize handshake; `auto` (the SDK's default) probes
+`server/discover` first and adopts the newest protocol both sides speak.
+Exits non-zero with the failed assertion on any mismatch.
+"""
+
+import os
+import sys
+
+import anyio
+import httpx2
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+
+def text_blocks(result):
+    return [block.text for block in result.content]
+
+
+def only_text(result):
+    blocks = text_blocks(result)
+    assert len(blocks) == 1, f"expected one block, got {blocks!r}"
+    return blocks[0]
+
+
+def connection(binary: str, work: str, url: str | None, token: str | None):
+    if url is not None:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+        return streamable_http_client(url, http_client=http)
+    config = os.path.join(work, "python.toml")
+    with open(config, "w") as f:
+        f.write("[serve]\nprogress_interval_ms = 100\n")
+    return StdioServerParameters(
+        command=binary,
+        args=["serve", "--config", config],
+        cwd=work,
+        env={"RUST_LOG": "info,taskhost=debug"},
+    )
+
+
+async def scenario(binary: str, mode: str, work: str, url: str | None, token: str | None) -> None:
+    transport = "http" if url else "stdio"
+    async with Client(connection(binary, work, url, token), mode=mode) as client:
+        print(f"mode={mode} transport={transport} protocol={client.protocol_version}")
+        if mode == "legacy":
+            assert client.protocol_version < "2026-07-28", client.protocol_version
+        else:
+            # auto discovers the stateless era, which taskhost serves too.
+            assert client.protocol_version >= "2026-07-28", client.protocol_version
+        assert client.instructions and client.instructions.startswith("# Background tasks"), client.instructions
+
+        tools = (await client.list_tools()).tools
+        names = sorted(tool.name for tool in tools)
+        assert names == ["task_kill", "task_list", "task_output", "ticker"], names
+        for tool in tools:
+            assert tool.input_schema.get("type") == "object", (tool.name, tool.input_schema)
+        ticker = next(tool for tool in tools if tool.name == "ticker")
+        assert ticker.input_schema["properties"]["run_in_background"]["type"] == "boolean"
+
+        assert only_text(await client.call_tool("task_list", {})) == "(no background tasks)"
+
+        started = await client.call_tool("ticker", {"count": 3, "interval_ms": 100, "run_in_background": True})
+        assert not started.is_error
+        assert only_text(started) == "started background ticker task ticker-1", text_blocks(started)
+        waited = only_text(await client.call_tool("task_output", {"task_id": "ticker-1", "wait": True}))
+        assert waited == "tick 1\ntick 2\ntick 3\n[status: completed, ticks: 3]", waited
+
+        # An unreported finish: the notice arrives once, on the next result.
+        await client.call_tool("ticker", {"count": 1, "interval_ms": 1, "run_in_background": True})
+        await anyio.sleep(0.4)
+        with_notice = text_blocks(await client.call_tool("task_list", {}))
+        assert len(with_notice) == 2, with_notice
+        assert with_notice[1] == (
+            "background task ticker-2 (ticker: 1 ticks every 1 ms) finished [status: completed, ticks: 1]. "
+            "Read its output with task_output."
+        ), with_notice
+        assert len(text_blocks(await client.call_tool("task_list", {}))) == 1
+
+        # Kill.
+        await client.call_tool("ticker", {"count": 1000, "interval_ms": 1000, "run_in_background": True})
+        assert only_text(await client.call_tool("task_kill", {"task_id": "ticker-3"})) == (
+            "requested cancellation of task ticker-3"
+        )
+        killed = only_text(await client.call_tool("task_output", {"task_id": "ticker-3", "wait": True}))
+        assert killed == "(no new output)\n[status: killed, after 0 ticks]", killed
+
+        # Errors are tool results the model can read.
+        unknown = await client.call_tool("task_output", {"task_id": "ticker-42"})
+        assert unknown.is_error
+        assert only_text(unknown).startswith("unknown task id ticker-42"), text_blocks(unknown)
+        bad = await client.call_tool("ticker", {"count": "many"})
+        assert bad.is_error and only_text(bad).startswith("invalid arguments for ticker"), text_blocks(bad)
+
+        # A foreground call with a progress token gets progress notifications.
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append((value, message))
+
+        foreground = await client.call_tool(
+            "ticker", {"count": 5, "interval_ms": 100}, progress_callback=on_progress
+        )
+        assert only_text(foreground) == "tick 1\ntick 2\ntick 3\ntick 4\ntick 5\n[status: completed, ticks: 5]"
+        assert len(progress) >= 2, progress
+        assert all(later[0] > earlier[0] for earlier, later in zip(progress, progress[1:])), progress
+        assert progress[0][1].startswith("ticker running for"), progress
+    print(f"mode={mode} transport={transport}: ok")
+
+
+if __name__ == "__main__":
+    binary, mode, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    url, token = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else (None, None)
+    anyio.run(scenario, binary, mode, work, url, token)
