@@ -257,6 +257,7 @@ async fn unloading_stops_new_starts_and_running_tasks_finish() {
     let v1 = engine.load_bytes("ticker", TICKER_WASM.to_vec()).await.expect("load");
     let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options()).await.expect("serve");
     let running = start(&host, &agent).await.expect("start");
+    let doomed = start(&host, &agent).await.expect("start");
     let reader = tokio::spawn(stream_to_end(host.clone(), agent.clone(), running.clone()));
     assert!(plugin.unload());
     assert!(!host.tool_definitions().iter().any(|d| d.name == "ticker"));
@@ -265,6 +266,13 @@ async fn unloading_stops_new_starts_and_running_tasks_finish() {
     // Still killable and readable through the control tools.
     let listed = host.call_tool("task_list", json!({}), &CallContext::for_agent(&agent)).await.expect("list");
     assert!(listed.text.contains(&format!("{running} [ticker] running")), "{}", listed.text);
+    let killed = host
+        .call_tool("task_kill", json!({"task_id": doomed.as_str()}), &CallContext::for_agent(&agent))
+        .await
+        .expect("kill");
+    assert_eq!(killed.text, format!("requested cancellation of task {doomed}"));
+    let (_, status) = stream_to_end(host.clone(), agent.clone(), doomed).await;
+    assert_eq!(status, TaskStatus::Killed);
     let (text, status) = reader.await.expect("reader");
     assert_eq!(status, TaskStatus::Completed);
     assert_eq!(text, ticks(COUNT));
