@@ -10,6 +10,7 @@
 //! - [`capabilities`]: what plugins may reach beyond their sandbox (subagents).
 //! - [`native`]: producers written in Rust, run in process.
 //! - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store per task, drivers.
+//! - [`reload`]: hot reload of wasm plugins (make-before-break) and file watching.
 //! - [`tools`]: the model-facing tools (control tools, producer tools).
 //! - [`prompt`]: the system-prompt section teaching the background-task habit.
 //! - [`config`]: the configuration file.
@@ -17,7 +18,7 @@
 //! - [`builtin`]: the plugins built into the binary (embedded components).
 //! - [`setup`]: a host from a configuration (which producers serve which tools).
 //! - [`surfaces`]: the MCP server (`taskhost serve`).
-//! - [`cli`]: the `taskhost` command line.
+//! - [`cli`]: the `taskhost` command line (`serve`, `dev`, `demo`).
 
 pub mod agents;
 pub mod builtin;
@@ -31,6 +32,7 @@ pub mod notices;
 pub mod plugin;
 pub mod producer;
 pub mod prompt;
+pub mod reload;
 pub mod setup;
 pub mod surfaces;
 pub mod tasks;

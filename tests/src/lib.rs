@@ -10,7 +10,9 @@
 //!   [`taskhost::builtin`]).
 //! - Fixtures: [`fixtures::MISBEHAVE_PATH`] (a fault chosen per export by its
 //!   config and arguments), [`fixtures::WRONG_WORLD_PATH`] (a valid
-//!   component of another world), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
+//!   component of another world), [`fixtures::TICKER_NEXT_PATH`] (kind
+//!   `ticker` with another argument schema: the next build of a reloaded
+//!   ticker), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
 //!   core module as WAT text: compile it with `wat::parse_file`). A truncated
 //!   component is made at run time with [`truncated`].
 
@@ -28,4 +30,32 @@ pub mod fixtures {
 /// crash on.
 pub fn truncated(component: &[u8]) -> Vec<u8> {
     component[..component.len() / 2].to_vec()
+}
+
+/// `component` with a custom section `taskhost-test-build` holding `tag`
+/// appended: a different file (another content hash, so an uncached compile)
+/// that behaves exactly the same. Stands in for a rebuild of a plugin.
+pub fn rebuilt(component: &[u8], tag: &str) -> Vec<u8> {
+    const NAME: &[u8] = b"taskhost-test-build";
+    let mut payload = Vec::new();
+    leb128(&mut payload, NAME.len() as u64);
+    payload.extend_from_slice(NAME);
+    payload.extend_from_slice(tag.as_bytes());
+    let mut out = component.to_vec();
+    out.push(0); // custom section id
+    leb128(&mut out, payload.len() as u64);
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn leb128(out: &mut Vec<u8>, mut value: u64) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
 }

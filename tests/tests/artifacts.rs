@@ -31,6 +31,7 @@ fn the_ticker_plugin_is_a_component_and_embedded_as_built() {
 #[test]
 fn the_fixture_plugins_are_components() {
     assert_component("misbehave", &read(fixtures::MISBEHAVE_PATH));
+    assert_component("ticker-next", &read(fixtures::TICKER_NEXT_PATH));
     assert_component("wrong-world", &read(fixtures::WRONG_WORLD_PATH));
 }
 

@@ -112,7 +112,8 @@ async fn ticker_streams_every_tick_exactly_once_and_completes() {
     assert!(id.as_str().starts_with("ticker-"), "{id}");
     let snapshot = fx.registry.get(&id, Some(&fx.agent)).expect("get");
     let info = snapshot.producer_info.clone().expect("producer_info");
-    assert!(info.starts_with("ticker@") && info.len() == "ticker@".len() + 12, "{info}");
+    assert!(info.starts_with("ticker@") && info.len() == "ticker@".len() + 12 + " v1".len(), "{info}");
+    assert!(info.ends_with(" v1"), "{info}");
 
     let (text, snapshot) = read_to_end(&fx, &id).await;
     assert_eq!(text, ticks(8));
@@ -186,8 +187,9 @@ async fn reload_swaps_new_starts_and_keeps_running_tasks_on_their_version() {
     let v2 = engine.load_bytes("ticker2", std::fs::read(TICKER_PATH).unwrap()).await.unwrap();
     ticker.reload(v2.clone()).await.expect("reload");
     let new = start(&fx, &ticker, json!({"count": 2, "interval_ms": 1})).await.unwrap();
-    assert_eq!(fx.registry.get(&old, Some(&fx.agent)).unwrap().producer_info.as_deref(), Some(v1.version()));
-    assert_eq!(fx.registry.get(&new, Some(&fx.agent)).unwrap().producer_info.as_deref(), Some(v2.version()));
+    let info = |id| fx.registry.get(id, Some(&fx.agent)).unwrap().producer_info.unwrap();
+    assert_eq!(info(&old), format!("{} v1", v1.version()));
+    assert_eq!(info(&new), format!("{} v2", v2.version()));
     assert_eq!(read_to_end(&fx, &old).await.0, ticks(4));
     assert_eq!(read_to_end(&fx, &new).await.0, ticks(2));
 

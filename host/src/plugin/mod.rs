@@ -29,4 +29,4 @@ pub mod state;
 pub use check::{CheckReport, check_plugin, check_plugin_with};
 pub use component::{CompileSource, PluginSource, PluginVersion};
 pub use engine::{PluginEngine, PluginRuntimeConfig};
-pub use producer::WasmProducer;
+pub use producer::{ServingVersion, WasmProducer};

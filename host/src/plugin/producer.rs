@@ -11,12 +11,18 @@
 //! - The current (version, descriptor) pair sits behind one lock and is
 //!   swapped whole by [`WasmProducer::reload`], make-before-break: the new
 //!   version is described first and a failure leaves the old one serving.
-//!   Each task pins the version that prepared it (`producer_info` names it).
+//!   Each task pins the version that prepared it (`producer_info` names it:
+//!   [`ServingVersion::info`], e.g. `ticker@0123456789ab v2`).
+//! - Every version this instance serves gets the next sequence number (v1 at
+//!   creation, then one per successful reload), so two loads of the same
+//!   bytes are still told apart. Reloads are serialized: the kind check and
+//!   the swap see the version that is really serving.
 //! - Errors and faults in `describe`, `label` and `run` refuse the
 //!   instance or the call with the guest's message or the fault detail; no
 //!   task is registered and the store is dropped.
 
-use std::sync::{Arc, RwLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 use anyhow::{Context as _, anyhow, bail};
 use wasmtime::Store;
@@ -38,19 +44,78 @@ pub struct WasmProducer {
     process: Option<ProcessCapability>,
     /// The `subagents` grant given to every task store of this instance.
     subagents: Option<crate::capabilities::subagents::Subagents>,
+    /// Held for a whole reload, so two reloads cannot interleave their
+    /// describe, kind check and swap (the later one would compare against a
+    /// stale "old" version, and sequence numbers could go backwards).
+    reloading: tokio::sync::Mutex<()>,
+    /// Live (started, not yet settled) tasks per version sequence number.
+    /// Counted here rather than from the registry so the count is exact per
+    /// tool instance even when two instances share a kind.
+    live: Arc<Mutex<BTreeMap<u64, usize>>>,
+}
+
+/// Counts one live task of a version; dropping it (when the task's `done`
+/// future finished or was dropped) uncounts it.
+struct LiveGuard {
+    live: Arc<Mutex<BTreeMap<u64, usize>>>,
+    seq: u64,
+}
+
+impl LiveGuard {
+    fn new(live: Arc<Mutex<BTreeMap<u64, usize>>>, seq: u64) -> Self {
+        *live.lock().unwrap_or_else(|e| e.into_inner()).entry(seq).or_default() += 1;
+        Self { live, seq }
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = live.get_mut(&self.seq) {
+            *count -= 1;
+            if *count == 0 {
+                live.remove(&self.seq);
+            }
+        }
+    }
 }
 
 /// The version new invocations use, with its description.
 struct Active {
-    version: Arc<PluginVersion>,
+    serving: ServingVersion,
     descriptor: Arc<Descriptor>,
+}
+
+/// A plugin version as one tool instance serves it: the loaded build and its
+/// sequence number within this instance (1 for the first load).
+#[derive(Clone, Debug)]
+pub struct ServingVersion {
+    pub seq: u64,
+    pub version: Arc<PluginVersion>,
+}
+
+impl ServingVersion {
+    /// `v<seq>`, how consoles name the version.
+    pub fn tag(&self) -> String {
+        format!("v{}", self.seq)
+    }
+
+    /// What a task records in `producer_info`: `<name>@<hash12> v<seq>`.
+    pub fn info(&self) -> String {
+        format!("{} v{}", self.version.version(), self.seq)
+    }
+
+    /// The sequence number in a `producer_info` written by [`Self::info`].
+    pub fn seq_of_info(info: &str) -> Option<u64> {
+        info.rsplit_once(" v")?.1.parse().ok()
+    }
 }
 
 impl std::fmt::Debug for WasmProducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let active = self.active();
         f.debug_struct("WasmProducer")
-            .field("version", &active.version.version())
+            .field("version", &active.serving.info())
             .field("kind", &active.descriptor.kind)
             .finish_non_exhaustive()
     }
@@ -64,7 +129,9 @@ impl WasmProducer {
         let descriptor = Arc::new(describe(&version, &config_json).await?);
         Ok(Self {
             config_json,
-            current: RwLock::new(Arc::new(Active { version, descriptor })),
+            current: RwLock::new(Arc::new(Active { serving: ServingVersion { seq: 1, version }, descriptor })),
+            reloading: tokio::sync::Mutex::new(()),
+            live: Arc::default(),
             process: None,
             subagents: None,
         })
@@ -79,8 +146,19 @@ impl WasmProducer {
     /// Makes `version` serve new invocations, once it described itself with
     /// this instance's config and kept the kind. On error the old version
     /// keeps serving. Running tasks stay on the version that started them.
-    pub async fn reload(&self, version: Arc<PluginVersion>) -> anyhow::Result<Arc<Descriptor>> {
-        let descriptor = Arc::new(describe(&version, &self.config_json).await?);
+    ///
+    /// Make-before-break: `version` is already compiled and pre-instantiated
+    /// (a [`PluginVersion`] only exists once it was), and `describe` must
+    /// succeed before anything changes. Until the one pointer swap at the
+    /// end, every `prepare` keeps using the old version; after it, the new
+    /// one. No call is refused or delayed by a reload.
+    pub async fn reload(&self, version: Arc<PluginVersion>) -> anyhow::Result<(ServingVersion, Arc<Descriptor>)> {
+        let _serialized = self.reloading.lock().await;
+        let descriptor = Arc::new(
+            describe(&version, &self.config_json)
+                .await
+                .with_context(|| format!("the new version {} failed describe", version.version()))?,
+        );
         let old = self.active();
         if descriptor.kind != old.descriptor.kind {
             bail!(
@@ -88,14 +166,15 @@ impl WasmProducer {
                  the kind (task ids are per kind): load it as a new tool instance instead",
                 version.version(),
                 descriptor.kind,
-                old.version.version(),
+                old.serving.version.version(),
                 old.descriptor.kind
             );
         }
-        tracing::info!(from = old.version.version(), to = version.version(), "plugin reloaded");
+        let serving = ServingVersion { seq: old.serving.seq + 1, version };
+        tracing::info!(from = %old.serving.info(), to = %serving.info(), "plugin reloaded");
         *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-            Arc::new(Active { version, descriptor: descriptor.clone() });
-        Ok(descriptor)
+            Arc::new(Active { serving: serving.clone(), descriptor: descriptor.clone() });
+        Ok((serving, descriptor))
     }
 
     /// Grants the `process` capability to the task stores of this instance
@@ -107,7 +186,18 @@ impl WasmProducer {
 
     /// The version new invocations run on.
     pub fn version(&self) -> Arc<PluginVersion> {
-        self.active().version.clone()
+        self.active().serving.version.clone()
+    }
+
+    /// The version new invocations run on, with its sequence number.
+    pub fn serving(&self) -> ServingVersion {
+        self.active().serving.clone()
+    }
+
+    /// Tasks started by this instance and not yet settled, by version
+    /// sequence number (versions with none are absent).
+    pub fn live_tasks_by_version(&self) -> BTreeMap<u64, usize> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The instance config, as JSON text.
@@ -203,7 +293,7 @@ impl Producer for WasmProducer {
 
     async fn prepare(&self, args: serde_json::Value, mode: RunMode) -> anyhow::Result<PreparedRun> {
         let active = self.active();
-        let version = active.version.clone();
+        let version = active.serving.version.clone();
         let run_number = version.next_run();
         let deadline = version.engine().config().call_deadline();
         let args_json = serde_json::to_string(&args).context("cannot encode the arguments")?;
@@ -223,6 +313,9 @@ impl Producer for WasmProducer {
         };
         let streams_output = active.descriptor.streams_output;
         let plugin_name = version.name().to_string();
+        let info = active.serving.info();
+        let seq = active.serving.seq;
+        let live = self.live.clone();
         let run = runner(async move {
             let mode = match mode {
                 RunMode::Foreground => WitRunMode::Foreground,
@@ -241,15 +334,26 @@ impl Producer for WasmProducer {
                 "wasm_task",
                 plugin = %plugin_name,
                 version = version.version(),
+                seq,
                 run = run_number
             );
             tracing::debug!(parent: &span, "wasm task started");
             // Keep the version alive as long as the task: its engine ticks the
             // epochs that bound the task's calls.
             let parts = TaskParts { store, guest, task, deadline, streams_output, _version: version };
-            Ok(driver::spawn(parts, span))
+            let hooks = driver::spawn(parts, span);
+            let counted = LiveGuard::new(live, seq);
+            let done = hooks.done;
+            Ok(crate::tasks::TaskHooks {
+                control: hooks.control,
+                done: Box::pin(async move {
+                    let outcome = done.await;
+                    drop(counted);
+                    outcome
+                }),
+            })
         });
-        Ok(PreparedRun { label, producer_info: Some(active.version.version().to_string()), run })
+        Ok(PreparedRun { label, producer_info: Some(info), run })
     }
 }
 

@@ -1,0 +1,197 @@
+//! Hot-reload benchmark with the real `ticker` plugin.
+//!
+//! Run: `cargo bench -p taskhost --bench reload`
+//!
+//! Measures, in one run:
+//! - file change → new version serving, through the file watcher (default
+//!   debounce 150 ms + settle 50 ms), for a build whose compiled code is in
+//!   the cache and for a new build (compiled now); also the load → swap time
+//!   alone (what a reload costs without the debounce);
+//! - `Host::call_tool` background start latency (p50/p99) with no reloads,
+//!   while the plugin is reloaded back to back with cached builds (the worst
+//!   case: a reload loop owns one of the two cores), and at the watcher's
+//!   fastest rate (one reload per 200 ms, debounce + settle) alternating
+//!   cached and freshly compiled builds, in interleaved rounds of the same
+//!   run, and the p99 ratios against no reloads.
+//!
+//! "Rebuilds" are the embedded ticker with a custom section appended: a new
+//! content hash (so a real compile unless cached), the same behaviour.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use taskhost::Host;
+use taskhost::config::TasksSettings;
+use taskhost::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig};
+use taskhost::reload::{ReloadEvent, ReloadablePlugin, WatchOptions};
+use taskhost::tools::CallContext;
+use taskhost::tools::producer_tool::ProducerToolOptions;
+
+const WASM: &[u8] = taskhost::builtin::TICKER_WASM;
+
+fn rebuilt(tag: &str) -> Vec<u8> {
+    const NAME: &[u8] = b"taskhost-bench-build";
+    let mut payload = vec![NAME.len() as u8];
+    payload.extend_from_slice(NAME);
+    payload.extend_from_slice(tag.as_bytes());
+    assert!(payload.len() < 128);
+    let mut out = WASM.to_vec();
+    out.push(0);
+    out.push(payload.len() as u8);
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(bench())
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("taskhost-reload-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let engine = PluginEngine::new(PluginRuntimeConfig {
+        cache_dir: Some(dir.join("cache")),
+        max_live_stores: 1024,
+        ..PluginRuntimeConfig::default()
+    })?;
+    let host = Host::new(&TasksSettings { max_live_tasks_per_owner: 100_000, ..TasksSettings::default() })?;
+    let agent = host.create_agent("bench", "bench")?;
+    let file = dir.join("ticker.wasm");
+    std::fs::write(&file, rebuilt("initial"))?;
+    let options =
+        ProducerToolOptions { name: "ticker".into(), background: true, foreground_timeout: Duration::from_secs(60) };
+    let plugin = ReloadablePlugin::serve(&host, &engine, engine.load_file(&file).await?, json!({}), options).await?;
+
+    // 1. File change → serving, through the watcher.
+    let mut events = plugin.subscribe();
+    let watch = taskhost::reload::watch(plugin.clone(), &file, WatchOptions::default())?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two builds whose compiled code gets cached on their first load.
+    let cached = [rebuilt("cached A"), rebuilt("cached B")];
+    for bytes in &cached {
+        engine.load_bytes("ticker", bytes.clone()).await?;
+    }
+    let mut runs: Vec<(CompileSource, Duration, Duration)> = Vec::new();
+    let nonce = std::process::id();
+    for i in 0..16 {
+        let (bytes, expect) = if i % 2 == 0 {
+            (cached[(i / 2) % 2].clone(), CompileSource::Cache)
+        } else {
+            (rebuilt(&format!("fresh {nonce} {i}")), CompileSource::Compiled)
+        };
+        let written = Instant::now();
+        std::fs::write(&file, &bytes)?;
+        let event = tokio::time::timeout(Duration::from_secs(30), events.recv()).await??;
+        let serving_after = written.elapsed();
+        let ReloadEvent::Reloaded(reloaded) = event else { anyhow::bail!("reload failed: {event}") };
+        anyhow::ensure!(reloaded.compile == expect, "expected {expect:?}, got {:?}", reloaded.compile);
+        runs.push((expect, serving_after, reloaded.took));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(watch);
+    let pick = |source: CompileSource, which: fn(&(CompileSource, Duration, Duration)) -> Duration| {
+        median(runs.iter().filter(|r| r.0 == source).map(which).collect())
+    };
+    let cached_change = pick(CompileSource::Cache, |r| r.1);
+    let cached_swap = pick(CompileSource::Cache, |r| r.2);
+    let fresh_change = pick(CompileSource::Compiled, |r| r.1);
+    let fresh_swap = pick(CompileSource::Compiled, |r| r.2);
+
+    // 2. Start latency with and without reloads, alternating rounds.
+    let ctx = CallContext::for_agent(&agent);
+    let args = json!({"count": 1, "interval_ms": 0, "run_in_background": true});
+    for _ in 0..200 {
+        host.call_tool("ticker", args.clone(), &ctx).await?; // warm-up
+    }
+    // Samples per mode: 0 no reloads, 1 back-to-back cached reloads, 2 one
+    // reload per 200 ms, every other one compiled fresh.
+    let mut samples: [Vec<Duration>; 3] = Default::default();
+    let mut reloads = [0usize; 3];
+    const ROUND: Duration = Duration::from_millis(1500);
+    for round in 0..9 {
+        let mode = round % 3;
+        let stop = Arc::new(AtomicBool::new(false));
+        let reloader = (mode > 0).then(|| {
+            let (plugin, stop, cached) = (plugin.clone(), stop.clone(), cached.clone());
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    if mode == 2 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    let bytes = if mode == 2 && n % 2 == 1 {
+                        rebuilt(&format!("load {nonce} {round} {n}"))
+                    } else {
+                        cached[n % 2].clone()
+                    };
+                    if plugin.reload_bytes("ticker", bytes).await.is_ok() {
+                        n += 1;
+                    }
+                }
+                n
+            })
+        });
+        let round_started = Instant::now();
+        while round_started.elapsed() < ROUND {
+            let t = Instant::now();
+            let out = host.call_tool("ticker", args.clone(), &ctx).await?;
+            samples[mode].push(t.elapsed());
+            anyhow::ensure!(out.text.starts_with("started background ticker task"), "{}", out.text);
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Some(reloader) = reloader {
+            reloads[mode] += reloader.await?;
+        }
+        // Let the short tasks settle so rounds start alike.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stats: Vec<(Duration, Duration)> = samples
+        .iter_mut()
+        .map(|s| {
+            s.sort();
+            (percentile(s, 0.5), percentile(s, 0.99))
+        })
+        .collect();
+    println!("## Reload results");
+    println!("| metric | result |");
+    println!("| --- | --- |");
+    println!("| file change → new version serving, cached compile (median of 8) | {:.1} ms |", ms(cached_change));
+    println!("| file change → new version serving, uncached compile (median of 8) | {:.1} ms |", ms(fresh_change));
+    println!("| load → swap alone, cached | {:.1} ms |", ms(cached_swap));
+    println!("| load → swap alone, uncached | {:.1} ms |", ms(fresh_swap));
+    let names = ["no reloads", "back-to-back cached reloads", "a reload every 200 ms, every other one compiled fresh"];
+    for mode in 0..3 {
+        let (p50, p99) = stats[mode];
+        let ratio = if mode == 0 {
+            String::new()
+        } else {
+            format!(" — **p99 {:.2}× no reloads**", p99.as_secs_f64() / stats[0].1.as_secs_f64())
+        };
+        println!(
+            "| start latency, {}: p50 / p99 ({} starts, {} reloads) | {:.3} / {:.3} ms{ratio} |",
+            names[mode],
+            samples[mode].len(),
+            reloads[mode],
+            ms(p50),
+            ms(p99)
+        );
+    }
+    host.dispose().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! `taskhost dev <plugin.wasm|taskhost.toml> [--watch]`: the producer
+//! developer's console.
+//!
+//! Serves the plugin (or every wasm producer of a configuration) on an
+//! in-process host with one agent, the console's session, and reads commands:
+//! call the tool in the foreground or background with JSON arguments, list
+//! tasks with the plugin version each runs on, read output (consuming, or
+//! waiting for the end), kill, show the tool definitions. Completion notices
+//! and reload events are printed as they arrive. With `--watch`, a plugin
+//! file that changes is reloaded make-before-break ([`crate::reload`]); a
+//! build that fails is reported and the previous version keeps serving.
+//!
+//! On a terminal the console has line editing and history (rustyline) and
+//! prints asynchronous lines above the prompt. When stdin is not a terminal
+//! it reads plain lines with no prompt and no escape codes, so tests and
+//! scripts can drive it. Logs go to stderr; the console writes to stdout.
+
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::Host;
+use crate::agents::Agent;
+use crate::config::{Config, ProducerConfig, TasksSettings};
+use crate::plugin::{PluginEngine, PluginRuntimeConfig, ServingVersion};
+use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
+use crate::tools::producer_tool::{ProducerToolOptions, RUN_IN_BACKGROUND};
+use crate::tools::{CallContext, ToolOutput};
+
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// A plugin component (`.wasm`) or a configuration file (`.toml`) whose
+    /// `[[producer]]` entries name plugins.
+    pub target: PathBuf,
+    /// Reload a plugin file whenever it changes.
+    #[arg(long)]
+    pub watch: bool,
+    /// The instance config passed to the plugin, as JSON (a `.wasm` target only).
+    #[arg(long, default_value = "{}")]
+    pub config: String,
+    /// The tool name (a `.wasm` target only; default: the plugin's kind).
+    #[arg(long)]
+    pub tool: Option<String>,
+}
+
+const HELP: &str = "\
+commands:
+  call [<tool>] <json>      run the tool in the foreground and print its result
+  bg [<tool>] <json>        start it in the background (prints the task id)
+  list                      your tasks, with the plugin version each runs on
+  output <id> [--wait]      consuming read (--wait: until it finishes)
+  kill <id> [reason]        stop a task
+  tools                     the tool definitions (name, version, schema)
+  reload [<tool>]           reload a plugin from its file now
+  help                      this text
+  quit                      dispose every task and leave (also end of input)";
+
+/// One served plugin and where it came from.
+struct Served {
+    plugin: Arc<ReloadablePlugin>,
+    file: Option<PathBuf>,
+}
+
+/// Where console lines go: stdout, or above the prompt on a terminal.
+#[derive(Clone)]
+struct Console {
+    printer: Arc<Mutex<Option<Box<dyn rustyline::ExternalPrinter + Send>>>>,
+}
+
+impl Console {
+    fn say(&self, text: impl AsRef<str>) {
+        let text = text.as_ref().trim_end_matches('\n');
+        let mut printer = self.printer.lock().unwrap_or_else(|e| e.into_inner());
+        match printer.as_mut() {
+            Some(printer) => {
+                let _ = printer.print(format!("{text}\n"));
+            }
+            None => println!("{text}"),
+        }
+    }
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let engine = PluginEngine::new(PluginRuntimeConfig::default())?;
+    let (settings, entries) = entries(&args)?;
+    let host = Host::new(&settings)?;
+    let agent = host.create_agent("dev", "dev-console").context("cannot create the console's agent")?;
+    let mut served = Vec::new();
+    for entry in entries {
+        served.push(serve(&host, &engine, entry).await?);
+    }
+    if served.is_empty() {
+        bail!("{} serves no wasm plugin", args.target.display());
+    }
+
+    let interactive = std::io::stdin().is_terminal();
+    let (lines, console) = input(interactive)?;
+    let mut watches: Vec<WatchHandle> = Vec::new();
+    for s in &served {
+        let serving = s.plugin.serving();
+        console.say(format!(
+            "serving {} from {}: {} ({})",
+            s.plugin.tool(),
+            s.file.as_deref().map_or("the built-in plugin".to_string(), |f| f.display().to_string()),
+            serving.tag(),
+            serving.version.version()
+        ));
+        spawn_reload_printer(&s.plugin, console.clone());
+        if args.watch {
+            match &s.file {
+                Some(file) => watches.push(crate::reload::watch(s.plugin.clone(), file, WatchOptions::default())?),
+                None => console.say(format!("{} is built in: nothing to watch", s.plugin.tool())),
+            }
+        }
+    }
+    if args.watch && !watches.is_empty() {
+        console.say("watching for rebuilds");
+    }
+    spawn_notice_printer(&agent, console.clone());
+    console.say("type `help` for the commands");
+
+    let mut lines = lines;
+    while let Some(line) = lines.recv().await {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match command(&host, &agent, &served, line, &console).await {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Quit) => break,
+            Err(error) => console.say(format!("error: {error:#}")),
+        }
+    }
+    drop(watches);
+    let live = host.registry().list(Some(&agent)).iter().filter(|t| !t.status.is_terminal()).count();
+    if live > 0 {
+        console.say(format!("stopping {live} running task{}", if live == 1 { "" } else { "s" }));
+    }
+    host.dispose().await;
+    console.say("bye");
+    Ok(())
+}
+
+/// The tasks settings and the plugin entries the target names.
+fn entries(args: &DevArgs) -> anyhow::Result<(TasksSettings, Vec<ProducerConfig>)> {
+    let is_toml = args.target.extension().is_some_and(|e| e == "toml");
+    if !is_toml {
+        let config: Value = serde_json::from_str(&args.config).context("--config is not JSON")?;
+        let Value::Object(config) = config else { bail!("--config must be a JSON object") };
+        let table: toml::Table = serde_json::from_value(Value::Object(config)).context("--config")?;
+        let entry = ProducerConfig {
+            tool: args.tool.clone().unwrap_or_default(),
+            plugin: args.target.display().to_string(),
+            config: table,
+            background: true,
+            foreground_timeout_ms: 600_000,
+            grants: Default::default(),
+        };
+        return Ok((TasksSettings::default(), vec![entry]));
+    }
+    let config = Config::load(&args.target)?;
+    let base = args.target.parent().unwrap_or(Path::new("."));
+    let mut entries = Vec::new();
+    for mut producer in config.producers {
+        if producer.plugin.starts_with("native:") {
+            tracing::warn!(tool = %producer.tool, plugin = %producer.plugin, "dev serves wasm plugins only; skipping");
+            continue;
+        }
+        if !producer.plugin.starts_with("builtin:") {
+            producer.plugin = base.join(&producer.plugin).display().to_string();
+        }
+        entries.push(producer);
+    }
+    Ok((config.tasks, entries))
+}
+
+async fn serve(host: &Host, engine: &PluginEngine, entry: ProducerConfig) -> anyhow::Result<Served> {
+    let (version, file) = match entry.plugin.strip_prefix("builtin:") {
+        Some(name) => {
+            let builtin = crate::builtin::find(name).with_context(|| {
+                let known: Vec<&str> = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| p.name).collect();
+                format!("no built-in plugin {name:?}; built in: {}", known.join(", "))
+            })?;
+            (engine.load_bytes(name, builtin.wasm).await?, None)
+        }
+        None => {
+            let path = PathBuf::from(&entry.plugin);
+            (engine.load_file(&path).await?, Some(path))
+        }
+    };
+    // The tool name defaults to the plugin's kind, which needs `describe`.
+    let tool = if entry.tool.is_empty() {
+        crate::plugin::producer::describe(&version, &serde_json::to_string(&entry.config_json())?).await?.kind
+    } else {
+        entry.tool.clone()
+    };
+    let options = ProducerToolOptions {
+        name: tool,
+        background: entry.background,
+        foreground_timeout: Duration::from_millis(entry.foreground_timeout_ms),
+    };
+    let plugin = ReloadablePlugin::serve(host, engine, version, entry.config_json(), options).await?;
+    Ok(Served { plugin, file })
+}
+
+/// Lines from stdin: rustyline on a terminal (in its own thread, since it
+/// blocks), plain lines otherwise.
+fn input(interactive: bool) -> anyhow::Result<(mpsc::UnboundedReceiver<String>, Console)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    if !interactive {
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        return Ok((rx, Console { printer: Arc::new(Mutex::new(None)) }));
+    }
+    let mut editor = rustyline::DefaultEditor::new().context("cannot set up line editing")?;
+    let printer = editor.create_external_printer().context("cannot set up line editing")?;
+    std::thread::Builder::new()
+        .name("taskhost-dev-input".into())
+        .spawn(move || {
+            // Ctrl-C and Ctrl-D end the input like `quit`.
+            while let Ok(line) = editor.readline("taskhost> ") {
+                let _ = editor.add_history_entry(line.as_str());
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the input thread")?;
+    Ok((rx, Console { printer: Arc::new(Mutex::new(Some(Box::new(printer)))) }))
+}
+
+fn spawn_reload_printer(plugin: &Arc<ReloadablePlugin>, console: Console) {
+    let mut events = plugin.subscribe();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(event @ ReloadEvent::Reloaded(_)) => console.say(format!("[reload] {event}")),
+                Ok(event @ ReloadEvent::Failed(_)) => console.say(format!("[reload failed] {event}")),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    console.say(format!("[reload] ({n} reload events not shown)"))
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    });
+}
+
+/// Prints each completion notice once, as it is injected into the console's
+/// session. The periodic check covers a notice injected between a take and
+/// the next wait.
+fn spawn_notice_printer(agent: &Agent, console: Console) {
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        while agent.is_live() {
+            for message in agent.take_unread() {
+                console.say(format!("[notice] {}", message.text));
+            }
+            tokio::select! {
+                _ = agent.message_injected() => {}
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    });
+}
+
+enum Flow {
+    Continue,
+    Quit,
+}
+
+async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, console: &Console) -> anyhow::Result<Flow> {
+    let (word, rest) = line.split_once(char::is_whitespace).map_or((line, ""), |(w, r)| (w, r.trim()));
+    let context = CallContext::for_agent(agent);
+    match word {
+        "quit" | "exit" => return Ok(Flow::Quit),
+        "help" | "?" => console.say(HELP),
+        "call" | "bg" => {
+            let (plugin, args) = tool_and_args(served, rest)?;
+            let mut args: Value = serde_json::from_str(args).context("the arguments are not JSON")?;
+            let Some(object) = args.as_object_mut() else { bail!("the arguments must be a JSON object") };
+            if word == "bg" {
+                object.insert(RUN_IN_BACKGROUND.into(), json!(true));
+            }
+            let output = host.call_tool(plugin.tool(), args, &context).await?;
+            say_output(console, &output);
+        }
+        "list" => {
+            let tasks = host.registry().list(Some(agent));
+            if tasks.is_empty() {
+                console.say("(no background tasks)");
+            }
+            for task in tasks {
+                let version = task.producer_info.as_deref().map_or(String::new(), |info| {
+                    let tag = ServingVersion::seq_of_info(info).map_or(String::new(), |s| format!("v{s} "));
+                    let hash = info.split(' ').next().unwrap_or(info);
+                    format!("  ({tag}{hash})")
+                });
+                console.say(format!("{} [{}] {} — {}{version}", task.id, task.kind, task.status, task.label));
+            }
+        }
+        "output" => {
+            let mut id = None;
+            let mut wait = false;
+            for part in rest.split_whitespace() {
+                match part {
+                    "--wait" => wait = true,
+                    other if id.is_none() => id = Some(other),
+                    other => bail!("unexpected {other:?}; usage: output <id> [--wait]"),
+                }
+            }
+            let id = id.context("usage: output <id> [--wait]")?;
+            let output = host.call_tool("task_output", json!({"task_id": id, "wait": wait}), &context).await?;
+            say_output(console, &output);
+        }
+        "kill" => {
+            let (id, reason) = rest.split_once(char::is_whitespace).map_or((rest, None), |(i, r)| (i, Some(r.trim())));
+            if id.is_empty() {
+                bail!("usage: kill <id> [reason]");
+            }
+            let output = host.call_tool("task_kill", json!({"task_id": id, "reason": reason}), &context).await?;
+            say_output(console, &output);
+        }
+        "tools" => {
+            for definition in host.tool_definitions() {
+                let version = served
+                    .iter()
+                    .find(|s| s.plugin.tool() == definition.name)
+                    .map(|s| {
+                        let serving = s.plugin.serving();
+                        let live = s.plugin.live_tasks_by_version();
+                        let live = if live.is_empty() {
+                            String::new()
+                        } else {
+                            let parts: Vec<String> = live.iter().map(|(v, n)| format!("v{v}: {n}")).collect();
+                            format!(", live tasks {}", parts.join(", "))
+                        };
+                        format!(" ({} {}{live})", serving.tag(), serving.version.version())
+                    })
+                    .unwrap_or_default();
+                console.say(format!("{}{version}: {}", definition.name, definition.description));
+                console.say(format!("  schema: {}", definition.input_schema));
+            }
+        }
+        "reload" => {
+            let plugin = match rest {
+                "" => served.first().context("no plugin")?,
+                name => served.iter().find(|s| s.plugin.tool() == name).with_context(|| format!("no tool {name:?}"))?,
+            };
+            let Some(file) = &plugin.file else {
+                bail!("{} is built in: there is no file to reload", plugin.plugin.tool())
+            };
+            // The outcome is printed by the reload printer, like a watched reload.
+            let _ = plugin.plugin.reload_file(file).await;
+        }
+        other => bail!("unknown command {other:?}; type `help`"),
+    }
+    Ok(Flow::Continue)
+}
+
+/// `[<tool>] <json>`: the tool may be left out when one plugin is served.
+fn tool_and_args<'a>(served: &'a [Served], rest: &'a str) -> anyhow::Result<(&'a ReloadablePlugin, &'a str)> {
+    if rest.starts_with('{') || rest.is_empty() {
+        let [only] = served else {
+            bail!("several tools are served; name one: call <tool> <json>");
+        };
+        return Ok((&only.plugin, if rest.is_empty() { "{}" } else { rest }));
+    }
+    let (name, args) = rest.split_once(char::is_whitespace).map_or((rest, "{}"), |(n, a)| (n, a.trim()));
+    let plugin = served.iter().find(|s| s.plugin.tool() == name).with_context(|| {
+        let names: Vec<&str> = served.iter().map(|s| s.plugin.tool()).collect();
+        format!("no plugin tool {name:?}; served: {}", names.join(", "))
+    })?;
+    Ok((&plugin.plugin, args))
+}
+
+fn say_output(console: &Console, output: &ToolOutput) {
+    if output.is_error {
+        console.say(format!("(error result)\n{}", output.text));
+    } else {
+        console.say(&output.text);
+    }
+}

@@ -1,0 +1,278 @@
+//! Hot reload of wasm plugins: make-before-break, and never an orphaned task.
+//!
+//! A [`ReloadablePlugin`] is one tool instance served from a wasm plugin that
+//! can be replaced while it runs. A reload goes:
+//! 1. load the new bytes: compile (or take the compile cache), validate
+//!    against the `plugin` world and pre-instantiate ([`PluginEngine`]);
+//! 2. `describe` the new version with this instance's config and check that
+//!    the kind did not change ([`WasmProducer::reload`]);
+//! 3. swap the one pointer new starts read.
+//!
+//! Invariants:
+//! - Nothing changes before step 3. A new version that fails to compile,
+//!   fails validation or fails `describe` leaves the old one serving; the
+//!   failure is returned, logged and broadcast as [`ReloadEvent::Failed`]
+//!   with the reason.
+//! - Start calls are never blocked or refused by a reload: until the swap
+//!   they prepare on the old version, after it on the new one.
+//! - Running tasks stay on the version that started them until they settle
+//!   (each task's store was instantiated from its version's `InstancePre` and
+//!   keeps an `Arc` of it). They stay in the task registry, which owns every
+//!   registration, so they remain readable and killable and their completion
+//!   notices arrive as usual. A plugin never owns a task.
+//! - [`ReloadablePlugin::unload`] removes the tool (no new starts) and
+//!   touches no running task.
+//! - Each version served gets the next sequence number of this instance
+//!   (`v1`, `v2`, …) next to its content hash; tasks record both in
+//!   `producer_info` (see [`ServingVersion::info`]).
+//! - A schema change is visible at once: tool definitions are computed from
+//!   the serving descriptor on every listing.
+//!
+//! [`watch`] adds file watching with debounce on top.
+
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::sync::broadcast;
+use tracing::Instrument as _;
+
+use crate::Host;
+use crate::plugin::{CompileSource, PluginEngine, PluginVersion, ServingVersion, WasmProducer};
+use crate::producer::Producer;
+use crate::tools::producer_tool::ProducerToolOptions;
+
+pub use watch::{WatchHandle, WatchOptions, watch};
+
+/// A successful reload.
+#[derive(Clone, Debug)]
+pub struct Reloaded {
+    pub tool: String,
+    pub from: ServingVersion,
+    pub to: ServingVersion,
+    /// Whether the new version's code came from the compile cache.
+    pub compile: CompileSource,
+    /// From the start of the load to the swap.
+    pub took: Duration,
+    /// Live tasks still running on older versions, by sequence number, at
+    /// the moment of the swap.
+    pub still_running: BTreeMap<u64, usize>,
+    /// The argument schema or description changed.
+    pub schema_changed: bool,
+}
+
+/// A refused reload: the previous version still serves.
+#[derive(Clone, Debug)]
+pub struct ReloadFailed {
+    pub tool: String,
+    /// The version that keeps serving.
+    pub serving: ServingVersion,
+    /// Why, with context (`cannot load plugin …: the file is truncated …`).
+    pub reason: String,
+}
+
+/// What a reload attempt did, as broadcast to subscribers.
+#[derive(Clone, Debug)]
+pub enum ReloadEvent {
+    Reloaded(Reloaded),
+    Failed(ReloadFailed),
+}
+
+impl fmt::Display for Reloaded {
+    /// `reloaded ticker: v3 serving new starts; 2 tasks still on v2`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reloaded {}: {} serving new starts", self.tool, self.to.tag())?;
+        if self.still_running.is_empty() {
+            write!(f, "; no tasks on older versions")?;
+        } else {
+            let parts: Vec<String> = self
+                .still_running
+                .iter()
+                .map(|(seq, n)| format!("{n} task{} still on v{seq}", if *n == 1 { "" } else { "s" }))
+                .collect();
+            write!(f, "; {}", parts.join(", "))?;
+        }
+        if self.schema_changed {
+            write!(f, " (the tool's schema changed)")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ReloadFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reload of {} failed, {} still serving: {}", self.tool, self.serving.tag(), self.reason)
+    }
+}
+
+impl fmt::Display for ReloadEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReloadEvent::Reloaded(r) => r.fmt(f),
+            ReloadEvent::Failed(r) => r.fmt(f),
+        }
+    }
+}
+
+/// One reloadable wasm tool instance, served by a [`Host`].
+pub struct ReloadablePlugin {
+    tool: String,
+    engine: PluginEngine,
+    producer: Arc<WasmProducer>,
+    host: Host,
+    events: broadcast::Sender<ReloadEvent>,
+}
+
+impl fmt::Debug for ReloadablePlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadablePlugin")
+            .field("tool", &self.tool)
+            .field("serving", &self.producer.serving().info())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReloadablePlugin {
+    /// Describes `version` with `config`, then serves it on `host` as the
+    /// tool `options.name` (replacing a tool of that name).
+    pub async fn serve(
+        host: &Host,
+        engine: &PluginEngine,
+        version: Arc<PluginVersion>,
+        config: serde_json::Value,
+        options: ProducerToolOptions,
+    ) -> anyhow::Result<Arc<Self>> {
+        let tool = options.name.clone();
+        let producer = Arc::new(
+            WasmProducer::new(version, config).await.with_context(|| format!("cannot serve the tool {tool}"))?,
+        );
+        host.add_producer(producer.clone() as Arc<dyn Producer>, options);
+        let (events, _) = broadcast::channel(64);
+        tracing::info!(tool = %tool, version = %producer.serving().info(), "plugin serving");
+        Ok(Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events }))
+    }
+
+    /// The tool name.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    pub fn engine(&self) -> &PluginEngine {
+        &self.engine
+    }
+
+    pub fn producer(&self) -> &Arc<WasmProducer> {
+        &self.producer
+    }
+
+    /// The version new starts use.
+    pub fn serving(&self) -> ServingVersion {
+        self.producer.serving()
+    }
+
+    /// Live tasks of this instance by version sequence number.
+    pub fn live_tasks_by_version(&self) -> BTreeMap<u64, usize> {
+        self.producer.live_tasks_by_version()
+    }
+
+    /// Every reload attempt from now on (successes and failures).
+    pub fn subscribe(&self) -> broadcast::Receiver<ReloadEvent> {
+        self.events.subscribe()
+    }
+
+    /// Loads `path` as the new version.
+    pub async fn reload_file(&self, path: &Path) -> Result<Reloaded, ReloadFailed> {
+        let started = Instant::now();
+        let work = async {
+            let loaded = self.engine.load_file(path).await;
+            self.finish(started, loaded).await
+        };
+        work.instrument(self.span()).await
+    }
+
+    /// Loads `bytes` (named `name`) as the new version. The same bytes as
+    /// the serving version still make a new version (`v<n+1>`), with its
+    /// code from the compile cache.
+    pub async fn reload_bytes(&self, name: &str, bytes: impl Into<Vec<u8>>) -> Result<Reloaded, ReloadFailed> {
+        let started = Instant::now();
+        let bytes = bytes.into();
+        let work = async {
+            let loaded = self.engine.load_bytes(name, bytes).await;
+            self.finish(started, loaded).await
+        };
+        work.instrument(self.span()).await
+    }
+
+    /// Serves an already loaded version (still described first).
+    pub async fn reload_version(&self, version: Arc<PluginVersion>) -> Result<Reloaded, ReloadFailed> {
+        self.finish(Instant::now(), Ok(version)).instrument(self.span()).await
+    }
+
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!("reload", tool = %self.tool, from = %self.producer.serving().info())
+    }
+
+    async fn finish(
+        &self,
+        started: Instant,
+        loaded: anyhow::Result<Arc<PluginVersion>>,
+    ) -> Result<Reloaded, ReloadFailed> {
+        let from = self.producer.serving();
+        let old_descriptor = self.producer.descriptor();
+        let swapped = match loaded {
+            Ok(version) => {
+                let compile = version.compile_source();
+                self.producer.reload(version).await.map(|(to, descriptor)| (to, descriptor, compile))
+            }
+            Err(error) => Err(error),
+        };
+        match swapped {
+            Ok((to, descriptor, compile)) => {
+                let mut still_running = self.producer.live_tasks_by_version();
+                still_running.remove(&to.seq);
+                let reloaded = Reloaded {
+                    tool: self.tool.clone(),
+                    from,
+                    to,
+                    compile,
+                    took: started.elapsed(),
+                    still_running,
+                    schema_changed: *descriptor != *old_descriptor,
+                };
+                tracing::info!(
+                    tool = %self.tool,
+                    version = %reloaded.to.info(),
+                    compile = ?compile,
+                    took_ms = reloaded.took.as_secs_f64() * 1000.0,
+                    "{reloaded}"
+                );
+                let _ = self.events.send(ReloadEvent::Reloaded(reloaded.clone()));
+                Ok(reloaded)
+            }
+            Err(error) => {
+                let failed = ReloadFailed { tool: self.tool.clone(), serving: from, reason: format!("{error:#}") };
+                tracing::warn!(tool = %self.tool, serving = %failed.serving.info(), reason = %failed.reason, "reload failed; the previous version keeps serving");
+                let _ = self.events.send(ReloadEvent::Failed(failed.clone()));
+                Err(failed)
+            }
+        }
+    }
+
+    /// Stops new starts by removing the tool. Running tasks keep running on
+    /// their version and stay readable and killable through the registry.
+    /// Returns whether the tool was still being served.
+    pub fn unload(&self) -> bool {
+        let removed = self.host.toolbox().remove(&self.tool);
+        tracing::info!(
+            tool = %self.tool,
+            live_tasks = self.live_tasks_by_version().values().sum::<usize>(),
+            "plugin unloaded; running tasks continue"
+        );
+        removed
+    }
+}
