@@ -435,7 +435,7 @@ async fn a_foreground_run_settles_and_leaves_its_output_readable() {
     let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
     let prepared =
         ticker.prepare(json!({"count": 3, "interval_ms": 5, "message": "fg"}), RunMode::Foreground).await.unwrap();
-    assert_eq!(prepared.producer_info.as_deref(), Some(ticker.version().version()));
+    assert_eq!(prepared.producer_info, Some(ticker.serving().info()));
     let hooks = (prepared.run)().await.expect("run");
     assert!(hooks.control.streams_output());
     let outcome = tokio::time::timeout(BOUND, hooks.done).await.expect("settles").expect("outcome");
