@@ -293,19 +293,16 @@ impl Config {
     /// The producers served when the configuration lists none. The one
     /// place that decides what a bare `taskhost serve` offers.
     pub fn default_producers() -> Vec<ProducerConfig> {
-        let builtin = |tool: &str, grants: Grants| ProducerConfig {
-            tool: tool.to_string(),
-            plugin: format!("builtin:{tool}"),
+        // Serving bash by default waits until the MCP suites exercise it over
+        // the wire (issue 6); configure it with a process grant meanwhile.
+        vec![ProducerConfig {
+            tool: "ticker".to_string(),
+            plugin: "native:ticker".to_string(),
             config: empty_table(),
             background: true,
             foreground_timeout_ms: default_foreground_timeout_ms(),
-            grants,
-        };
-        // bash may start only bash, in the current directory and below, with
-        // credentials scrubbed from its environment and no network.
-        let bash_grant =
-            crate::capabilities::process::ProcessGrant { programs: vec!["bash".to_string()], ..Default::default() };
-        vec![builtin("bash", Grants { process: Some(bash_grant) }), builtin("ticker", Grants::default())]
+            grants: Grants::default(),
+        }]
     }
 
     /// The configured producers, or the defaults when none are configured.

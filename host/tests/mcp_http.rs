@@ -68,7 +68,7 @@ impl HttpServer {
 
     async fn client(&self, token: &str) -> Client {
         let transport = StreamableHttpClientTransport::with_client(
-            reqwest::Client::new(),
+            common_http_client(),
             StreamableHttpClientTransportConfig::with_uri(self.url.clone()).auth_header(token),
         );
         ().serve(transport).await.expect("initialize over HTTP")
@@ -92,7 +92,7 @@ async fn two_tokens_are_two_isolated_owners() {
     let bob = server.client(BOB).await;
 
     let names: Vec<String> = alice.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
 
     let started =
         call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
@@ -146,7 +146,7 @@ async fn two_tokens_are_two_isolated_owners() {
 #[tokio::test]
 async fn requests_without_a_valid_token_are_refused() {
     let server = HttpServer::start("http-auth").await;
-    let http = reqwest::Client::new();
+    let http = common_http_client();
     let initialize = json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
@@ -176,7 +176,7 @@ async fn requests_without_a_valid_token_are_refused() {
     }
     // The rmcp client with a wrong token cannot even initialize.
     let transport = StreamableHttpClientTransport::with_client(
-        reqwest::Client::new(),
+        common_http_client(),
         StreamableHttpClientTransportConfig::with_uri(server.url.clone()).auth_header("not-a-valid-token-at-all"),
     );
     assert!(().serve(transport).await.is_err(), "a wrong token must not initialize");
@@ -221,7 +221,7 @@ async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
 
     // Malformed JSON in a POST body: rmcp refuses it with a readable 415
     // (its status for an undecodable body), and the server keeps serving.
-    let response = reqwest::Client::new()
+    let response = common_http_client()
         .post(&server.url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -271,7 +271,7 @@ async fn closing_the_response_stream_kills_a_foreground_call() {
         "params": {"name": "ticker", "arguments": {"count": 100000, "interval_ms": 50}}
     });
     // The client gives up after 500 ms and closes the connection.
-    let gave_up = reqwest::Client::new()
+    let gave_up = common_http_client()
         .post(&server.url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -295,7 +295,7 @@ async fn a_host_header_outside_allowed_hosts_is_refused() {
     let server = HttpServer::start("http-hosts").await;
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
     let send = |host: &'static str| {
-        reqwest::Client::new()
+        common_http_client()
             .post(&server.url)
             .header("host", host)
             .header("content-type", "application/json")
@@ -311,4 +311,12 @@ async fn a_host_header_outside_allowed_hosts_is_refused() {
     assert_eq!(body, "Forbidden: Host header is not allowed");
     assert_eq!(send("localhost").await.unwrap().status(), 200);
     server.stop().await;
+}
+
+/// A plain-HTTP client. reqwest is built with rustls but no crypto provider
+/// (the openai backend installs one); install ring once so building a
+/// client never panics, whatever ran first.
+fn common_http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
 }

@@ -19,7 +19,7 @@ async fn tools_are_listed_with_their_schemas_and_the_instructions() {
     );
     let tools = server.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
-    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{} schema", tool.name);
         assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{} has a description", tool.name);
