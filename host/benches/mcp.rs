@@ -145,10 +145,7 @@ async fn floor_http() -> Stats {
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let transport = StreamableHttpClientTransport::with_client(
-        {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            reqwest::Client::new()
-        },
+        taskhost::http_client::client(),
         StreamableHttpClientTransportConfig::with_uri(url),
     );
     let client = ().serve(transport).await.unwrap();
@@ -281,10 +278,7 @@ async fn run() {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let connect = |i: usize| {
         let transport = StreamableHttpClientTransport::with_client(
-            {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                reqwest::Client::new()
-            },
+            taskhost::http_client::client(),
             StreamableHttpClientTransportConfig::with_uri(url.clone())
                 .auth_header(format!("bench-token-{i:04}-0123456789abcdef")),
         );

@@ -4,13 +4,13 @@
 //!
 //! Measures, in one run:
 //! - file change → new version serving, through the file watcher (default
-//!   debounce 150 ms + settle 50 ms), for a build whose compiled code is in
+//!   debounce 40 ms + settle 20 ms), for a build whose compiled code is in
 //!   the cache and for a new build (compiled now); also the load → swap time
 //!   alone (what a reload costs without the debounce);
 //! - `Host::call_tool` background start latency (p50/p99) with no reloads,
 //!   while the plugin is reloaded back to back with cached builds (the worst
 //!   case: a reload loop owns one of the two cores), and at the watcher's
-//!   fastest rate (one reload per 200 ms, debounce + settle) alternating
+//!   a rebuild rate (one reload per 200 ms) alternating
 //!   cached and freshly compiled builds, in interleaved rounds of the same
 //!   run, and the p99 ratios against no reloads.
 //!

@@ -293,16 +293,23 @@ impl Config {
     /// The producers served when the configuration lists none. The one
     /// place that decides what a bare `taskhost serve` offers.
     pub fn default_producers() -> Vec<ProducerConfig> {
-        // Serving bash by default waits until the MCP suites exercise it over
-        // the wire (issue 6); configure it with a process grant meanwhile.
-        vec![ProducerConfig {
-            tool: "ticker".to_string(),
-            plugin: "native:ticker".to_string(),
+        let producer = |tool: &str, plugin: &str, grants: Grants| ProducerConfig {
+            tool: tool.to_string(),
+            plugin: plugin.to_string(),
             config: empty_table(),
             background: true,
             foreground_timeout_ms: default_foreground_timeout_ms(),
-            grants: Grants::default(),
-        }]
+            grants,
+        };
+        // bash may start only bash, in the server's working directory and
+        // below, with credentials scrubbed from its environment, no network,
+        // and every tree in its own PID namespace.
+        let bash_grant =
+            crate::capabilities::process::ProcessGrant { programs: vec!["bash".to_string()], ..Default::default() };
+        vec![
+            producer("bash", "builtin:bash", Grants { process: Some(bash_grant) }),
+            producer("ticker", "native:ticker", Grants::default()),
+        ]
     }
 
     /// The configured producers, or the defaults when none are configured.
@@ -393,9 +400,15 @@ mod tests {
     }
 
     #[test]
-    fn default_producers_serve_the_ticker() {
+    fn default_producers_serve_bash_with_a_narrow_grant_and_the_ticker() {
         let config = Config::default();
         assert_eq!(config.effective_producers(), Config::default_producers());
-        assert_eq!(Config::default_producers()[0].plugin, "native:ticker");
+        let defaults = Config::default_producers();
+        let plugins: Vec<(&str, &str)> = defaults.iter().map(|p| (p.tool.as_str(), p.plugin.as_str())).collect();
+        assert_eq!(plugins, [("bash", "builtin:bash"), ("ticker", "native:ticker")]);
+        let grant = defaults[0].grants.process.as_ref().expect("bash has a process grant");
+        assert_eq!(grant.programs, ["bash"]);
+        assert!(!grant.network && grant.pid_namespace && grant.working_dirs.is_empty());
+        assert!(defaults[1].grants.process.is_none(), "the ticker starts no processes");
     }
 }

@@ -26,6 +26,7 @@ pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod host;
+pub mod http_client;
 pub mod ids;
 pub mod native;
 pub mod notices;

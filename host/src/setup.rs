@@ -9,7 +9,7 @@
 //! host. The plugin engine is created only when a wasm producer is
 //! configured, and lives as long as the plugins loaded into it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,22 +53,49 @@ pub async fn build_producer(
         );
         return Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?));
     }
-    let version = if let Some(name) = plugin.strip_prefix("builtin:") {
+    match build_wasm_producer(config, base_dir, runtime).await? {
+        Some(wasm) => Ok(wasm.producer),
+        None => anyhow::bail!("unsupported plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported()),
+    }
+}
+
+/// A wasm plugin served from a `[[producer]]` entry, with its grants.
+pub struct WasmEntry {
+    pub producer: Arc<WasmProducer>,
+    /// The component file it was loaded from; `None` for a built-in plugin.
+    pub file: Option<PathBuf>,
+}
+
+/// Builds the wasm producer of an entry whose plugin is `builtin:<name>` or
+/// a `.wasm` path, with the capabilities its grants name; `Ok(None)` for
+/// native and subagent plugins (see [`build_producer`]). Also what
+/// `taskhost dev` serves, so a plugin under development gets exactly the
+/// authority it will get in production.
+pub async fn build_wasm_producer(
+    config: &ProducerConfig,
+    base_dir: &Path,
+    runtime: &mut PluginRuntime,
+) -> anyhow::Result<Option<WasmEntry>> {
+    let plugin = config.plugin.as_str();
+    let (version, file) = if is_subagent_plugin(plugin) || plugin.starts_with("native:") {
+        return Ok(None);
+    } else if let Some(name) = plugin.strip_prefix("builtin:") {
         let Some(builtin) = crate::builtin::find(name) else {
             anyhow::bail!("unknown built-in plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
         };
-        runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?
+        (runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?, None)
     } else if plugin.ends_with(".wasm") {
-        runtime.engine()?.load_file(base_dir.join(plugin)).await?
+        let file = base_dir.join(plugin);
+        (runtime.engine()?.load_file(&file).await?, Some(file))
     } else {
-        anyhow::bail!("unsupported plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
+        return Ok(None);
     };
     let mut producer = WasmProducer::new(version, config.config_json()).await?;
     if let Some(grant) = &config.grants.process {
         producer =
             producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant.clone()) });
     }
-    Ok(Arc::new(producer))
+    Ok(Some(WasmEntry { producer: Arc::new(producer), file }))
 }
 
 /// The shared runtimes wasm producers need, created on first use so a host
@@ -133,10 +160,10 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn defaults_serve_the_ticker_and_the_control_tools() {
+    async fn defaults_serve_bash_the_ticker_and_the_control_tools() {
         let host = host_from_config(&Config::default(), Path::new(".")).await.unwrap();
         let names: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
-        assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+        assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
     }
 
     #[tokio::test]

@@ -35,11 +35,15 @@ struct Console {
 }
 
 impl Console {
-    fn start(plugin: &Path) -> Self {
+    /// `taskhost dev <plugin> <flags>`, with its compile cache in `dir`.
+    fn start(plugin: &Path, dir: &Path, flags: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-            .args(["dev", plugin.to_str().unwrap(), "--watch"])
+            .arg("dev")
+            .arg(plugin)
+            .args(flags)
+            .current_dir(dir)
             .env("RUST_LOG", "warn")
-            .env("XDG_CACHE_HOME", plugin.parent().unwrap().join("cache"))
+            .env("XDG_CACHE_HOME", dir.join("cache"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -103,7 +107,7 @@ fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
     let v1 = rebuilt(taskhost::builtin::TICKER_WASM, "build 1");
     std::fs::write(&plugin, &v1).unwrap();
 
-    let mut console = Console::start(&plugin);
+    let mut console = Console::start(&plugin, &dir, &["--watch"]);
     console.expect("serving ticker from");
     console.expect("watching for rebuilds");
     console.send(r#"bg {"count": 12, "interval_ms": 150}"#);
@@ -154,5 +158,37 @@ fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
     assert!(status.success(), "{status}");
     let reloads = console.seen.iter().filter(|l| l.starts_with("[reload]")).count();
     assert_eq!(reloads, 1, "{}", console.seen.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `dev` serves a plugin with the grants `serve` would give it: the bash
+/// plugin runs commands when granted `--program bash`, and without a grant
+/// the console says what is missing.
+#[test]
+fn dev_grants_the_process_capability_like_serve() {
+    let dir = std::env::temp_dir().join(format!("taskhost-dev-grant-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bash = Path::new(taskhost::builtin::BASH_PATH);
+
+    let mut console = Console::start(bash, &dir, &["--program", "bash"]);
+    console.expect("serving bash from");
+    console.send(r#"call {"command": "echo from-dev; pwd"}"#);
+    console.expect("from-dev");
+    let pwd = console.expect("/");
+    assert_eq!(Path::new(&pwd).canonicalize().unwrap(), dir.canonicalize().unwrap(), "runs in dev's directory");
+    console.expect("[status: completed, exit code: 0]");
+    console.send("quit");
+    console.expect("bye");
+    assert!(console.child.wait().unwrap().success());
+
+    let mut console = Console::start(bash, &dir, &[]);
+    console.expect("serving bash from");
+    console.send(r#"call {"command": "echo hi"}"#);
+    let error = console.expect("error:");
+    assert!(error.contains("has no process grant"), "{error}");
+    console.send("quit");
+    console.expect("bye");
+    assert!(console.child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }

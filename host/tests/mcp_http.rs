@@ -6,6 +6,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::procfs::{ESCAPEES, ProcessMark};
 use common::{Client, call, is_error, only_text, serve_command, temp_dir, texts};
 use rmcp::ServiceExt;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -68,7 +69,7 @@ impl HttpServer {
 
     async fn client(&self, token: &str) -> Client {
         let transport = StreamableHttpClientTransport::with_client(
-            common_http_client(),
+            taskhost::http_client::client(),
             StreamableHttpClientTransportConfig::with_uri(self.url.clone()).auth_header(token),
         );
         ().serve(transport).await.expect("initialize over HTTP")
@@ -92,7 +93,7 @@ async fn two_tokens_are_two_isolated_owners() {
     let bob = server.client(BOB).await;
 
     let names: Vec<String> = alice.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
 
     let started =
         call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
@@ -146,7 +147,7 @@ async fn two_tokens_are_two_isolated_owners() {
 #[tokio::test]
 async fn requests_without_a_valid_token_are_refused() {
     let server = HttpServer::start("http-auth").await;
-    let http = common_http_client();
+    let http = taskhost::http_client::client();
     let initialize = json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
@@ -176,7 +177,7 @@ async fn requests_without_a_valid_token_are_refused() {
     }
     // The rmcp client with a wrong token cannot even initialize.
     let transport = StreamableHttpClientTransport::with_client(
-        common_http_client(),
+        taskhost::http_client::client(),
         StreamableHttpClientTransportConfig::with_uri(server.url.clone()).auth_header("not-a-valid-token-at-all"),
     );
     assert!(().serve(transport).await.is_err(), "a wrong token must not initialize");
@@ -204,7 +205,7 @@ async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
     assert!(is_error(&unknown));
     assert_eq!(
         only_text(&unknown),
-        "unknown tool \"no_such_tool\"; available tools: task_kill, task_list, task_output, ticker"
+        "unknown tool \"no_such_tool\"; available tools: bash, task_kill, task_list, task_output, ticker"
     );
     let bad = call(peer, "ticker", json!({"count": "three"})).await;
     assert!(is_error(&bad));
@@ -221,7 +222,7 @@ async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
 
     // Malformed JSON in a POST body: rmcp refuses it with a readable 415
     // (its status for an undecodable body), and the server keeps serving.
-    let response = common_http_client()
+    let response = taskhost::http_client::client()
         .post(&server.url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -240,17 +241,39 @@ async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
     server.stop().await;
 }
 
+/// Background bash over HTTP: the owner reads its output, another owner
+/// cannot see it, and a server shutdown leaves no process of any owner
+/// behind (checked in /proc).
 #[tokio::test]
-async fn shutdown_disposes_every_owners_tasks() {
+async fn shutdown_disposes_every_owners_tasks_and_leaves_no_process() {
     let server = HttpServer::start("http-shutdown").await;
     let alice = server.client(ALICE).await;
     let bob = server.client(BOB).await;
-    call(alice.peer(), "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+    let mark = ProcessMark::new("mcp-http-shutdown");
+    let escapees = format!("{}{ESCAPEES}", mark.export());
+    assert_eq!(
+        only_text(&call(alice.peer(), "bash", json!({"command": escapees, "run_in_background": true})).await),
+        "started background task bash-1"
+    );
     call(bob.peer(), "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
+    mark.await_at_least(4, Duration::from_secs(20)).await;
+    let output = only_text(
+        &call(alice.peer(), "task_output", json!({"task_id": "bash-1", "wait": true, "timeout_ms": 300})).await,
+    );
+    assert_eq!(output, "started\n[status: running]");
+    let foreign = call(bob.peer(), "task_output", json!({"task_id": "bash-1"})).await;
+    assert!(is_error(&foreign));
+    assert_eq!(only_text(&foreign), "task bash-1 belongs to another session");
+    assert_eq!(
+        only_text(&call(bob.peer(), "task_list", json!({})).await),
+        "ticker-1 [ticker] running — 100000 ticks every 1000 ms"
+    );
+
     let log = server.stop().await;
-    for task in ["ticker-1", "ticker-2"] {
+    for task in ["bash-1", "ticker-1"] {
         assert!(log.contains(&format!("task settled task={task} status=killed")), "{task} not killed:\n{log}");
     }
+    mark.assert_none_within(Duration::from_secs(5)).await;
     drop((alice, bob));
 }
 
@@ -271,7 +294,7 @@ async fn closing_the_response_stream_kills_a_foreground_call() {
         "params": {"name": "ticker", "arguments": {"count": 100000, "interval_ms": 50}}
     });
     // The client gives up after 500 ms and closes the connection.
-    let gave_up = common_http_client()
+    let gave_up = taskhost::http_client::client()
         .post(&server.url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -295,7 +318,7 @@ async fn a_host_header_outside_allowed_hosts_is_refused() {
     let server = HttpServer::start("http-hosts").await;
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
     let send = |host: &'static str| {
-        common_http_client()
+        taskhost::http_client::client()
             .post(&server.url)
             .header("host", host)
             .header("content-type", "application/json")
@@ -311,12 +334,4 @@ async fn a_host_header_outside_allowed_hosts_is_refused() {
     assert_eq!(body, "Forbidden: Host header is not allowed");
     assert_eq!(send("localhost").await.unwrap().status(), 200);
     server.stop().await;
-}
-
-/// A plain-HTTP client. reqwest is built with rustls but no crypto provider
-/// (the openai backend installs one); install ring once so building a
-/// client never panics, whatever ran first.
-fn common_http_client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
 }

@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::procfs::{ESCAPEES, ProcessMark};
 use common::{StdioServer, call, is_error, only_text, texts};
 use serde_json::json;
 
@@ -19,7 +20,7 @@ async fn tools_are_listed_with_their_schemas_and_the_instructions() {
     );
     let tools = server.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
-    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{} schema", tool.name);
         assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{} has a description", tool.name);
@@ -29,6 +30,10 @@ async fn tools_are_listed_with_their_schemas_and_the_instructions() {
     assert_eq!(schema("task_kill")["required"], json!(["task_id"]));
     let ticker = schema("ticker");
     assert_eq!(ticker["properties"]["run_in_background"]["type"], json!("boolean"));
+    let bash = schema("bash");
+    assert_eq!(bash["properties"]["command"]["type"], json!("string"));
+    assert_eq!(bash["properties"]["run_in_background"]["type"], json!("boolean"));
+    assert_eq!(bash["required"], json!(["command"]));
     assert_eq!(ticker["properties"]["count"]["type"], json!("integer"));
     let (status, _) = server.disconnect().await;
     assert!(status.success(), "exit status {status}");
@@ -133,6 +138,80 @@ async fn disconnect_disposes_the_owners_tasks() {
     }
 }
 
+/// The default bash tool over the wire: consuming reads that lose and repeat
+/// nothing, the stderr section and exit code, a kill that takes the whole
+/// tree (escapees included), and a disconnect that leaves no process behind
+/// (checked in /proc).
+#[tokio::test]
+async fn background_bash_over_stdio_and_no_process_outlives_the_connection() {
+    let server = StdioServer::start("stdio-bash", None).await;
+    let peer = server.client.peer().clone();
+
+    let script = "for i in $(seq 1 400); do echo \"line $i\"; if (( i % 100 == 0 )); then sleep 0.1; fi; done; \
+                  echo warn >&2; exit 3";
+    let started = call(&peer, "bash", json!({"command": script, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background task bash-1");
+    let (mut bodies, mut notices) = (Vec::new(), Vec::new());
+    let status = loop {
+        // The task may settle between two reads; its notice then rides on
+        // the next result as a second block.
+        let mut blocks = texts(&call(&peer, "task_output", json!({"task_id": "bash-1"})).await).into_iter();
+        let read = blocks.next().expect("the read");
+        notices.extend(blocks);
+        let (body, status) = read.rsplit_once('\n').expect("body and status line");
+        if body != "(no new output)" {
+            bodies.push(body.to_string());
+        }
+        if status != "[status: running]" {
+            break status.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    };
+    assert_eq!(status, "[status: completed, exit code: 3]");
+    assert!(bodies.len() > 1, "the output arrived in several deltas: {bodies:?}");
+    let expected: Vec<String> =
+        (1..=400).map(|i| format!("line {i}")).chain(["[stderr]".into(), "warn".into()]).collect();
+    assert_eq!(bodies.join("\n"), expected.join("\n"), "every line exactly once, in order");
+    assert!(
+        notices.len() <= 1 && notices.iter().all(|n| n.starts_with("background task bash-1 (bash: ")),
+        "{notices:?}"
+    );
+
+    // A kill ends the tree, including what left the process group.
+    let kill_mark = ProcessMark::new("mcp-stdio-kill");
+    let escapees = format!("{}{}", kill_mark.export(), ESCAPEES);
+    assert_eq!(
+        only_text(&call(&peer, "bash", json!({"command": escapees, "run_in_background": true})).await),
+        "started background task bash-2"
+    );
+    kill_mark.await_at_least(4, Duration::from_secs(20)).await;
+    assert_eq!(
+        only_text(&call(&peer, "task_kill", json!({"task_id": "bash-2"})).await),
+        "requested cancellation of task bash-2"
+    );
+    assert_eq!(
+        only_text(&call(&peer, "task_output", json!({"task_id": "bash-2", "wait": true})).await),
+        "started\n[status: killed, signal: SIGTERM]"
+    );
+    kill_mark.assert_none_within(Duration::from_secs(5)).await;
+
+    // A foreground call answers with the output.
+    assert_eq!(
+        only_text(&call(&peer, "bash", json!({"command": "echo hi; echo oops >&2"})).await),
+        "hi\n[stderr]\noops\n[status: completed, exit code: 0]"
+    );
+
+    // Left running, then the client goes: nothing it started survives.
+    let left_mark = ProcessMark::new("mcp-stdio-disconnect");
+    let escapees = format!("{}{}", left_mark.export(), ESCAPEES);
+    call(&peer, "bash", json!({"command": escapees, "run_in_background": true})).await;
+    left_mark.await_at_least(4, Duration::from_secs(20)).await;
+    let (status, log) = server.disconnect().await;
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(log.contains("task settled task=bash-3 status=killed"), "not killed:\n{log}");
+    left_mark.assert_none_within(Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn sigterm_disposes_every_task_before_exit() {
     let server = StdioServer::start("sigterm", None).await;
@@ -216,7 +295,7 @@ async fn bad_input_on_stdio_gets_clear_errors_and_the_server_keeps_serving() {
     assert!(nulls.iter().any(|a| a["error"]["code"] == json!(-32600)));
     assert_eq!(
         tool_error(2),
-        "unknown tool \"no_such_tool\"; available tools: task_kill, task_list, task_output, ticker"
+        "unknown tool \"no_such_tool\"; available tools: bash, task_kill, task_list, task_output, ticker"
     );
     assert!(tool_error(3).starts_with("invalid arguments for ticker: at /count: -1 is less than the minimum of 0"));
     assert_eq!(tool_error(4), "unknown task id ticker-9: no background task has this id (task_list shows your tasks)");

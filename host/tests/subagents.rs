@@ -3,22 +3,27 @@
 //! offline `scripted` backend (children are real agents of the host whose
 //! own tasks are real `ticker` tasks).
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::capabilities::subagents::{RunResult, StopReason};
-use taskhost::capabilities::subagents::{Subagents, outcome_of, producer_from_config};
+use taskhost::capabilities::subagents::{Subagents, outcome_of};
 use taskhost::config::Config;
-use taskhost::native::ticker::TickerProducer;
 use taskhost::producer::{Producer, RunMode};
+use taskhost::setup::host_from_config;
 use taskhost::tasks::{TaskError, TaskRegistry, TaskStart, TaskStatus, TerminalStatus};
 use taskhost::tools::{CallContext, ToolError};
 
 const CONFIG: &str = r#"
 [tasks]
 max_live_tasks_per_owner = 4
+
+[[producer]]
+tool = "ticker"
+plugin = "native:ticker"
 
 [[producer]]
 tool = "subagent"
@@ -52,15 +57,10 @@ replies = [
 ]
 "#;
 
+/// A host built by the real configuration path (`taskhost serve`'s).
 async fn host_from(text: &str) -> Host {
     let config = Config::parse(text).unwrap();
-    let host = Host::new(&config.tasks).unwrap();
-    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
-    let subagents = Subagents::new(&host, &config.subagents).unwrap();
-    for entry in &config.producers {
-        producer_from_config(&host, &subagents, None, entry).await.unwrap();
-    }
-    host
+    host_from_config(&config, Path::new(".")).await.unwrap()
 }
 
 async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
@@ -332,13 +332,12 @@ async fn schema_and_description_are_gated_per_instance() {
         "[[producer]]\ntool = \"s\"\nplugin = \"native:subagent\"\nbackground = false\nconfig = { background = true }",
     )
     .unwrap();
-    let subagents = Subagents::new(&host, &config.subagents).unwrap();
-    let error = producer_from_config(&host, &subagents, None, &config.producers[0]).await.unwrap_err().to_string();
+    let error = format!("{:#}", host_from_config(&config, Path::new(".")).await.err().unwrap());
     assert!(error.contains("contradicts background = false"), "{error}");
     let config =
         Config::parse("[[producer]]\ntool = \"s\"\nplugin = \"native:subagent\"\nconfig = { profile = \"nope\" }")
             .unwrap();
-    let error = producer_from_config(&host, &subagents, None, &config.producers[0]).await.unwrap_err().to_string();
+    let error = format!("{:#}", host_from_config(&config, Path::new(".")).await.err().unwrap());
     assert!(error.contains("no backend named \"nope\""), "{error}");
     host.dispose().await;
 }

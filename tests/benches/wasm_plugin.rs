@@ -185,7 +185,11 @@ fn main() {
         loads(wasm_bytes).await;
 
         let vm_before = taskhost::plugin::engine::vm_size_bytes();
-        let engine = PluginEngine::new(PluginRuntimeConfig::default()).expect("engine");
+        // Room for every live task of the memory measurement (the default
+        // pool is smaller: see `max_live_stores`).
+        let engine =
+            PluginEngine::new(PluginRuntimeConfig { max_live_stores: 10_240, ..PluginRuntimeConfig::default() })
+                .expect("engine");
         println!(
             "engine: pooling {} (max_live_stores {}), reserved address space {:.1} GiB (VmSize before {:.1} GiB)",
             engine.is_pooling(),

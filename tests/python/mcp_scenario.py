@@ -60,7 +60,7 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
 
         tools = (await client.list_tools()).tools
         names = sorted(tool.name for tool in tools)
-        assert names == ["task_kill", "task_list", "task_output", "ticker"], names
+        assert names == ["bash", "task_kill", "task_list", "task_output", "ticker"], names
         for tool in tools:
             assert tool.input_schema.get("type") == "object", (tool.name, tool.input_schema)
         ticker = next(tool for tool in tools if tool.name == "ticker")
@@ -99,6 +99,16 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
         assert only_text(unknown).startswith("unknown task id ticker-42"), text_blocks(unknown)
         bad = await client.call_tool("ticker", {"count": "many"})
         assert bad.is_error and only_text(bad).startswith("invalid arguments for ticker"), text_blocks(bad)
+
+        # The default bash tool: a background command, its stderr section and exit code.
+        bash = next(tool for tool in tools if tool.name == "bash")
+        assert bash.input_schema["required"] == ["command"], bash.input_schema
+        started = await client.call_tool(
+            "bash", {"command": "echo one; echo two >&2; exit 4", "run_in_background": True}
+        )
+        assert only_text(started) == "started background task bash-1", text_blocks(started)
+        finished = only_text(await client.call_tool("task_output", {"task_id": "bash-1", "wait": True}))
+        assert finished == "one\n[stderr]\ntwo\n[status: completed, exit code: 4]", finished
 
         # A foreground call with a progress token gets progress notifications.
         progress = []

@@ -18,6 +18,8 @@
 
 pub use taskhost::builtin::{TICKER_PATH, TICKER_WASM};
 
+pub mod procfs;
+
 /// Paths of the fixture plugins.
 pub mod fixtures {
     include!(concat!(env!("OUT_DIR"), "/fixtures.rs"));

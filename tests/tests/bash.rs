@@ -20,6 +20,7 @@ use taskhost::producer::{Producer, RunMode};
 use taskhost::tasks::TaskStatus;
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
+use taskhost_tests::procfs::{ESCAPEES, ProcessMark};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -29,7 +30,7 @@ struct Fixture {
     context: CallContext,
     processes: Arc<ProcessHost>,
     producer: Arc<WasmProducer>,
-    mark: (String, String),
+    mark: ProcessMark,
     _engine: PluginEngine,
 }
 
@@ -49,7 +50,7 @@ fn grant() -> ProcessGrant {
 /// A host serving the real bash plugin as tool `bash`, with `grant` (none:
 /// the capability is not granted) and the plugin `config` (plus the marker).
 async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value) -> Fixture {
-    let mark = ("TASKHOST_TEST_MARK".to_string(), format!("bash-e2e-{test}-{}", std::process::id()));
+    let mark = ProcessMark::new(&format!("bash-e2e-{test}"));
     config
         .as_object_mut()
         .unwrap()
@@ -57,7 +58,7 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
         .or_insert_with(|| json!({}))
         .as_object_mut()
         .unwrap()
-        .insert(mark.0.clone(), Value::String(mark.1.clone()));
+        .insert(mark.name.clone(), Value::String(mark.value.clone()));
     let engine = engine();
     let version = engine.load_file(taskhost::builtin::BASH_PATH).await.expect("load bash plugin");
     let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
@@ -109,40 +110,14 @@ impl Fixture {
         }
     }
 
-    fn marked(&self) -> Vec<u32> {
-        let needle = format!("{}={}", self.mark.0, self.mark.1).into_bytes();
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-            if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
-                found.push(pid);
-            }
-        }
-        found
-    }
-
     async fn await_marked(&self, n: usize) {
-        let deadline = Instant::now() + BOUND;
-        while self.marked().len() < n {
-            assert!(Instant::now() < deadline, "expected {n} marked processes, found {:?}", self.marked());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.mark.await_at_least(n, BOUND).await;
     }
 
     async fn assert_no_marked(&self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.marked().is_empty() {
-            assert!(Instant::now() < deadline, "leaked processes: {:?}", self.marked());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.mark.assert_none_within(Duration::from_secs(5)).await;
     }
 }
-
-/// Leaves a `setsid` daemon, a `nohup` one and a double-forked orphan, then
-/// blocks; bash execs its last command, so four processes carry the marker.
-const ESCAPEES: &str =
-    "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & ( (sleep 1000 &) & ); echo started; sleep 1000";
 
 fn lines(prefix: &str, n: usize) -> String {
     (1..=n).map(|i| format!("{prefix} {i}\n")).collect()

@@ -6,22 +6,37 @@
 //! gating), owner disposal, a plugin without the grant, and a dropped task
 //! store disposing its child.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use taskhost::Host;
-use taskhost::capabilities::subagents::{Subagents, producer_from_config};
+use taskhost::capabilities::subagents::Subagents;
 use taskhost::config::Config;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
+use taskhost::setup::host_from_config;
 use taskhost::tasks::{TaskError, TaskStatus};
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};
+use taskhost_tests::procfs::{ESCAPEES, ProcessMark};
+
+/// The tag of the mark exported by the child's bash in "hold a bash".
+const CHILD_BASH_MARK: &str = "subagent-child-bash";
 
 const CONFIG: &str = r#"
 [tasks]
 max_live_tasks_per_owner = 4
+
+[[producer]]
+tool = "ticker"
+plugin = "builtin:ticker"
+
+[[producer]]
+tool = "bash"
+plugin = "builtin:bash"
+grants.process = { programs = ["bash"] }
 
 [[producer]]
 tool = "subagent"
@@ -46,6 +61,8 @@ replies = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { when = "hold a ticker", text = "never", delay_ms = 60000, tool_calls = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
+  { when = "hold a bash", text = "never", delay_ms = 60000, tool_calls = [
+      { tool = "bash", args = { command = "__HOLD_BASH_COMMAND__", run_in_background = true } } ] },
   { when = "ticker", text = "child: {tool_results}", delay_ms = 200, tool_calls = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { text = "answer to: {prompt}", delay_ms = 20 },
@@ -61,16 +78,13 @@ fn engine() -> PluginEngine {
     .expect("engine")
 }
 
+/// A host built by the real configuration path (`taskhost serve`'s), and an
+/// engine for the tests that load a plugin by hand.
 async fn host_from(text: &str) -> (Host, PluginEngine) {
-    let config = Config::parse(text).unwrap();
-    let host = Host::new(&config.tasks).unwrap();
     let engine = engine();
-    let ticker = engine.load_bytes("ticker", taskhost::builtin::TICKER_WASM).await.unwrap();
-    host.add_producer_named("ticker", Arc::new(WasmProducer::new(ticker, json!({})).await.unwrap()));
-    let subagents = Subagents::new(&host, &config.subagents).unwrap();
-    for entry in &config.producers {
-        producer_from_config(&host, &subagents, Some(&engine), entry).await.unwrap();
-    }
+    let hold_bash = format!("{}{ESCAPEES}", ProcessMark::new(CHILD_BASH_MARK).export());
+    let config = Config::parse(&text.replace("__HOLD_BASH_COMMAND__", &hold_bash)).unwrap();
+    let host = host_from_config(&config, Path::new(".")).await.unwrap();
     (host, engine)
 }
 
@@ -268,22 +282,56 @@ async fn owner_disposal_releases_children_and_their_wasm_tasks() {
 }
 
 #[tokio::test]
-async fn two_subagents_and_a_ticker_collected_together() {
+async fn two_subagents_and_a_bash_task_collected_together() {
     let (host, _engine) = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
     let a = start_bg(&host, &context, "research A", "say A").await;
     let b = start_bg(&host, &context, "research B", "say B").await;
-    let ticker =
-        call(&host, &context, "ticker", json!({"count": 2, "interval_ms": 50, "run_in_background": true})).await;
-    let ticker = ticker.strip_prefix("started background ticker task ").expect("a ticker id").to_string();
+    let bash = call(
+        &host,
+        &context,
+        "bash",
+        json!({"command": "sleep 0.2; echo built; echo warned >&2", "run_in_background": true}),
+    )
+    .await;
+    assert_eq!(bash, "started background task bash-1");
     let list = call(&host, &context, "task_list", json!({})).await;
-    assert_eq!(list.lines().count(), 3, "{list}");
-    let (out_a, out_b, out_t) =
-        tokio::join!(collect(&host, &context, &a), collect(&host, &context, &b), collect(&host, &context, &ticker));
+    let kinds: Vec<&str> = list.lines().filter_map(|line| line.split(' ').nth(1)).collect();
+    assert_eq!(kinds, ["[subagent]", "[subagent]", "[bash]"], "listed together: {list}");
+    let (out_a, out_b, out_bash) =
+        tokio::join!(collect(&host, &context, &a), collect(&host, &context, &b), collect(&host, &context, "bash-1"));
     assert_eq!(out_a, "answer to: say A\n[status: completed]");
     assert_eq!(out_b, "answer to: say B\n[status: completed]");
-    assert!(out_t.ends_with("[status: completed, ticks: 2]"), "{out_t}");
+    assert_eq!(out_bash, "built\n[stderr]\nwarned\n[status: completed, exit code: 0]");
+    host.dispose().await;
+}
+
+/// A child's own background bash, with processes that left its process
+/// group, dies with the parent's owner: disposal returns only after the
+/// child, its session and its task are gone, and /proc shows no process.
+#[tokio::test]
+async fn owner_disposal_leaves_no_process_of_a_childs_background_bash() {
+    let (host, _engine) = host_from(CONFIG).await;
+    let mark = ProcessMark::new(CHILD_BASH_MARK);
+    let parent = host.create_agent("parent", "parent-session").unwrap();
+    let context = CallContext::for_agent(&parent);
+    let id = start_bg(&host, &context, "bash holder", "hold a bash").await;
+    mark.await_at_least(4, Duration::from_secs(20)).await;
+    // The bash task is the child's, not the parent's.
+    let list = call(&host, &context, "task_list", json!({})).await;
+    assert_eq!(list, format!("{id} [subagent] running — bash holder"));
+    let child = host.agents().list().into_iter().find(|a| a.id().as_str().starts_with("subagent-")).expect("a child");
+    let childs_tasks = host.registry().list(Some(&child));
+    assert_eq!(childs_tasks.iter().map(|t| t.kind.as_str()).collect::<Vec<_>>(), ["bash"]);
+    let bash_id = childs_tasks[0].id.clone();
+
+    tokio::time::timeout(Duration::from_secs(20), parent.dispose()).await.expect("disposal finished");
+    assert!(child_agents(&host).is_empty(), "{:?}", child_agents(&host));
+    // Its record went with its owner; if one is still seen, it is settled.
+    let bash = host.registry().get(&bash_id, None).ok();
+    assert!(bash.as_ref().is_none_or(|t| t.status.is_terminal()), "the child's bash outlived disposal: {bash:?}");
+    mark.assert_none_within(Duration::from_secs(5)).await;
     host.dispose().await;
 }
 

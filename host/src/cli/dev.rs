@@ -26,9 +26,12 @@ use tokio::sync::mpsc;
 
 use crate::Host;
 use crate::agents::Agent;
-use crate::config::{Config, ProducerConfig, TasksSettings};
-use crate::plugin::{PluginEngine, PluginRuntimeConfig, ServingVersion};
+use crate::capabilities::process::ProcessGrant;
+use crate::config::{Config, Grants, ProducerConfig};
+use crate::plugin::ServingVersion;
+use crate::producer::Producer as _;
 use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
+use crate::setup::{PluginRuntime, build_wasm_producer};
 use crate::tools::producer_tool::{ProducerToolOptions, RUN_IN_BACKGROUND};
 use crate::tools::{CallContext, ToolOutput};
 
@@ -46,6 +49,12 @@ pub struct DevArgs {
     /// The tool name (a `.wasm` target only; default: the plugin's kind).
     #[arg(long)]
     pub tool: Option<String>,
+    /// Grant the plugin the `process` capability for this program (a
+    /// `.wasm` target only; repeatable): in the current directory and below,
+    /// no network, credentials scrubbed. A configuration file states its
+    /// grants in `[producer.grants.process]` instead.
+    #[arg(long = "program", value_name = "PROGRAM")]
+    pub programs: Vec<String>,
 }
 
 const HELP: &str = "\
@@ -86,13 +95,29 @@ impl Console {
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    let engine = PluginEngine::new(PluginRuntimeConfig::default())?;
-    let (settings, entries) = entries(&args)?;
-    let host = Host::new(&settings)?;
+    let (config, base_dir) = target_config(&args)?;
+    let host = Host::new(&config.tasks)?;
     let agent = host.create_agent("dev", "dev-console").context("cannot create the console's agent")?;
+    // The same resolution and grants as `taskhost serve`.
+    let mut runtime = PluginRuntime::new(&config);
     let mut served = Vec::new();
-    for entry in entries {
-        served.push(serve(&host, &engine, entry).await?);
+    for entry in &config.producers {
+        let Some(wasm) = build_wasm_producer(entry, &base_dir, &mut runtime)
+            .await
+            .with_context(|| format!("[[producer]] {:?}", entry.tool))?
+        else {
+            tracing::warn!(tool = %entry.tool, plugin = %entry.plugin, "dev serves wasm plugins only; skipping");
+            continue;
+        };
+        // The tool name defaults to the plugin's kind.
+        let name = if entry.tool.is_empty() { wasm.producer.descriptor().kind.clone() } else { entry.tool.clone() };
+        let options = ProducerToolOptions {
+            name,
+            background: entry.background,
+            foreground_timeout: Duration::from_millis(entry.foreground_timeout_ms),
+        };
+        let plugin = ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options);
+        served.push(Served { plugin, file: wasm.file });
     }
     if served.is_empty() {
         bail!("{} serves no wasm plugin", args.target.display());
@@ -146,66 +171,30 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The tasks settings and the plugin entries the target names.
-fn entries(args: &DevArgs) -> anyhow::Result<(TasksSettings, Vec<ProducerConfig>)> {
+/// The configuration the target stands for, and the directory its relative
+/// plugin paths are resolved against. A `.wasm` target is a configuration
+/// of one `[[producer]]` entry built from the command-line flags.
+fn target_config(args: &DevArgs) -> anyhow::Result<(Config, PathBuf)> {
     let is_toml = args.target.extension().is_some_and(|e| e == "toml");
-    if !is_toml {
-        let config: Value = serde_json::from_str(&args.config).context("--config is not JSON")?;
-        let Value::Object(config) = config else { bail!("--config must be a JSON object") };
-        let table: toml::Table = serde_json::from_value(Value::Object(config)).context("--config")?;
-        let entry = ProducerConfig {
-            tool: args.tool.clone().unwrap_or_default(),
-            plugin: args.target.display().to_string(),
-            config: table,
-            background: true,
-            foreground_timeout_ms: 600_000,
-            grants: Default::default(),
-        };
-        return Ok((TasksSettings::default(), vec![entry]));
+    if is_toml {
+        let config = Config::load(&args.target)?;
+        let base = args.target.parent().unwrap_or(Path::new(".")).to_path_buf();
+        return Ok((config, base));
     }
-    let config = Config::load(&args.target)?;
-    let base = args.target.parent().unwrap_or(Path::new("."));
-    let mut entries = Vec::new();
-    for mut producer in config.producers {
-        if producer.plugin.starts_with("native:") {
-            tracing::warn!(tool = %producer.tool, plugin = %producer.plugin, "dev serves wasm plugins only; skipping");
-            continue;
-        }
-        if !producer.plugin.starts_with("builtin:") {
-            producer.plugin = base.join(&producer.plugin).display().to_string();
-        }
-        entries.push(producer);
-    }
-    Ok((config.tasks, entries))
-}
-
-async fn serve(host: &Host, engine: &PluginEngine, entry: ProducerConfig) -> anyhow::Result<Served> {
-    let (version, file) = match entry.plugin.strip_prefix("builtin:") {
-        Some(name) => {
-            let builtin = crate::builtin::find(name).with_context(|| {
-                let known: Vec<&str> = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| p.name).collect();
-                format!("no built-in plugin {name:?}; built in: {}", known.join(", "))
-            })?;
-            (engine.load_bytes(name, builtin.wasm).await?, None)
-        }
-        None => {
-            let path = PathBuf::from(&entry.plugin);
-            (engine.load_file(&path).await?, Some(path))
-        }
+    let config: Value = serde_json::from_str(&args.config).context("--config is not JSON")?;
+    let Value::Object(config) = config else { bail!("--config must be a JSON object") };
+    let table: toml::Table = serde_json::from_value(Value::Object(config)).context("--config")?;
+    let process = (!args.programs.is_empty())
+        .then(|| ProcessGrant { programs: args.programs.clone(), ..ProcessGrant::default() });
+    let entry = ProducerConfig {
+        tool: args.tool.clone().unwrap_or_default(),
+        plugin: args.target.display().to_string(),
+        config: table,
+        background: true,
+        foreground_timeout_ms: 600_000,
+        grants: Grants { process },
     };
-    // The tool name defaults to the plugin's kind, which needs `describe`.
-    let tool = if entry.tool.is_empty() {
-        crate::plugin::producer::describe(&version, &serde_json::to_string(&entry.config_json())?).await?.kind
-    } else {
-        entry.tool.clone()
-    };
-    let options = ProducerToolOptions {
-        name: tool,
-        background: entry.background,
-        foreground_timeout: Duration::from_millis(entry.foreground_timeout_ms),
-    };
-    let plugin = ReloadablePlugin::serve(host, engine, version, entry.config_json(), options).await?;
-    Ok(Served { plugin, file })
+    Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))
 }
 
 /// Lines from stdin: rustyline on a terminal (in its own thread, since it

@@ -147,14 +147,28 @@ impl ReloadablePlugin {
         config: serde_json::Value,
         options: ProducerToolOptions,
     ) -> anyhow::Result<Arc<Self>> {
-        let tool = options.name.clone();
         let producer = Arc::new(
-            WasmProducer::new(version, config).await.with_context(|| format!("cannot serve the tool {tool}"))?,
+            WasmProducer::new(version, config)
+                .await
+                .with_context(|| format!("cannot serve the tool {}", options.name))?,
         );
+        Ok(Self::serve_producer(host, engine, producer, options))
+    }
+
+    /// Serves an already described producer (with whatever capabilities it
+    /// was granted; a reload keeps them) on `host` as the tool
+    /// `options.name`. New versions are loaded into `engine`.
+    pub fn serve_producer(
+        host: &Host,
+        engine: &PluginEngine,
+        producer: Arc<WasmProducer>,
+        options: ProducerToolOptions,
+    ) -> Arc<Self> {
+        let tool = options.name.clone();
         host.add_producer(producer.clone() as Arc<dyn Producer>, options);
         let (events, _) = broadcast::channel(64);
         tracing::info!(tool = %tool, version = %producer.serving().info(), "plugin serving");
-        Ok(Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events }))
+        Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events })
     }
 
     /// The tool name.

@@ -37,7 +37,7 @@ pub struct WatchOptions {
 
 impl Default for WatchOptions {
     fn default() -> Self {
-        Self { debounce: Duration::from_millis(150), settle: Duration::from_millis(50) }
+        Self { debounce: Duration::from_millis(40), settle: Duration::from_millis(20) }
     }
 }
 

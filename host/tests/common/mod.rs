@@ -12,6 +12,9 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::Value;
 
+#[path = "../../../tests/src/procfs.rs"]
+pub mod procfs;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
 
 /// A fresh private directory (the server's working directory and config home).

@@ -25,7 +25,7 @@ pub const DEFAULT_MAX_LIVE: usize = 16;
 /// What a plugin instance may do with the `process` capability.
 ///
 /// ```toml
-/// [producers.bash.grants.process]
+/// [producer.grants.process]  # in the [[producer]] entry of the bash tool
 /// programs = ["/bin/bash"]
 /// working_dirs = ["/work/project"]
 /// network = false
@@ -186,7 +186,9 @@ fn resolve_program_uncached(program: &str, cwd: &Path) -> Result<PathBuf, String
         }
         path
     } else {
-        let path_var = std::env::var_os("PATH").unwrap_or_default();
+        // Agent clients launch servers with pruned environments; with no
+        // PATH at all, search where execvp(3) would (the POSIX default).
+        let path_var = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
         std::env::split_paths(&path_var)
             .map(|dir| dir.join(program))
             .find(|path| is_executable(path))

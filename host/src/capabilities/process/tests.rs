@@ -20,36 +20,22 @@ fn bash_grant() -> ProcessGrant {
     }
 }
 
+#[path = "../../../../tests/src/procfs.rs"]
+#[allow(dead_code)] // shared with the end-to-end tests, which use all of it
+mod procfs;
+use procfs::{ESCAPEES, ProcessMark};
+
 /// A marker unique to one test, put into the environment of its processes.
-fn marker(test: &str) -> (String, String) {
-    ("TASKHOST_TEST_MARK".into(), format!("{test}-{}", std::process::id()))
+fn marker(test: &str) -> ProcessMark {
+    ProcessMark::new(test)
 }
 
-fn bash(script: &str, mark: &(String, String)) -> SpawnRequest {
+fn bash(script: &str, mark: &ProcessMark) -> SpawnRequest {
     SpawnRequest {
         argv: vec!["bash".into(), "-c".into(), script.into()],
-        env: vec![mark.clone()],
+        env: vec![(mark.name.clone(), mark.value.clone())],
         ..Default::default()
     }
-}
-
-/// Pids of live processes whose environment holds the marker (zombies have
-/// an empty environ and do not count: they hold no resources but a pid).
-fn marked(mark: &(String, String)) -> Vec<u32> {
-    let needle = format!("{}={}", mark.0, mark.1).into_bytes();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
-            found.push(pid);
-        }
-    }
-    found
 }
 
 /// Pids of processes (zombies included) in process group `pgid`: the keeper
@@ -75,19 +61,13 @@ fn in_group(pgid: u32) -> Vec<u32> {
 }
 
 /// Waits up to 5 s for every marked process to be gone.
-async fn assert_no_marked(mark: &(String, String)) {
-    for _ in 0..100 {
-        if marked(mark).is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("leaked processes with {}={}: {:?}", mark.0, mark.1, marked(mark));
+async fn assert_no_marked(mark: &ProcessMark) {
+    mark.assert_none_within(Duration::from_secs(5)).await;
 }
 
 /// Waits up to 5 s until neither marked processes nor members of the tree's
 /// process group exist.
-async fn assert_tree_gone(mark: &(String, String), pgid: u32) {
+async fn assert_tree_gone(mark: &ProcessMark, pgid: u32) {
     assert_no_marked(mark).await;
     for _ in 0..100 {
         if in_group(pgid).is_empty() {
@@ -99,14 +79,8 @@ async fn assert_tree_gone(mark: &(String, String), pgid: u32) {
 }
 
 /// Waits until at least `n` marked processes run (the tree is set up).
-async fn await_marked(mark: &(String, String), n: usize) {
-    for _ in 0..200 {
-        if marked(mark).len() >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("expected {n} marked processes, found {:?}", marked(mark));
+async fn await_marked(mark: &ProcessMark, n: usize) {
+    mark.await_at_least(n, Duration::from_secs(5)).await;
 }
 
 /// Reads a process to its end: every chunk of stdout and stderr, in order.
@@ -286,7 +260,7 @@ async fn the_grant_refuses_clearly() {
     assert!(matches!(host.spawn(&bash_grant(), request, &span).await, Err(SpawnError::Refused(_))));
     let err = host.spawn(&bash_grant(), SpawnRequest::default(), &span).await.unwrap_err();
     assert!(matches!(err, SpawnError::Refused(Refusal::EmptyArgv)));
-    assert!(marked(&mark).is_empty());
+    assert!(mark.pids().is_empty());
 }
 
 #[tokio::test]
@@ -302,12 +276,6 @@ async fn working_directory_follows_the_grant() {
     assert_eq!(String::from_utf8(out).unwrap().trim(), dir.join("sub").canonicalize().unwrap().to_str().unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
-
-/// The tree of this script leaves a `setsid` daemon, a `nohup` one and a
-/// double-forked orphan behind, then blocks (bash execs its last command, so
-/// four processes carry the marker).
-const ESCAPEES: &str = "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & \
-                        ( (sleep 1000 &) & ) ; echo started; sleep 1000";
 
 fn require_pid_namespaces() {
     if confine::support().pid_namespace.is_none() {
@@ -454,7 +422,7 @@ async fn helper_host_that_gets_killed() {
         return;
     };
     let host = host();
-    let mark = ("TASKHOST_TEST_MARK".to_string(), value);
+    let mark = ProcessMark { name: "TASKHOST_TEST_MARK".to_string(), value };
     let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
     println!("helper-ready");
@@ -471,7 +439,7 @@ async fn no_leak_when_the_host_dies() {
         let mark = marker(&format!("host-dies-{signal}"));
         let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
-            .env("TASKHOST_HELPER_MARK", &mark.1)
+            .env("TASKHOST_HELPER_MARK", &mark.value)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()

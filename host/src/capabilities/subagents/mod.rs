@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{AcpConfig, BackendConfig, OpenAiConfig, ScriptedConfig, SubagentsConfig};
-pub use producer::{SubagentProducer, is_subagent_plugin, outcome_of, producer_from_config, subagent_producer};
+pub use producer::{SubagentProducer, is_subagent_plugin, outcome_of, subagent_producer};
 pub use run::{RunGuard, SubagentRun};
 pub use types::{RunResult, StopReason};
 

@@ -124,11 +124,7 @@ pub struct OpenAiBackend {
 
 impl OpenAiBackend {
     pub fn new(config: OpenAiConfig) -> anyhow::Result<Self> {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Another thread may win the race; either provider is fine.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let http = reqwest::Client::builder()
+        let http = crate::http_client::builder()
             .timeout(Duration::from_millis(config.request_timeout_ms))
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;

@@ -19,7 +19,6 @@
 //!   description exactly when the parameter appears in the schema.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::json;
@@ -28,7 +27,6 @@ use super::{RunGuard, RunResult, StartRequest, StopReason, Subagents};
 use crate::config::ProducerConfig;
 use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 use crate::tasks::{TaskControl, TaskHooks, TaskOutcome};
-use crate::tools::producer_tool::ProducerToolOptions;
 
 /// The seed's `runOutcome`: completed → `completed` with the final text as
 /// output; aborted → `killed`; error, max-tokens, refusal and any unknown
@@ -235,31 +233,4 @@ pub async fn subagent_producer(
         )
     };
     Ok(Some(producer))
-}
-
-/// [`subagent_producer`], served on `host` under the entry's tool name with
-/// its background switch and foreground timeout. Errors for an entry that is
-/// not a subagent producer.
-pub async fn producer_from_config(
-    host: &crate::Host,
-    subagents: &Subagents,
-    engine: Option<&crate::plugin::PluginEngine>,
-    entry: &ProducerConfig,
-) -> anyhow::Result<()> {
-    let Some(producer) = subagent_producer(entry, subagents, engine).await? else {
-        anyhow::bail!(
-            "[[producer]] {:?}: plugin {:?} is not a subagent producer (use native:subagent or builtin:subagent)",
-            entry.tool,
-            entry.plugin
-        );
-    };
-    host.add_producer(
-        producer,
-        ProducerToolOptions {
-            name: entry.tool.clone(),
-            background: entry.background,
-            foreground_timeout: Duration::from_millis(entry.foreground_timeout_ms),
-        },
-    );
-    Ok(())
 }

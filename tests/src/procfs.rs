@@ -1,0 +1,85 @@
+//! Finding test processes through `/proc`, never through taskhost's own
+//! bookkeeping: a leak test is only worth something if it looks where the
+//! kernel keeps the truth.
+//!
+//! A test marks every process it causes with an environment variable
+//! (`NAME=VALUE`) that no other process on the machine carries; children
+//! inherit it, including ones that `setsid`, `nohup` or double-fork. This
+//! file is shared by path with `host/tests/common`, so it depends on `std`
+//! and `tokio` only.
+
+use std::time::{Duration, Instant};
+
+/// A bash command that leaves a `setsid` daemon, a `nohup` one and a
+/// double-forked orphan, says `started`, then blocks (bash execs its last
+/// command): four processes that inherit the command's environment.
+pub const ESCAPEES: &str =
+    "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & ( (sleep 1000 &) & ); echo started; sleep 1000";
+
+/// A unique environment variable that marks a test's processes.
+#[derive(Clone, Debug)]
+pub struct ProcessMark {
+    pub name: String,
+    pub value: String,
+}
+
+impl ProcessMark {
+    /// `TASKHOST_TEST_MARK=<tag>-<pid of the test process>`.
+    pub fn new(tag: &str) -> Self {
+        Self { name: "TASKHOST_TEST_MARK".to_string(), value: format!("{tag}-{}", std::process::id()) }
+    }
+
+    /// `export NAME=VALUE; `: a prefix for a shell command that marks every
+    /// process the command starts after it.
+    pub fn export(&self) -> String {
+        format!("export {}={}; ", self.name, self.value)
+    }
+
+    /// The pids of live processes carrying the mark in their environment.
+    /// Zombies have an empty environ and do not count: they hold nothing.
+    pub fn pids(&self) -> Vec<u32> {
+        let needle = format!("{}={}", self.name, self.value).into_bytes();
+        let mut found = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+            if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    /// Waits (up to `within`) until at least `n` marked processes are alive.
+    pub async fn await_at_least(&self, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.pids().len() < n {
+            assert!(Instant::now() < deadline, "expected {n} marked processes, found {:?}", self.pids());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (up to `within`) until no marked process is alive; fails naming
+    /// the survivors and their command lines.
+    pub async fn assert_none_within(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let described: Vec<String> = pids
+                    .iter()
+                    .map(|pid| {
+                        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                        format!("{pid} {:?}", String::from_utf8_lossy(&cmdline).replace('\0', " "))
+                    })
+                    .collect();
+                panic!("leaked processes: {described:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
