@@ -31,9 +31,11 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use taskhost::config::Config;
 use taskhost::tools::CallContext;
-use tokio::io::AsyncBufReadExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::BIN;
 const COLD_STARTS: usize = 20;
 const ROUND_TRIPS: usize = 2000;
 const CLIENTS: usize = 50;
@@ -257,25 +259,13 @@ async fn run() {
     child.wait().await.unwrap();
 
     // The HTTP server.
-    let mut server = tokio::process::Command::new(BIN)
+    let mut command = tokio::process::Command::new(BIN);
+    command
         .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(&config_path)
         .current_dir(&dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next_line().await.unwrap().expect("the server prints its address");
-        if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
-            break url.to_string();
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .env("RUST_LOG", "warn");
+    let (mut server, url) = common::spawn_http_server(command, None).await;
     let connect = |i: usize| {
         let transport = StreamableHttpClientTransport::with_client(
             taskhost::http_client::client(),

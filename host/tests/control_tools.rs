@@ -12,18 +12,14 @@ use taskhost::native::ticker::TickerProducer;
 use taskhost::tasks::TaskOutcome;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};
+#[path = "../../tests/src/agent_calls.rs"]
+mod agent_calls;
+use agent_calls::call;
 
 fn host() -> Host {
     let host = Host::new(&TasksSettings::default()).unwrap();
     host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
     host
-}
-
-async fn call(host: &Host, context: &CallContext, tool: &str, args: serde_json::Value) -> String {
-    match host.call_tool(tool, args, context).await {
-        Ok(output) => output.text,
-        Err(error) => format!("ERROR: {error}"),
-    }
 }
 
 #[tokio::test]

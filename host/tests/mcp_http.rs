@@ -12,7 +12,6 @@ use rmcp::ServiceExt;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::json;
-use tokio::io::AsyncBufReadExt;
 
 const ALICE: &str = "alice-secret-0123456789abcdef";
 const BOB: &str = "bob-secret-0123456789abcdef0123";
@@ -34,36 +33,8 @@ impl HttpServer {
         );
         let log = dir.join("stderr.log");
         let mut command = serve_command(&dir, Some(&config));
-        command
-            .args(["--http", "127.0.0.1:0"])
-            .env("TASKHOST_TEST_BOB", BOB)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("spawn taskhost serve --http");
-        // The first line names the bound address; the rest goes to a file.
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        let url = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                let line = lines.next_line().await.unwrap().expect("the server printed its address");
-                if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
-                    return url.to_string();
-                }
-            }
-        })
-        .await
-        .expect("the server starts within 20 s");
-        let log_path = log.clone();
-        tokio::spawn(async move {
-            let mut text = String::new();
-            while let Ok(Some(line)) = lines.next_line().await {
-                text.push_str(&line);
-                text.push('\n');
-                let _ = std::fs::write(&log_path, &text);
-            }
-        });
+        command.args(["--http", "127.0.0.1:0"]).env("TASKHOST_TEST_BOB", BOB);
+        let (child, url) = common::spawn_http_server(command, Some(log.clone())).await;
         Self { child, url, log }
     }
 

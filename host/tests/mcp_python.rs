@@ -7,10 +7,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use tokio::io::AsyncBufReadExt;
+use std::process::Command;
 
 const PINNED: &str = "2.3.0";
 const TOKEN: &str = "python-token-0123456789abcdef";
@@ -56,26 +53,9 @@ async fn run_over_http(mode: &str) {
     let dir = common::temp_dir(&format!("python-http-{mode}"));
     let config =
         format!("[serve]\nprogress_interval_ms = 100\n\n[[serve.http.tokens]]\nname = \"py\"\ntoken = \"{TOKEN}\"\n");
-    let mut child = common::serve_command(&dir, Some(&config))
-        .args(["--http", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let line = lines.next_line().await.unwrap().expect("the server printed its address");
-            if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
-                return url.to_string();
-            }
-        }
-    })
-    .await
-    .unwrap();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut command = common::serve_command(&dir, Some(&config));
+    command.args(["--http", "127.0.0.1:0"]);
+    let (mut child, url) = common::spawn_http_server(command, None).await;
     let mode = mode.to_string();
     tokio::task::spawn_blocking(move || run_script(&mode, Some(&url))).await.unwrap();
     child.kill().await.unwrap();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use taskhost::Host;
 use taskhost::capabilities::subagents::{RunResult, StopReason};
 use taskhost::capabilities::subagents::{Subagents, outcome_of};
@@ -16,6 +16,9 @@ use taskhost::producer::{Producer, RunMode};
 use taskhost::setup::host_from_config;
 use taskhost::tasks::{TaskError, TaskRegistry, TaskStart, TaskStatus, TerminalStatus};
 use taskhost::tools::{CallContext, ToolError};
+#[path = "../../tests/src/agent_calls.rs"]
+mod agent_calls;
+use agent_calls::{call, child_agents, collect, subagent_started_id};
 
 const CONFIG: &str = r#"
 [tasks]
@@ -63,31 +66,6 @@ async fn host_from(text: &str) -> Host {
     host_from_config(&config, Path::new(".")).await.unwrap()
 }
 
-async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
-    match host.call_tool(tool, args, context).await {
-        Ok(output) => output.text,
-        Err(error) => format!("ERROR: {error}"),
-    }
-}
-
-fn started_id(reply: &str) -> String {
-    reply
-        .strip_prefix("started background subagent task ")
-        .unwrap_or_else(|| panic!("not a start reply: {reply}"))
-        .into()
-}
-
-async fn collect(host: &Host, context: &CallContext, id: &str) -> String {
-    call(host, context, "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 20000})).await
-}
-
-fn child_agents(host: &Host) -> Vec<String> {
-    let mut ids: Vec<String> =
-        host.agents().list().iter().map(|a| a.id().to_string()).filter(|id| id.starts_with("subagent-")).collect();
-    ids.sort();
-    ids
-}
-
 #[test]
 fn stop_reason_mapping_is_the_seeds_run_outcome() {
     let completed = outcome_of(&RunResult::completed("the answer"));
@@ -128,7 +106,7 @@ async fn every_stop_reason_collected_through_task_output() {
             json!({"description": format!("case {prompt}"), "prompt": prompt, "run_in_background": true}),
         )
         .await;
-        let id = started_id(&reply);
+        let id = subagent_started_id(&reply);
         assert!(id.starts_with("subagent-"), "{id}");
         assert_eq!(collect(&host, &context, &id).await, expected, "prompt {prompt:?}");
         // Final reads are idempotent.
@@ -177,7 +155,7 @@ async fn done_is_reported_only_after_the_child_is_disposed_on_both_paths() {
     for (prompt, expected_status) in
         [("start a ticker", TaskStatus::Completed), ("ticker then fail", TaskStatus::Failed)]
     {
-        let id = started_id(
+        let id = subagent_started_id(
             &call(
                 &host,
                 &context,
@@ -220,7 +198,7 @@ async fn detached_signal_pre_cancelled_refuses_and_started_ids_outlive_the_call(
     assert!(host.registry().list(Some(&parent)).is_empty());
 
     let context = CallContext::for_agent(&parent);
-    let id = started_id(
+    let id = subagent_started_id(
         &call(
             &host,
             &context,
@@ -241,7 +219,7 @@ async fn task_kill_stops_a_background_subagent_and_its_child() {
     let host = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let id = started_id(
+    let id = subagent_started_id(
         &call(
             &host,
             &context,
@@ -361,7 +339,7 @@ async fn owner_disposal_awaits_every_child_and_the_childrens_tasks() {
             json!({"description": format!("holder {n}"), "prompt": "hold a ticker", "run_in_background": true}),
         )
         .await;
-        ids.push(started_id(&reply));
+        ids.push(subagent_started_id(&reply));
     }
     // Wait until both children run their own background ticker.
     for _ in 0..200 {
@@ -404,7 +382,7 @@ async fn two_subagents_and_a_ticker_in_one_session_listed_and_collected_together
     let host = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let a = started_id(
+    let a = subagent_started_id(
         &call(
             &host,
             &context,
@@ -413,7 +391,7 @@ async fn two_subagents_and_a_ticker_in_one_session_listed_and_collected_together
         )
         .await,
     );
-    let b = started_id(
+    let b = subagent_started_id(
         &call(
             &host,
             &context,

@@ -18,6 +18,7 @@
 
 pub use taskhost::builtin::{TICKER_PATH, TICKER_WASM};
 
+pub mod agent_calls;
 pub mod procfs;
 
 /// Paths of the fixture plugins.

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use taskhost::Host;
 use taskhost::capabilities::subagents::Subagents;
 use taskhost::config::Config;
@@ -20,6 +20,7 @@ use taskhost::setup::host_from_config;
 use taskhost::tasks::{TaskError, TaskStatus};
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};
+use taskhost_tests::agent_calls::{call, child_agents, collect, start_subagent};
 use taskhost_tests::procfs::{ESCAPEES, ProcessMark};
 
 /// The tag of the mark exported by the child's bash in "hold a bash".
@@ -88,40 +89,6 @@ async fn host_from(text: &str) -> (Host, PluginEngine) {
     (host, engine)
 }
 
-async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
-    match host.call_tool(tool, args, context).await {
-        Ok(output) => output.text,
-        Err(error) => format!("ERROR: {error}"),
-    }
-}
-
-fn started_id(reply: &str) -> String {
-    reply
-        .strip_prefix("started background subagent task ")
-        .unwrap_or_else(|| panic!("not a start reply: {reply}"))
-        .into()
-}
-
-async fn start_bg(host: &Host, context: &CallContext, description: &str, prompt: &str) -> String {
-    started_id(
-        &call(
-            host,
-            context,
-            "subagent",
-            json!({"description": description, "prompt": prompt, "run_in_background": true}),
-        )
-        .await,
-    )
-}
-
-async fn collect(host: &Host, context: &CallContext, id: &str) -> String {
-    call(host, context, "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 20000})).await
-}
-
-fn child_agents(host: &Host) -> Vec<String> {
-    host.agents().list().iter().map(|a| a.id().to_string()).filter(|id| id.starts_with("subagent-")).collect()
-}
-
 #[tokio::test]
 async fn every_stop_reason_maps_to_its_outcome() {
     let (host, _engine) = host_from(CONFIG).await;
@@ -136,7 +103,7 @@ async fn every_stop_reason_maps_to_its_outcome() {
         ("say weird", "(no new output)\n[status: failed, context-overflow]"),
     ];
     for (prompt, expected) in cases {
-        let id = start_bg(&host, &context, &format!("case {prompt}"), prompt).await;
+        let id = start_subagent(&host, &context, &format!("case {prompt}"), prompt).await;
         assert_eq!(collect(&host, &context, &id).await, expected, "prompt {prompt:?}");
         assert_eq!(collect(&host, &context, &id).await, expected, "idempotent final read");
     }
@@ -164,7 +131,7 @@ async fn the_report_comes_after_the_child_and_its_tasks_are_gone() {
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
     for (prompt, status) in [("start a ticker", TaskStatus::Completed), ("ticker then fail", TaskStatus::Failed)] {
-        let id = start_bg(&host, &context, prompt, prompt).await;
+        let id = start_subagent(&host, &context, prompt, prompt).await;
         let output = collect(&host, &context, &id).await;
         assert!(output.contains(&format!("[status: {status}")), "{output}");
         let log = seen.lock().unwrap().clone();
@@ -192,12 +159,12 @@ async fn detached_signal_kill_and_foreign_access() {
     assert!(child_agents(&host).is_empty());
 
     let context = CallContext::for_agent(&parent);
-    let detached = start_bg(&host, &context, "detached", "say detached").await;
+    let detached = start_subagent(&host, &context, "detached", "say detached").await;
     context.cancel.cancel();
     let reader = CallContext::for_agent(&parent);
     assert_eq!(collect(&host, &reader, &detached).await, "answer to: say detached\n[status: completed]");
 
-    let slow = start_bg(&host, &reader, "slow one", "slow").await;
+    let slow = start_subagent(&host, &reader, "slow one", "slow").await;
     assert_eq!(
         call(&host, &reader, "task_output", json!({"task_id": slow})).await,
         "(no new output)\n[status: running]"
@@ -247,8 +214,8 @@ async fn owner_disposal_releases_children_and_their_wasm_tasks() {
     }));
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let a = start_bg(&host, &context, "holder a", "hold a ticker").await;
-    let b = start_bg(&host, &context, "holder b", "hold a ticker").await;
+    let a = start_subagent(&host, &context, "holder a", "hold a ticker").await;
+    let b = start_subagent(&host, &context, "holder b", "hold a ticker").await;
     let mine =
         call(&host, &context, "ticker", json!({"count": 100000, "interval_ms": 10, "run_in_background": true})).await;
     // Ticker ids are per kind and the children start theirs concurrently, so
@@ -286,8 +253,8 @@ async fn two_subagents_and_a_bash_task_collected_together() {
     let (host, _engine) = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let a = start_bg(&host, &context, "research A", "say A").await;
-    let b = start_bg(&host, &context, "research B", "say B").await;
+    let a = start_subagent(&host, &context, "research A", "say A").await;
+    let b = start_subagent(&host, &context, "research B", "say B").await;
     let bash = call(
         &host,
         &context,
@@ -316,7 +283,7 @@ async fn owner_disposal_leaves_no_process_of_a_childs_background_bash() {
     let mark = ProcessMark::new(CHILD_BASH_MARK);
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let id = start_bg(&host, &context, "bash holder", "hold a bash").await;
+    let id = start_subagent(&host, &context, "bash holder", "hold a bash").await;
     mark.await_at_least(4, Duration::from_secs(20)).await;
     // The bash task is the child's, not the parent's.
     let list = call(&host, &context, "task_list", json!({})).await;

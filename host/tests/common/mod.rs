@@ -48,6 +48,41 @@ pub fn serve_command(dir: &std::path::Path, config: Option<&str>) -> tokio::proc
     command
 }
 
+/// Spawns `command` (a `taskhost serve --http 127.0.0.1:0 …`) and waits up
+/// to 20 s for the address it prints on stderr. The rest of its stderr is
+/// kept in the file `log` when given (rewritten as lines arrive), drained
+/// otherwise.
+pub async fn spawn_http_server(
+    mut command: tokio::process::Command,
+    log: Option<PathBuf>,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn taskhost serve --http");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("the server printed its address");
+            if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
+                return url.to_string();
+            }
+        }
+    })
+    .await
+    .expect("the server starts within 20 s");
+    tokio::spawn(async move {
+        let mut text = String::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(log) = &log {
+                text.push_str(&line);
+                text.push('\n');
+                let _ = std::fs::write(log, &text);
+            }
+        }
+    });
+    (child, url)
+}
+
 pub type Client = RunningService<RoleClient, ()>;
 
 /// A fresh `taskhost serve` over stdio and an rmcp client on its pipes.

@@ -1,0 +1,46 @@
+//! Calling taskhost tools the way a model does, through the `Host` facade.
+//!
+//! Every reply comes back as the text the model would read; an error is
+//! `ERROR: <message>`, so a test compares successes and refusals alike. This
+//! file is shared by path with `host/tests`, so it depends on `taskhost`,
+//! `serde_json` and `std` only.
+#![allow(dead_code)] // each suite that includes it uses its own subset
+
+use serde_json::{Value, json};
+use taskhost::Host;
+use taskhost::tools::CallContext;
+
+/// Calls `tool` with `args` as the context's agent.
+pub async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
+    match host.call_tool(tool, args, context).await {
+        Ok(output) => output.text,
+        Err(error) => format!("ERROR: {error}"),
+    }
+}
+
+/// `task_output(id, wait: true)`, waiting up to 20 s.
+pub async fn collect(host: &Host, context: &CallContext, id: &str) -> String {
+    call(host, context, "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 20000})).await
+}
+
+/// The task id of a background subagent start reply.
+pub fn subagent_started_id(reply: &str) -> String {
+    reply
+        .strip_prefix("started background subagent task ")
+        .unwrap_or_else(|| panic!("not a start reply: {reply}"))
+        .into()
+}
+
+/// Starts the `subagent` tool in the background; returns the task id.
+pub async fn start_subagent(host: &Host, context: &CallContext, description: &str, prompt: &str) -> String {
+    let args = json!({"description": description, "prompt": prompt, "run_in_background": true});
+    subagent_started_id(&call(host, context, "subagent", args).await)
+}
+
+/// The ids of the live child agents of subagent runs, sorted.
+pub fn child_agents(host: &Host) -> Vec<String> {
+    let mut ids: Vec<String> =
+        host.agents().list().iter().map(|a| a.id().to_string()).filter(|id| id.starts_with("subagent-")).collect();
+    ids.sort();
+    ids
+}
