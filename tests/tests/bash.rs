@@ -204,11 +204,21 @@ async fn foreground_timeout_kills_the_group_and_says_so() {
 async fn task_kill_ends_the_whole_tree_including_escapees() {
     let fx = fixture("kill").await;
     let id = fx.start(ESCAPEES).await;
+    // bash itself carries the mark (it comes from the plugin config), so the
+    // escapees are certainly up only once the command said `started`.
+    let deadline = Instant::now() + BOUND;
+    let mut said = String::new();
+    while !said.contains("started") {
+        assert!(Instant::now() < deadline, "the command never said started: {said:?}");
+        said.push_str(&fx.host.registry().read(&id, Some(&fx.agent)).await.expect("read").text);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(said, "started\n");
     fx.await_marked(4).await;
     let reply = fx.call("task_kill", json!({"task_id": id.as_str(), "reason": "test"})).await;
     assert_eq!(reply, format!("requested cancellation of task {id}"));
     let reply = fx.call("task_output", json!({"task_id": id.as_str(), "wait": true, "timeout_ms": 10000})).await;
-    assert_eq!(reply, "started\n[status: killed, signal: SIGTERM]");
+    assert_eq!(reply, "(no new output)\n[status: killed, signal: SIGTERM]");
     fx.assert_no_marked().await;
 }
 
