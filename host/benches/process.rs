@@ -55,8 +55,13 @@ fn request(argv: &[&str]) -> SpawnRequest {
     SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // Process trees start as this binary in keeper mode, as in `taskhost`.
+    taskhost::capabilities::process::keeper::run_if_keeper();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime").block_on(run());
+}
+
+async fn run() {
     let quick = std::env::args().any(|a| a == "--quick");
     let host = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
     let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::procfs::{ESCAPEES, ProcessMark};
+use common::procfs::{self, ESCAPEES, ProcessMark};
 use common::{StdioServer, call, is_error, only_text, texts};
 use serde_json::json;
 
@@ -185,6 +185,19 @@ async fn background_bash_over_stdio_and_no_process_outlives_the_connection() {
         "started background task bash-2"
     );
     kill_mark.await_at_least(4, Duration::from_secs(20)).await;
+    // The tree was started by the server binary in keeper mode (posix_spawn
+    // of itself), not forked from the server: its keeper is the server's child.
+    let server_pid = server.child.id().expect("running");
+    for pid in kill_mark.pids() {
+        let chain = procfs::ancestors(pid);
+        // I (the namespace's init) is forked from K and shares its command
+        // line: the keeper is the topmost one.
+        let keeper = chain
+            .iter()
+            .rposition(|p| procfs::cmdline(*p).starts_with("taskhost-keeper --taskhost-process-keeper "))
+            .unwrap_or_else(|| panic!("no keeper above {pid}: {chain:?}"));
+        assert_eq!(chain.get(keeper + 1), Some(&server_pid), "the keeper's parent is the server");
+    }
     assert_eq!(
         only_text(&call(&peer, "task_kill", json!({"task_id": "bash-2"})).await),
         "requested cancellation of task bash-2"

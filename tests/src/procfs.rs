@@ -16,6 +16,30 @@ use std::time::{Duration, Instant};
 pub const ESCAPEES: &str =
     "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & ( (sleep 1000 &) & ); echo started; sleep 1000";
 
+/// The parent of `pid`, from `/proc/<pid>/stat`.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command: state ppid ...
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `pid`'s parent, grandparent, … up to (excluding) pid 0.
+pub fn ancestors(pid: u32) -> Vec<u32> {
+    let mut chain = Vec::new();
+    let mut at = pid;
+    while let Some(up) = parent(at).filter(|p| *p != 0) {
+        chain.push(up);
+        at = up;
+    }
+    chain
+}
+
+/// The command line of `pid`, arguments joined by spaces.
+pub fn cmdline(pid: u32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw).trim_end_matches('\0').replace('\0', " ")
+}
+
 /// A unique environment variable that marks a test's processes.
 #[derive(Clone, Debug)]
 pub struct ProcessMark {
@@ -70,13 +94,7 @@ impl ProcessMark {
                 return;
             }
             if Instant::now() >= deadline {
-                let described: Vec<String> = pids
-                    .iter()
-                    .map(|pid| {
-                        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                        format!("{pid} {:?}", String::from_utf8_lossy(&cmdline).replace('\0', " "))
-                    })
-                    .collect();
+                let described: Vec<String> = pids.iter().map(|pid| format!("{pid} {:?}", cmdline(*pid))).collect();
                 panic!("leaked processes: {described:?}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,7 +5,7 @@
 //! `exec` (no external helper), and Landlock through raw syscalls:
 //!
 //! ```text
-//! host ──fork──▶ K "keeper" (host PID namespace, process-group leader)
+//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, process-group leader)
 //!                 │ unshare(NEWPID [| NEWNET] [| NEWUSER]), Landlock
 //!                 └─fork─▶ I "init" (PID 1 of the new namespace)
 //!                           └─fork─▶ C the command (PID 2) ──exec──▶ argv
@@ -31,6 +31,11 @@
 //!   only loopback (brought up, so local servers work).
 //! - Landlock: the grant's read-only / read-write paths, applied in K before
 //!   it forks, so the whole tree is bound by them.
+//!
+//! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
+//! itself in keeper mode instead of forking: `fork` copies every mapping of
+//! the host, thousands once wasmtime's pool exists. K then runs the same code
+//! below, from a fresh process.
 //!
 //! Why not bubblewrap: `bwrap --unshare-pid --die-with-parent` works, but a
 //! SIGTERM to the process group kills the outer `bwrap`, whose death SIGKILLs
@@ -214,7 +219,7 @@ fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
 /// The `execve` of the command, prepared before the fork (no allocation after).
 pub(crate) struct ExecPlan {
     path: CString,
-    _argv: Vec<CString>,
+    argv: Vec<CString>,
     _envp: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
     envp_ptrs: Vec<*const libc::c_char>,
@@ -249,7 +254,7 @@ impl ExecPlan {
             .collect::<Result<Vec<_>, _>>()?;
         let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
         let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
-        Ok(Self { path, _argv: argv, _envp: envp, argv_ptrs, envp_ptrs })
+        Ok(Self { path, argv, _envp: envp, argv_ptrs, envp_ptrs })
     }
 
     /// Replaces the calling process with the command; never returns.
@@ -311,7 +316,7 @@ pub(crate) struct Forked {
 }
 
 /// A close-on-exec pipe: (read end, write end).
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two fresh descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -370,14 +375,59 @@ impl ChildPlan {
         Ok((plan, applied))
     }
 
-    /// Forks the tree: K, which sets up stdio, the working directory and the
-    /// confinement, then starts the command (see the module doc). Returns as
-    /// soon as the fork did: the tree sets itself up concurrently, and
-    /// failures from then on reach the process's stderr and exit code 126
-    /// (set-up) or 127 (exec), as shells do. Not `std::process::Command`: it
-    /// would block until the command's `exec`, i.e. until the whole set-up
-    /// ran, on a scheduler that may be busy.
-    pub(crate) fn fork(&self) -> io::Result<Forked> {
+    /// The plan of a keeper started by [`super::keeper::spawn`], rebuilt
+    /// from its arguments in the fresh process.
+    pub(crate) fn for_keeper(
+        ns_flags: libc::c_int,
+        user_maps: bool,
+        loopback_up: bool,
+        landlock: Option<OwnedFd>,
+        lifeline: RawFd,
+        cwd: &[u8],
+        exec: ExecPlan,
+    ) -> io::Result<Self> {
+        Ok(Self {
+            ns_flags,
+            maps: user_maps.then(IdMaps::current),
+            loopback_up,
+            landlock,
+            devnull: devnull()?,
+            lifeline,
+            cwd: CString::new(cwd)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
+            exec,
+        })
+    }
+
+    /// Starts the tree: K, which sets up stdio, the working directory and the
+    /// confinement, then starts the command (see the module doc). In a binary
+    /// that opted in, K is this binary started again as a keeper
+    /// ([`super::keeper`]), which spares the host a `fork`; otherwise K is
+    /// forked. Returns as soon as K exists: the tree sets itself up
+    /// concurrently, and failures from then on reach the process's stderr and
+    /// exit code 126 (set-up) or 127 (exec), as shells do.
+    pub(crate) fn start(&self) -> io::Result<Forked> {
+        if !super::keeper::exec_keeper_available() {
+            return self.fork();
+        }
+        super::keeper::spawn(super::keeper::KeeperArgs {
+            ns_flags: self.ns_flags,
+            user_maps: self.maps.is_some(),
+            loopback_up: self.loopback_up,
+            lifeline: self.lifeline,
+            landlock: self.landlock.as_ref().map(|fd| fd.as_raw_fd()),
+            devnull: self.devnull,
+            cwd: &self.cwd,
+            program: &self.exec.path,
+            argv: &self.exec.argv,
+            envp: &self.exec.envp_ptrs,
+        })
+    }
+
+    /// Forks K from this process. Not `std::process::Command`: it would
+    /// block until the command's `exec`, i.e. until the whole set-up ran, on
+    /// a scheduler that may be busy.
+    fn fork(&self) -> io::Result<Forked> {
         let (stdout, stdout_w) = pipe()?;
         let (stderr, stderr_w) = pipe()?;
         // SAFETY: the child runs only `in_child`, which is async-signal-safe.
@@ -401,7 +451,7 @@ impl ChildPlan {
     ///
     /// # Safety
     /// Must be called only in a freshly forked child.
-    unsafe fn in_child(&self, stdout: RawFd, stderr: RawFd) -> ! {
+    pub(crate) unsafe fn in_child(&self, stdout: RawFd, stderr: RawFd) -> ! {
         // SAFETY (whole body): async-signal-safe syscalls on data prepared
         // before the fork; see the module invariants.
         unsafe {

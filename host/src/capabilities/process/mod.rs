@@ -25,6 +25,7 @@ pub mod confine;
 pub mod env;
 pub mod grant;
 mod handle;
+pub mod keeper;
 mod landlock;
 pub mod output;
 pub mod wasm;
@@ -164,9 +165,9 @@ impl ProcessHost {
             confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec).map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        // Forking here, on the caller's thread, is safe: nothing in the tree
+        // Starting here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
-        let forked = plan.fork().map_err(failed)?;
+        let forked = plan.start().map_err(failed)?;
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
