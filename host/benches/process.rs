@@ -200,9 +200,28 @@ async fn run() {
         .await
         .unwrap()
         .with_process(ProcessCapability { host: host.clone(), grant: Arc::new(grant.clone()) });
+    let producer = Arc::new(producer);
+    // Where the tool path's time goes: the plugin's `label` in a fresh store
+    // (prepare) and its `run`, which spawns through the capability.
+    let (mut prepare, mut run_call) = (Vec::new(), Vec::new());
+    for i in 0..iterations + 10 {
+        use taskhost::producer::{Producer, RunMode};
+        let t = Instant::now();
+        let prepared = producer.prepare(json!({"command": "true"}), RunMode::Background).await.unwrap();
+        let prepared_at = t.elapsed();
+        let t = Instant::now();
+        let hooks = (prepared.run)().await.unwrap();
+        let ran = t.elapsed();
+        hooks.done.await.unwrap();
+        if i >= 10 {
+            prepare.push(prepared_at);
+            run_call.push(ran);
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
     let tools = Host::new(&TasksSettings::default()).unwrap();
     tools.add_producer(
-        Arc::new(producer),
+        producer.clone(),
         ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
     );
     let agent = tools.create_agent("bench", "bench").unwrap();
@@ -246,6 +265,11 @@ async fn run() {
     println!(
         "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p50 ratio {:.2}x",
         t50.as_secs_f64() / r50.as_secs_f64()
+    );
+    println!(
+        "  breakdown: prepare (fresh store, label) p50 {:>10.1?}; run (spawn included) p50 {:>10.1?}",
+        percentile(&mut prepare, 0.5),
+        percentile(&mut run_call, 0.5)
     );
     let (d50, d90) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.9));
     let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |maps| maps.lines().count());
