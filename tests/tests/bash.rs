@@ -297,3 +297,39 @@ async fn tool_schema_and_errors_for_bad_arguments() {
     let reply = fx.call("bash", json!({"command": "true", "timeout_ms": 600_001})).await;
     assert!(reply.starts_with("ERROR: invalid arguments for bash"), "{reply}");
 }
+
+/// A plugin that traps while it holds processes: the trap fails its task
+/// alone, drops its store, and the store's processes (escapees included)
+/// die with it. The fixture starts the tree itself through the capability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leak_after_a_trapping_plugin() {
+    let mark = ProcessMark::new("bash-e2e-trap");
+    let engine = engine();
+    let version = engine.load_file(taskhost_tests::fixtures::MISBEHAVE_PATH).await.expect("load misbehave");
+    let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .expect("describe")
+        .with_process(ProcessCapability { host: processes, grant: Arc::new(grant()) });
+    let host = Host::new(&TasksSettings::default()).unwrap();
+    host.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions { name: "misbehave".into(), background: true, foreground_timeout: BOUND },
+    );
+    let agent = host.create_agent("agent", "session-trap").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let args = json!({
+        "fault": "trap", "in": "read-output", "run_in_background": true,
+        "spawn": format!("{}{ESCAPEES}", mark.export()),
+    });
+    let reply = host.call_tool("misbehave", args, &context).await.expect("started").text;
+    let id = reply.strip_prefix("started background misbehave task ").unwrap_or_else(|| panic!("{reply}"));
+    mark.await_at_least(4, BOUND).await;
+    // The read calls `read-output`, which traps.
+    let reply = host.call_tool("task_output", json!({"task_id": id}), &context).await.expect("read");
+    let snapshot = host.registry().get(&TaskId::new(id), Some(&agent)).expect("still listed");
+    assert_eq!(snapshot.status, TaskStatus::Failed, "{}", reply.text);
+    assert!(snapshot.detail.as_deref().is_some_and(|d| d.contains("read-output")), "{snapshot:?}");
+    mark.assert_none_within(Duration::from_secs(5)).await;
+    host.dispose().await;
+}
