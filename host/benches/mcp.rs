@@ -185,6 +185,22 @@ fn config_text() -> String {
     text
 }
 
+/// `taskhost serve` over stdio with the bench's configuration, logging
+/// warnings only (and nowhere), so its timing is the server's own.
+fn serve_stdio(config_path: &std::path::Path, dir: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config_path)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve")
+}
+
 async fn run() {
     let dir = std::env::temp_dir().join(format!("taskhost-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -206,21 +222,11 @@ async fn run() {
     let mut colds = Vec::new();
     for _ in 0..COLD_STARTS {
         let started = Instant::now();
-        let mut child = tokio::process::Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&config_path)
-            .current_dir(&dir)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut child = serve_stdio(&config_path, &dir);
         let client = ().serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
         let tools = client.list_all_tools().await.unwrap();
         colds.push(started.elapsed());
-        assert_eq!(tools.len(), 4);
+        assert_eq!(tools.len(), 5, "the default bash and ticker, and the three control tools");
         let _ = client.cancel().await;
         child.wait().await.unwrap();
     }
@@ -240,17 +246,7 @@ async fn run() {
     let library = stats(library);
 
     // task_list over stdio.
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&config_path)
-        .current_dir(&dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = serve_stdio(&config_path, &dir);
     let client = ().serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
     let stdio = round_trips(client.peer()).await;
     let stdio_floor = floor_socket().await;

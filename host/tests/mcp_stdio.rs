@@ -250,13 +250,7 @@ async fn bad_input_on_stdio_gets_clear_errors_and_the_server_keeps_serving() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     let dir = common::temp_dir("stdio-bad");
-    let mut child = common::serve_command(&dir, None)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(common::log_file(&dir))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_stdio_server(&dir, None);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut send = async |line: String| {
@@ -342,13 +336,7 @@ async fn a_long_foreground_call_reports_progress_and_dies_with_its_request() {
     use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
 
     let dir = common::temp_dir("stdio-progress");
-    let mut child = common::serve_command(&dir, Some("[serve]\nprogress_interval_ms = 100\n"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(common::log_file(&dir))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_stdio_server(&dir, Some("[serve]\nprogress_interval_ms = 100\n"));
     let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
     let client = ProgressProbe(tx).serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
 

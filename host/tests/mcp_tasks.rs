@@ -50,13 +50,7 @@ async fn until_terminal(peer: &Peer<RoleClient>, id: &str) -> GetTaskResult {
 #[tokio::test]
 async fn foreground_calls_become_registry_backed_mcp_tasks() {
     let dir = common::temp_dir("tasks");
-    let mut child = common::serve_command(&dir, None)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(common::log_file(&dir))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_stdio_server(&dir, None);
     let client = TasksClient.serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
     let peer = client.peer().clone();
     assert!(client.peer_info().unwrap().capabilities.supports_tasks());

@@ -18,7 +18,7 @@ use taskhost::tasks::{TaskError, TaskRegistry, TaskStart, TaskStatus, TerminalSt
 use taskhost::tools::{CallContext, ToolError};
 #[path = "../../tests/src/agent_calls.rs"]
 mod agent_calls;
-use agent_calls::{call, child_agents, collect, subagent_started_id};
+use agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent, subagent_started_id};
 
 const CONFIG: &str = r#"
 [tasks]
@@ -90,15 +90,7 @@ async fn every_stop_reason_collected_through_task_output() {
     let host = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let cases = [
-        ("say hello", "answer to: say hello\n[status: completed]"),
-        ("say max-tokens", "partial\n[status: failed, max-tokens]"),
-        ("say error", "(no new output)\n[status: failed, error: upstream 503]"),
-        ("say refusal", "(no new output)\n[status: failed, refusal]"),
-        ("say aborted", "(no new output)\n[status: killed]"),
-        ("say weird", "(no new output)\n[status: failed, context-overflow]"),
-    ];
-    for (prompt, expected) in cases {
+    for (prompt, expected) in STOP_REASON_CASES {
         let reply = call(
             &host,
             &context,
@@ -155,15 +147,7 @@ async fn done_is_reported_only_after_the_child_is_disposed_on_both_paths() {
     for (prompt, expected_status) in
         [("start a ticker", TaskStatus::Completed), ("ticker then fail", TaskStatus::Failed)]
     {
-        let id = subagent_started_id(
-            &call(
-                &host,
-                &context,
-                "subagent",
-                json!({"description": prompt, "prompt": prompt, "run_in_background": true}),
-            )
-            .await,
-        );
+        let id = start_subagent(&host, &context, prompt, prompt).await;
         let output = collect(&host, &context, &id).await;
         assert!(output.contains(&format!("[status: {expected_status}")), "{output}");
         let seen = log.seen.lock().unwrap().clone();
@@ -198,15 +182,7 @@ async fn detached_signal_pre_cancelled_refuses_and_started_ids_outlive_the_call(
     assert!(host.registry().list(Some(&parent)).is_empty());
 
     let context = CallContext::for_agent(&parent);
-    let id = subagent_started_id(
-        &call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": "d", "prompt": "say detached", "run_in_background": true}),
-        )
-        .await,
-    );
+    let id = start_subagent(&host, &context, "d", "say detached").await;
     // The calling request ends (its token fires): the child keeps running.
     context.cancel.cancel();
     let reader = CallContext::for_agent(&parent);
@@ -219,15 +195,7 @@ async fn task_kill_stops_a_background_subagent_and_its_child() {
     let host = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let id = subagent_started_id(
-        &call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": "slow one", "prompt": "slow", "run_in_background": true}),
-        )
-        .await,
-    );
+    let id = start_subagent(&host, &context, "slow one", "slow").await;
     let running = call(&host, &context, "task_output", json!({"task_id": id})).await;
     assert_eq!(running, "(no new output)\n[status: running]");
     assert_eq!(child_agents(&host).len(), 1);
@@ -382,24 +350,8 @@ async fn two_subagents_and_a_ticker_in_one_session_listed_and_collected_together
     let host = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let a = subagent_started_id(
-        &call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": "research A", "prompt": "say A", "run_in_background": true}),
-        )
-        .await,
-    );
-    let b = subagent_started_id(
-        &call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": "research B", "prompt": "start a ticker", "run_in_background": true}),
-        )
-        .await,
-    );
+    let a = start_subagent(&host, &context, "research A", "say A").await;
+    let b = start_subagent(&host, &context, "research B", "start a ticker").await;
     let ticker = call(
         &host,
         &context,

@@ -10,6 +10,18 @@ use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::tools::CallContext;
 
+/// Prompts the suites' scripted backends answer with each stop reason (and
+/// an unknown one), and what `task_output` then shows: the seed's mapping,
+/// the same for the native `subagent` producer and the wasm plugin.
+pub const STOP_REASON_CASES: [(&str, &str); 6] = [
+    ("say hello", "answer to: say hello\n[status: completed]"),
+    ("say max-tokens", "partial\n[status: failed, max-tokens]"),
+    ("say error", "(no new output)\n[status: failed, error: upstream 503]"),
+    ("say refusal", "(no new output)\n[status: failed, refusal]"),
+    ("say aborted", "(no new output)\n[status: killed]"),
+    ("say weird", "(no new output)\n[status: failed, context-overflow]"),
+];
+
 /// Calls `tool` with `args` as the context's agent.
 pub async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
     match host.call_tool(tool, args, context).await {

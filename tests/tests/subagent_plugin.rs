@@ -20,7 +20,7 @@ use taskhost::setup::host_from_config;
 use taskhost::tasks::{TaskError, TaskStatus};
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};
-use taskhost_tests::agent_calls::{call, child_agents, collect, start_subagent};
+use taskhost_tests::agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent};
 use taskhost_tests::procfs::{ESCAPEES, ProcessMark};
 
 /// The tag of the mark exported by the child's bash in "hold a bash".
@@ -94,15 +94,7 @@ async fn every_stop_reason_maps_to_its_outcome() {
     let (host, _engine) = host_from(CONFIG).await;
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
-    let cases = [
-        ("say hello", "answer to: say hello\n[status: completed]"),
-        ("say max-tokens", "partial\n[status: failed, max-tokens]"),
-        ("say error", "(no new output)\n[status: failed, error: upstream 503]"),
-        ("say refusal", "(no new output)\n[status: failed, refusal]"),
-        ("say aborted", "(no new output)\n[status: killed]"),
-        ("say weird", "(no new output)\n[status: failed, context-overflow]"),
-    ];
-    for (prompt, expected) in cases {
+    for (prompt, expected) in STOP_REASON_CASES {
         let id = start_subagent(&host, &context, &format!("case {prompt}"), prompt).await;
         assert_eq!(collect(&host, &context, &id).await, expected, "prompt {prompt:?}");
         assert_eq!(collect(&host, &context, &id).await, expected, "idempotent final read");

@@ -83,6 +83,18 @@ pub async fn spawn_http_server(
     (child, url)
 }
 
+/// `taskhost serve` over stdio in `dir` (optionally with a configuration):
+/// stdin and stdout piped for the test, stderr into `<dir>/stderr.log`.
+pub fn spawn_stdio_server(dir: &std::path::Path, config: Option<&str>) -> tokio::process::Child {
+    serve_command(dir, config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve")
+}
+
 pub type Client = RunningService<RoleClient, ()>;
 
 /// A fresh `taskhost serve` over stdio and an rmcp client on its pipes.
@@ -97,13 +109,7 @@ pub struct StdioServer {
 impl StdioServer {
     pub async fn start(tag: &str, config: Option<&str>) -> Self {
         let dir = temp_dir(tag);
-        let mut child = serve_command(&dir, config)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log_file(&dir))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn taskhost serve");
+        let mut child = spawn_stdio_server(&dir, config);
         let stdout = child.stdout.take().unwrap();
         let stdin = child.stdin.take().unwrap();
         let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
