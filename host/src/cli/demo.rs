@@ -1,14 +1,17 @@
 //! `taskhost demo`: the whole story in a few seconds, on the built-in
 //! plugins, with no network and no API key.
 //!
-//! An in-process host serves the embedded `ticker` plugin as a tool to one
-//! agent. The script calls the same tools a model would, prints their exact
-//! texts, and narrates: background starts, consuming reads, a hot reload
-//! while a task runs (the old task finishes on the old version, new starts
-//! use the new one), a broken build refused while the old version keeps
-//! serving, a kill, completion notices, and the task list. Each step checks
-//! what it claims, so the demo fails loudly instead of telling a wrong story.
+//! An in-process host serves the embedded `ticker` and `bash` plugins as
+//! tools to one agent. The script calls the same tools a model would, prints
+//! their exact texts, and narrates: background starts, consuming reads, a hot
+//! reload while a task runs (the old task finishes on the old version, new
+//! starts use the new one), a broken build refused while the old version
+//! keeps serving, a kill, a confined bash command and the kill of a bash tree
+//! with an escaped daemon, completion notices, and the task list. Each step
+//! checks what it claims, so the demo fails loudly instead of telling a
+//! wrong story.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -16,8 +19,9 @@ use serde_json::{Value, json};
 
 use crate::Host;
 use crate::agents::Agent;
+use crate::capabilities::process::{ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig};
 use crate::config::TasksSettings;
-use crate::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, ServingVersion};
+use crate::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, ServingVersion, WasmProducer};
 use crate::reload::ReloadablePlugin;
 use crate::tools::CallContext;
 use crate::tools::producer_tool::ProducerToolOptions;
@@ -143,6 +147,8 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     demo.say(&format!("The agent no longer needs {doomed}: it kills it."));
     demo.call("task_kill", json!({"task_id": doomed, "reason": "no longer needed"})).await?;
 
+    bash(&demo, &engine).await?;
+
     demo.say(&format!("The agent waits for {slow}, which finishes on v1 although v2 serves new starts."));
     let text = demo.call("task_output", json!({"task_id": slow, "wait": true, "timeout_ms": 10000})).await?;
     ensure!(text.ends_with("[status: completed, ticks: 6]"), "{slow} did not complete: {text}");
@@ -165,5 +171,62 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
 
     demo.say("Done: every task ended the way its owner asked, on the version that started it.");
     host.dispose().await;
+    Ok(())
+}
+
+/// The built-in bash plugin, granted only `bash`: a confined command, and
+/// the kill of a tree whose daemon left the process group.
+async fn bash(demo: &Demo, engine: &PluginEngine) -> anyhow::Result<()> {
+    let bash = crate::builtin::find("bash").context("the bash plugin is built in")?;
+    let grant = ProcessGrant { programs: vec!["bash".into()], ..ProcessGrant::default() };
+    let processes = ProcessHost::new(&ProcessHostConfig::default())?;
+    let producer = WasmProducer::new(engine.load_bytes("bash", bash.wasm).await?, json!({}))
+        .await?
+        .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant) });
+    demo.host.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+    );
+    demo.say(&format!(
+        "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
+        processes.support().describe()
+    ));
+    let id = started_id(
+        &demo
+            .call(
+                "bash",
+                json!({
+                    "command": "echo \"my pid in my namespace: $$\"; for i in 1 2 3; do echo \"step $i\"; sleep 0.2; done",
+                    "run_in_background": true
+                }),
+            )
+            .await?,
+    )?;
+    let text = demo.call("task_output", json!({"task_id": id, "wait": true, "timeout_ms": 10000})).await?;
+    ensure!(text.ends_with("step 3\n[status: completed, exit code: 0]"), "{id} did not complete: {text}");
+
+    demo.say("A command that leaves a daemon behind (setsid) is killed, daemon and all.");
+    let id = started_id(
+        &demo
+            .call(
+                "bash",
+                json!({"command": "setsid sleep 600 & echo \"left a daemon\"; sleep 600", "run_in_background": true}),
+            )
+            .await?,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let read = demo.host.registry().read(&crate::ids::TaskId::new(id.as_str()), Some(&demo.agent)).await?;
+        if read.text.contains("left a daemon") {
+            println!("  (the command said: {})", read.text.trim());
+            break;
+        }
+        ensure!(Instant::now() < deadline, "{id} never started its daemon");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    demo.call("task_kill", json!({"task_id": id})).await?;
+    let text = demo.call("task_output", json!({"task_id": id, "wait": true, "timeout_ms": 10000})).await?;
+    ensure!(text.ends_with("[status: killed, signal: SIGTERM]"), "{id} was not killed: {text}");
+    println!("  (its PID namespace ended with it; process trees left: {})", crate::capabilities::process::live_count());
     Ok(())
 }
