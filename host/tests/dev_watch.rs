@@ -192,3 +192,40 @@ fn dev_grants_the_process_capability_like_serve() {
     assert!(console.child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A configuration's Landlock paths reach the tree when it starts from the
+/// binary re-run as the keeper (the rules travel to it as a descriptor):
+/// writes inside the read-write path work, writes elsewhere are refused.
+#[test]
+fn dev_applies_a_configurations_landlock_paths() {
+    if taskhost::capabilities::process::confine::support().landlock_abi.is_none() {
+        eprintln!("SKIPPED: this kernel has no Landlock");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("taskhost-dev-landlock-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let outside = format!("/var/tmp/taskhost-landlock-probe-{}", std::process::id());
+    let config = dir.join("taskhost.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\n[producer.grants.process]\n\
+             programs = [\"bash\"]\nread_only_paths = [\"/\"]\nread_write_paths = [{dir:?}]\n"
+        ),
+    )
+    .unwrap();
+    let mut console = Console::start(&config, &dir, &[]);
+    console.expect("serving bash from");
+    console.send(&format!(
+        r#"call {{"command": "echo in > inside.txt && echo wrote-inside; echo out > {outside} || echo refused-outside"}}"#
+    ));
+    console.expect("wrote-inside");
+    console.expect("refused-outside");
+    console.send("quit");
+    console.expect("bye");
+    assert!(console.child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(dir.join("inside.txt")).unwrap(), "in\n");
+    assert!(!Path::new(&outside).exists(), "Landlock let the write outside through");
+    let _ = std::fs::remove_dir_all(&dir);
+}
