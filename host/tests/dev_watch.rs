@@ -37,7 +37,12 @@ struct Console {
 impl Console {
     /// `taskhost dev <plugin> <flags>`, with its compile cache in `dir`.
     fn start(plugin: &Path, dir: &Path, flags: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        Self::start_binary(Path::new(env!("CARGO_BIN_EXE_taskhost")), plugin, dir, flags)
+    }
+
+    /// The same with another copy of the binary.
+    fn start_binary(binary: &Path, plugin: &Path, dir: &Path, flags: &[&str]) -> Self {
+        let mut child = Command::new(binary)
             .arg("dev")
             .arg(plugin)
             .args(flags)
@@ -227,5 +232,31 @@ fn dev_applies_a_configurations_landlock_paths() {
     assert!(console.child.wait().unwrap().success());
     assert_eq!(std::fs::read_to_string(dir.join("inside.txt")).unwrap(), "in\n");
     assert!(!Path::new(&outside).exists(), "Landlock let the write outside through");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// When the binary can no longer be executed (here: its file lost its
+/// execute bit while it runs; in the field, a noexec mount), process trees
+/// fall back to being forked from the host: commands keep working.
+#[test]
+fn process_trees_fall_back_to_fork_when_the_binary_cannot_be_run_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("taskhost-dev-fallback-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("taskhost-copy");
+    std::fs::copy(env!("CARGO_BIN_EXE_taskhost"), &copy).unwrap();
+    let mut console =
+        Console::start_binary(&copy, Path::new(taskhost::builtin::BASH_PATH), &dir, &["--program", "bash"]);
+    console.expect("serving bash from");
+    console.send(r#"call {"command": "echo first-through-the-keeper"}"#);
+    console.expect("first-through-the-keeper");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    console.send(r#"call {"command": "echo still-works"}"#);
+    console.expect("still-works");
+    console.expect("[status: completed, exit code: 0]");
+    console.send("quit");
+    console.expect("bye");
+    assert!(console.child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }

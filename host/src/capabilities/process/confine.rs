@@ -410,7 +410,7 @@ impl ChildPlan {
         if !super::keeper::exec_keeper_available() {
             return self.fork();
         }
-        super::keeper::spawn(super::keeper::KeeperArgs {
+        let started = super::keeper::spawn(super::keeper::KeeperArgs {
             ns_flags: self.ns_flags,
             user_maps: self.maps.is_some(),
             loopback_up: self.loopback_up,
@@ -421,7 +421,16 @@ impl ChildPlan {
             program: &self.exec.path,
             argv: &self.exec.argv,
             envp: &self.exec.envp_ptrs,
-        })
+        });
+        match started {
+            // The binary cannot be run again (a noexec mount, a sandbox that
+            // forbids exec of it): fork from now on, and say so once.
+            Err(error) if super::keeper::cannot_exec(&error) => {
+                super::keeper::disable_exec_keeper(&error);
+                self.fork()
+            }
+            other => other,
+        }
     }
 
     /// Forks K from this process. Not `std::process::Command`: it would

@@ -57,9 +57,26 @@ pub fn run_if_keeper() {
     EXEC_KEEPER.store(true, Ordering::Relaxed);
 }
 
-/// Whether this binary opted in (see the module doc).
+/// Whether this binary opted in (see the module doc) and running it again
+/// has not failed.
 pub fn exec_keeper_available() -> bool {
     EXEC_KEEPER.load(Ordering::Relaxed)
+}
+
+/// Errors of `posix_spawn` that mean this binary cannot be executed again
+/// here (as opposed to a transient shortage such as EAGAIN or ENOMEM).
+pub(crate) fn cannot_exec(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EACCES | libc::ENOENT | libc::ENOEXEC | libc::EPERM | libc::ETXTBSY))
+}
+
+/// Falls back to forking K for the rest of this process's life.
+pub(crate) fn disable_exec_keeper(error: &io::Error) {
+    if EXEC_KEEPER.swap(false, Ordering::Relaxed) {
+        tracing::warn!(
+            %error,
+            "cannot run this binary again as the process keeper; forking process trees instead (slower starts)"
+        );
+    }
 }
 
 fn keeper_main(args: Vec<OsString>) -> ! {
