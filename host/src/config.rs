@@ -269,6 +269,15 @@ fn default_foreground_timeout_ms() -> u64 {
 }
 
 impl ProducerConfig {
+    /// How the host serves this entry's tool.
+    pub fn tool_options(&self) -> crate::tools::producer_tool::ProducerToolOptions {
+        crate::tools::producer_tool::ProducerToolOptions {
+            name: self.tool.clone(),
+            background: self.background,
+            foreground_timeout: Duration::from_millis(self.foreground_timeout_ms),
+        }
+    }
+
     /// The instance configuration as JSON, the form producers receive.
     pub fn config_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Object(Default::default()))

@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 
@@ -21,7 +20,6 @@ use crate::capabilities::subagents::{Subagents, is_subagent_plugin, subagent_pro
 use crate::config::{Config, ProducerConfig};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::producer::Producer;
-use crate::tools::producer_tool::ProducerToolOptions;
 
 /// The native producers this build can serve.
 pub const NATIVE_PRODUCERS: &[&str] = &["native:ticker", "native:subagent"];
@@ -143,14 +141,7 @@ pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Resul
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents)
             .await
             .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
-        host.add_producer(
-            built,
-            ProducerToolOptions {
-                name: producer.tool.clone(),
-                background: producer.background,
-                foreground_timeout: Duration::from_millis(producer.foreground_timeout_ms),
-            },
-        );
+        host.add_producer(built, producer.tool_options());
     }
     Ok(host)
 }

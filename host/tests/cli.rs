@@ -3,6 +3,8 @@
 //! working path the MCP and dev suites cover end to end (their bash tasks
 //! all start through it).
 
+mod common;
+
 use std::process::Command;
 
 /// Started with unusable keeper arguments, the binary says so and exits 126
@@ -31,8 +33,7 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
 /// runs in its debug build from a clean directory.
 #[test]
 fn the_demo_runs_its_whole_story() {
-    let dir = std::env::temp_dir().join(format!("taskhost-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("demo");
     let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
         .arg("demo")
         .current_dir(&dir)

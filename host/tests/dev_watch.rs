@@ -4,6 +4,8 @@
 //! starts use the new version, the old task completes on the old one, and a
 //! half-written file is reported while the previous version keeps serving.
 
+mod common;
+
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -105,9 +107,7 @@ impl Console {
 
 #[test]
 fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
-    let dir = std::env::temp_dir().join(format!("taskhost-dev-watch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("dev-watch");
     let plugin = dir.join("ticker.wasm");
     let v1 = rebuilt(taskhost::builtin::TICKER_WASM, "build 1");
     std::fs::write(&plugin, &v1).unwrap();
@@ -171,9 +171,7 @@ fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
 /// the console says what is missing.
 #[test]
 fn dev_grants_the_process_capability_like_serve() {
-    let dir = std::env::temp_dir().join(format!("taskhost-dev-grant-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("dev-grant");
     let bash = Path::new(taskhost::builtin::BASH_PATH);
 
     let mut console = Console::start(bash, &dir, &["--program", "bash"]);
@@ -207,9 +205,7 @@ fn dev_applies_a_configurations_landlock_paths() {
         eprintln!("SKIPPED: this kernel has no Landlock");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("taskhost-dev-landlock-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("dev-landlock");
     let outside = format!("/var/tmp/taskhost-landlock-probe-{}", std::process::id());
     let config = dir.join("taskhost.toml");
     std::fs::write(
@@ -241,9 +237,7 @@ fn dev_applies_a_configurations_landlock_paths() {
 #[test]
 fn process_trees_fall_back_to_fork_when_the_binary_cannot_be_run_again() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("taskhost-dev-fallback-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("dev-fallback");
     let copy = dir.join("taskhost-copy");
     std::fs::copy(env!("CARGO_BIN_EXE_taskhost"), &copy).unwrap();
     let mut console =

@@ -20,7 +20,8 @@ use taskhost::tools::{CallContext, ToolError};
 mod agent_calls;
 use agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent, subagent_started_id};
 
-const CONFIG: &str = r#"
+const CONFIG: &str = concat!(
+    r#"
 [tasks]
 max_live_tasks_per_owner = 4
 
@@ -44,12 +45,9 @@ default_backend = "offline"
 [subagents.backends.offline]
 kind = "scripted"
 replies = [
-  { when = "say max-tokens", text = "partial", stop_reason = "max-tokens" },
-  { when = "say error", stop_reason = "error", detail = "upstream 503" },
-  { when = "say refusal", text = "", stop_reason = "refusal" },
-  { when = "say aborted", stop_reason = "aborted" },
-  { when = "say weird", stop_reason = "context-overflow" },
-  { when = "slow", text = "slow done", delay_ms = 60000 },
+"#,
+    crate::stop_reason_replies!(),
+    r#"  { when = "slow", text = "slow done", delay_ms = 60000 },
   { when = "ticker then fail", stop_reason = "error", detail = "gave up", delay_ms = 200, tool_calls = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { when = "ticker", text = "child: {tool_results}", delay_ms = 200, tool_calls = [
@@ -58,7 +56,8 @@ replies = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { text = "answer to: {prompt}", delay_ms = 20 },
 ]
-"#;
+"#
+);
 
 /// A host built by the real configuration path (`taskhost serve`'s).
 async fn host_from(text: &str) -> Host {

@@ -22,6 +22,21 @@ pub const STOP_REASON_CASES: [(&str, &str); 6] = [
     ("say weird", "(no new output)\n[status: failed, context-overflow]"),
 ];
 
+/// The scripted-backend replies behind [`STOP_REASON_CASES`]: TOML items for
+/// a `replies = [...]` list, as a literal so a suite's config can `concat!`
+/// it.
+#[macro_export]
+macro_rules! stop_reason_replies {
+    () => {
+        r#"  { when = "say max-tokens", text = "partial", stop_reason = "max-tokens" },
+  { when = "say error", stop_reason = "error", detail = "upstream 503" },
+  { when = "say refusal", stop_reason = "refusal" },
+  { when = "say aborted", stop_reason = "aborted" },
+  { when = "say weird", stop_reason = "context-overflow" },
+"#
+    };
+}
+
 /// Calls `tool` with `args` as the context's agent.
 pub async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
     match host.call_tool(tool, args, context).await {

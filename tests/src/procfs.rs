@@ -16,11 +16,22 @@ use std::time::{Duration, Instant};
 pub const ESCAPEES: &str =
     "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & ( (sleep 1000 &) & ); echo started; sleep 1000";
 
-/// The parent of `pid`, from `/proc/<pid>/stat`.
-pub fn parent(pid: u32) -> Option<u32> {
+/// A numeric field of `/proc/<pid>/stat`, counted from the one after the
+/// parenthesised command (`state` is 0, `ppid` 1, `pgrp` 2, …).
+pub fn stat_field(pid: u32, index: usize) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command: state ppid ...
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?.1.split_whitespace().nth(index)?.parse().ok()
+}
+
+/// The parent of `pid`.
+pub fn parent(pid: u32) -> Option<u32> {
+    stat_field(pid, 1)
+}
+
+/// Every pid in `/proc`.
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect()
 }
 
 /// `pid`'s parent, grandparent, … up to (excluding) pid 0.
@@ -50,7 +61,12 @@ pub struct ProcessMark {
 impl ProcessMark {
     /// `TASKHOST_TEST_MARK=<tag>-<pid of the test process>`.
     pub fn new(tag: &str) -> Self {
-        Self { name: "TASKHOST_TEST_MARK".to_string(), value: format!("{tag}-{}", std::process::id()) }
+        Self::with_value(format!("{tag}-{}", std::process::id()))
+    }
+
+    /// `TASKHOST_TEST_MARK=<value>`: a mark another process chose.
+    pub fn with_value(value: String) -> Self {
+        Self { name: "TASKHOST_TEST_MARK".to_string(), value }
     }
 
     /// `export NAME=VALUE; `: a prefix for a shell command that marks every
@@ -63,16 +79,13 @@ impl ProcessMark {
     /// Zombies have an empty environ and do not count: they hold nothing.
     pub fn pids(&self) -> Vec<u32> {
         let needle = format!("{}={}", self.name, self.value).into_bytes();
-        let mut found = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/proc") else { return found };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-            if environ.split(|b| *b == 0).any(|var| var == needle.as_slice()) {
-                found.push(pid);
-            }
-        }
-        found
+        all_pids()
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|environ| environ.split(|b| *b == 0).any(|var| var == needle.as_slice()))
+            })
+            .collect()
     }
 
     /// Waits (up to `within`) until at least `n` marked processes are alive.

@@ -26,7 +26,8 @@ use taskhost_tests::procfs::{ESCAPEES, ProcessMark};
 /// The tag of the mark exported by the child's bash in "hold a bash".
 const CHILD_BASH_MARK: &str = "subagent-child-bash";
 
-const CONFIG: &str = r#"
+const CONFIG: &str = concat!(
+    r#"
 [tasks]
 max_live_tasks_per_owner = 4
 
@@ -52,12 +53,9 @@ config = { profile = "offline", description = "Fork this conversation into a sub
 [subagents.backends.offline]
 kind = "scripted"
 replies = [
-  { when = "say max-tokens", text = "partial", stop_reason = "max-tokens" },
-  { when = "say error", stop_reason = "error", detail = "upstream 503" },
-  { when = "say refusal", stop_reason = "refusal" },
-  { when = "say aborted", stop_reason = "aborted" },
-  { when = "say weird", stop_reason = "context-overflow" },
-  { when = "slow", text = "slow done", delay_ms = 60000 },
+"#,
+    taskhost_tests::stop_reason_replies!(),
+    r#"  { when = "slow", text = "slow done", delay_ms = 60000 },
   { when = "ticker then fail", stop_reason = "error", detail = "gave up", delay_ms = 200, tool_calls = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { when = "hold a ticker", text = "never", delay_ms = 60000, tool_calls = [
@@ -68,7 +66,8 @@ replies = [
       { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
   { text = "answer to: {prompt}", delay_ms = 20 },
 ]
-"#;
+"#
+);
 
 fn engine() -> PluginEngine {
     let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();

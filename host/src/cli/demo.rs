@@ -11,7 +11,6 @@
 //! checks what it claims, so the demo fails loudly instead of telling a
 //! wrong story.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -19,10 +18,10 @@ use serde_json::{Value, json};
 
 use crate::Host;
 use crate::agents::Agent;
-use crate::capabilities::process::{ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig};
-use crate::config::TasksSettings;
-use crate::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, ServingVersion, WasmProducer};
+use crate::config::{Config, TasksSettings};
+use crate::plugin::{CompileSource, ServingVersion};
 use crate::reload::ReloadablePlugin;
+use crate::setup::{PluginRuntime, build_wasm_producer};
 use crate::tools::CallContext;
 use crate::tools::producer_tool::ProducerToolOptions;
 
@@ -80,7 +79,9 @@ fn started_id(reply: &str) -> anyhow::Result<String> {
 
 pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let engine = PluginEngine::new(PluginRuntimeConfig::default())?;
+    // The runtime `serve` builds from a configuration, with the defaults.
+    let mut runtime = PluginRuntime::new(&Config::default());
+    let engine = runtime.engine()?.clone();
     let host = Host::new(&TasksSettings::default())?;
     let agent = host.create_agent("demo-agent", "demo-session")?;
     let demo = Demo { host: host.clone(), agent, started };
@@ -147,7 +148,7 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     demo.say(&format!("The agent no longer needs {doomed}: it kills it."));
     demo.call("task_kill", json!({"task_id": doomed, "reason": "no longer needed"})).await?;
 
-    bash(&demo, &engine).await?;
+    bash(&demo, &mut runtime).await?;
 
     demo.say(&format!("The agent waits for {slow}, which finishes on v1 although v2 serves new starts."));
     let text = demo.call("task_output", json!({"task_id": slow, "wait": true, "timeout_ms": 10000})).await?;
@@ -174,22 +175,19 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The built-in bash plugin, granted only `bash`: a confined command, and
-/// the kill of a tree whose daemon left the process group.
-async fn bash(demo: &Demo, engine: &PluginEngine) -> anyhow::Result<()> {
-    let bash = crate::builtin::find("bash").context("the bash plugin is built in")?;
-    let grant = ProcessGrant { programs: vec!["bash".into()], ..ProcessGrant::default() };
-    let processes = ProcessHost::new(&ProcessHostConfig::default())?;
-    let producer = WasmProducer::new(engine.load_bytes("bash", bash.wasm).await?, json!({}))
+/// The built-in bash plugin exactly as `taskhost serve` offers it by
+/// default: a confined command, and the kill of a tree whose daemon left the
+/// process group.
+async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
+    let entry =
+        Config::default_producers().into_iter().find(|p| p.tool == "bash").context("bash is a default producer")?;
+    let wasm = build_wasm_producer(&entry, std::path::Path::new("."), runtime)
         .await?
-        .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant) });
-    demo.host.add_producer(
-        Arc::new(producer),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
-    );
+        .context("the default bash is a wasm plugin")?;
+    demo.host.add_producer(wasm.producer, entry.tool_options());
     demo.say(&format!(
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
-        processes.support().describe()
+        crate::capabilities::process::confine::support().describe()
     ));
     let id = started_id(
         &demo

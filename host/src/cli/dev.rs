@@ -32,7 +32,7 @@ use crate::plugin::ServingVersion;
 use crate::producer::Producer as _;
 use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
 use crate::setup::{PluginRuntime, build_wasm_producer};
-use crate::tools::producer_tool::{ProducerToolOptions, RUN_IN_BACKGROUND};
+use crate::tools::producer_tool::RUN_IN_BACKGROUND;
 use crate::tools::{CallContext, ToolOutput};
 
 #[derive(Debug, clap::Args)]
@@ -110,12 +110,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             continue;
         };
         // The tool name defaults to the plugin's kind.
-        let name = if entry.tool.is_empty() { wasm.producer.descriptor().kind.clone() } else { entry.tool.clone() };
-        let options = ProducerToolOptions {
-            name,
-            background: entry.background,
-            foreground_timeout: Duration::from_millis(entry.foreground_timeout_ms),
-        };
+        let mut options = entry.tool_options();
+        if options.name.is_empty() {
+            options.name = wasm.producer.descriptor().kind.clone();
+        }
         let plugin = ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options);
         served.push(Served { plugin, file: wasm.file });
     }

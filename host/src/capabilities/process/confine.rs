@@ -118,6 +118,18 @@ pub fn support() -> &'static ConfinementSupport {
     })
 }
 
+/// Starts [`support`]'s probe on a background thread, once per process:
+/// probing forks a few children that try namespaces (~10 ms), which need not
+/// delay start-up. The first spawn waits for it if it has to.
+pub(crate) fn probe_in_background() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new().name("taskhost-confinement-probe".into()).spawn(|| {
+            support();
+        });
+    });
+}
+
 fn probe() -> ConfinementSupport {
     // As root a PID namespace needs no user namespace; otherwise it does.
     let pid_namespace = if probe_unshare(libc::CLONE_NEWPID, false) {
@@ -179,7 +191,7 @@ fn probe_unshare(flags: libc::c_int, userns: bool) -> bool {
 /// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
 /// so files keep their owners and the command has no capabilities after exec.
 #[derive(Clone, Debug)]
-struct IdMaps {
+pub(super) struct IdMaps {
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
 }
@@ -218,11 +230,11 @@ fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
 
 /// The `execve` of the command, prepared before the fork (no allocation after).
 pub(crate) struct ExecPlan {
-    path: CString,
-    argv: Vec<CString>,
+    pub(super) path: CString,
+    pub(super) argv: Vec<CString>,
     _envp: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
-    envp_ptrs: Vec<*const libc::c_char>,
+    pub(super) envp_ptrs: Vec<*const libc::c_char>,
 }
 
 // SAFETY: the pointers point into the CStrings owned by the same struct,
@@ -296,16 +308,17 @@ fn devnull() -> io::Result<RawFd> {
 }
 
 /// Everything the forked child needs, prepared before the fork.
+/// (Fields are visible to [`super::keeper`], which hands them to an exec'd K.)
 pub(crate) struct ChildPlan {
     /// `unshare` flags; 0: no namespaces (K forks the command directly).
-    ns_flags: libc::c_int,
-    maps: Option<IdMaps>,
-    loopback_up: bool,
-    landlock: Option<OwnedFd>,
-    devnull: RawFd,
-    lifeline: RawFd,
-    cwd: CString,
-    exec: ExecPlan,
+    pub(super) ns_flags: libc::c_int,
+    pub(super) maps: Option<IdMaps>,
+    pub(super) loopback_up: bool,
+    pub(super) landlock: Option<OwnedFd>,
+    pub(super) devnull: RawFd,
+    pub(super) lifeline: RawFd,
+    pub(super) cwd: CString,
+    pub(super) exec: ExecPlan,
 }
 
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
@@ -410,19 +423,7 @@ impl ChildPlan {
         if !super::keeper::exec_keeper_available() {
             return self.fork();
         }
-        let started = super::keeper::spawn(super::keeper::KeeperArgs {
-            ns_flags: self.ns_flags,
-            user_maps: self.maps.is_some(),
-            loopback_up: self.loopback_up,
-            lifeline: self.lifeline,
-            landlock: self.landlock.as_ref().map(|fd| fd.as_raw_fd()),
-            devnull: self.devnull,
-            cwd: &self.cwd,
-            program: &self.exec.path,
-            argv: &self.exec.argv,
-            envp: &self.exec.envp_ptrs,
-        });
-        match started {
+        match super::keeper::spawn(self) {
             // The binary cannot be run again (a noexec mount, a sandbox that
             // forbids exec of it): fork from now on, and say so once.
             Err(error) if super::keeper::cannot_exec(&error) => {

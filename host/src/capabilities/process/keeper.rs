@@ -119,45 +119,31 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     ChildPlan::for_keeper(ns_flags, user_maps, loopback_up, landlock, lifeline, cwd.as_bytes(), exec)
 }
 
-/// What [`spawn`] needs of a [`ChildPlan`].
-pub(crate) struct KeeperArgs<'a> {
-    pub ns_flags: libc::c_int,
-    pub user_maps: bool,
-    pub loopback_up: bool,
-    pub lifeline: RawFd,
-    pub landlock: Option<RawFd>,
-    pub devnull: RawFd,
-    pub cwd: &'a CString,
-    pub program: &'a CString,
-    pub argv: &'a [CString],
-    pub envp: &'a [*const libc::c_char],
-}
-
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
 /// once its `exec` succeeded.
-pub(crate) fn spawn(args: KeeperArgs<'_>) -> io::Result<Forked> {
+pub(crate) fn spawn(plan: &ChildPlan) -> io::Result<Forked> {
     let (stdout, stdout_w) = super::confine::pipe()?;
     let (stderr, stderr_w) = super::confine::pipe()?;
     // Sources must not sit on the target numbers 0..=4, or one dup2 would
     // clobber another's source: move any that do out of the way.
-    let lifeline = above_targets(args.lifeline)?;
-    let landlock = args.landlock.map(above_targets).transpose()?;
-    let devnull = above_targets(args.devnull)?;
+    let lifeline = above_targets(plan.lifeline)?;
+    let landlock = plan.landlock.as_ref().map(|fd| above_targets(fd.as_raw_fd())).transpose()?;
+    let devnull = above_targets(plan.devnull)?;
     let (stdout_src, stderr_src) = (above_targets(stdout_w.as_raw_fd())?, above_targets(stderr_w.as_raw_fd())?);
 
     let lifeline_target = 3;
     let landlock_target = if landlock.is_some() { 4 } else { -1 };
     let numbers = [
-        args.ns_flags.to_string(),
-        u8::from(args.user_maps).to_string(),
-        u8::from(args.loopback_up).to_string(),
+        plan.ns_flags.to_string(),
+        u8::from(plan.maps.is_some()).to_string(),
+        u8::from(plan.loopback_up).to_string(),
         lifeline_target.to_string(),
         landlock_target.to_string(),
     ];
     let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
     argv.extend(numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")));
-    argv.extend([args.cwd.clone(), args.program.clone(), c"--".into()]);
-    argv.extend(args.argv.iter().cloned());
+    argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
+    argv.extend(plan.exec.argv.iter().cloned());
     let argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
 
     // SAFETY: posix_spawn with initialised attribute and file-action objects
@@ -198,7 +184,7 @@ pub(crate) fn spawn(args: KeeperArgs<'_>) -> io::Result<Forked> {
                 &actions,
                 &attr,
                 argv_ptrs.as_ptr() as *const *mut libc::c_char,
-                args.envp.as_ptr() as *const *mut libc::c_char,
+                plan.exec.envp_ptrs.as_ptr() as *const *mut libc::c_char,
             ))?;
             Ok(pid)
         })();

@@ -107,11 +107,7 @@ impl ProcessHost {
     /// Probes confinement (logged once per host process) and creates the
     /// private spill directory.
     pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
-        // Probing forks a few children that try namespaces (~10 ms): do it
-        // off the start-up path. The first spawn waits for it if it must.
-        let _ = std::thread::Builder::new().name("taskhost-confinement-probe".into()).spawn(|| {
-            confine::support();
-        });
+        confine::probe_in_background();
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
         remove_orphaned_dirs(&root);
         let spill_dir = create_private_dir(&root)?;

@@ -41,23 +41,7 @@ fn bash(script: &str, mark: &ProcessMark) -> SpawnRequest {
 /// Pids of processes (zombies included) in process group `pgid`: the keeper
 /// and init, which never exec and so carry no marker, are found this way.
 fn in_group(pgid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // Fields after the parenthesised command: state ppid pgrp ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-            continue;
-        };
-        if rest.split_whitespace().nth(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
-            found.push(pid);
-        }
-    }
-    found
+    procfs::all_pids().into_iter().filter(|pid| procfs::stat_field(*pid, 2) == Some(pgid)).collect()
 }
 
 /// Waits up to 5 s for every marked process to be gone.
@@ -412,9 +396,11 @@ async fn landlock_confines_writes_to_the_granted_paths() {
     std::fs::remove_dir_all(&base).unwrap();
 }
 
-/// Not a test by itself: the stand-in host of `no_leak_when_the_host_dies`.
+/// Not a test by itself: the stand-in host of `no_leak_when_the_host_dies`,
+/// which runs this test binary again with `--ignored --exact` on this name.
 /// It starts a tree that leaves escapees behind, says so, and waits to be
-/// killed.
+/// killed. Ignored because run on its own it would only sit for 1 000 s
+/// (without the parent's mark it returns at once, proving nothing).
 #[tokio::test]
 #[ignore = "helper process of no_leak_when_the_host_dies"]
 async fn helper_host_that_gets_killed() {
@@ -422,7 +408,7 @@ async fn helper_host_that_gets_killed() {
         return;
     };
     let host = host();
-    let mark = ProcessMark { name: "TASKHOST_TEST_MARK".to_string(), value };
+    let mark = ProcessMark::with_value(value);
     let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
     println!("helper-ready");
