@@ -220,10 +220,12 @@ async fn run() {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     let tools = Host::new(&TasksSettings::default()).unwrap();
-    tools.add_producer(
-        producer.clone(),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
-    );
+    tools
+        .add_producer(
+            producer.clone(),
+            ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+        )
+        .expect("tool name is valid");
     let agent = tools.create_agent("bench", "bench").unwrap();
     let context = CallContext::for_agent(&agent);
     // The capability alone, now that the engine's pool is mapped (its own

@@ -146,7 +146,8 @@ async fn run_benchmarks() {
         drop(baseline);
 
         let host = Host::new(&TasksSettings { max_live_tasks_per_owner: usize::MAX, ..Default::default() }).unwrap();
-        host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
+        host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()))
+            .expect("tool name is valid");
         let context = CallContext::default();
         let args = json!({"count": 1, "interval_ms": 1, "run_in_background": true});
         let started = Instant::now();

@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
 
-use crate::ids::{AgentId, SessionId};
+use crate::ids::{AgentId, SessionId, TaskId};
 
 /// An async cleanup run when its agent is disposed.
 pub type Cleanup = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
@@ -33,7 +33,13 @@ pub struct CleanupKey(u64);
 pub struct SessionMessage {
     pub at: SystemTime,
     pub text: String,
+    /// The task the message is about (a completion notice), if any.
+    pub about: Option<TaskId>,
 }
+
+/// The most messages a session log keeps. Beyond it the oldest messages a
+/// surface already delivered are dropped; undelivered ones are never lost.
+pub const SESSION_LOG_CAP: usize = 1_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -83,6 +89,11 @@ impl AgentRegistry {
     /// The live agent registered under `id`, if any.
     pub fn get(&self, id: &AgentId) -> Option<Agent> {
         self.shared.live.lock().expect("agent registry poisoned").get(id).cloned()
+    }
+
+    /// True if `agent` was created by this registry (live or not).
+    pub fn owns(&self, agent: &Agent) -> bool {
+        agent.0.registry.upgrade().is_some_and(|registry| Arc::ptr_eq(&registry, &self.shared))
     }
 
     /// True if `agent` is the exact instance currently registered under its id.
@@ -176,15 +187,46 @@ impl Agent {
     /// Appends a message to the session log, for the next model request to
     /// see. Refused once the agent is being disposed.
     pub fn inject(&self, text: impl Into<String>) -> Result<(), AgentError> {
+        self.push(text.into(), None)
+    }
+
+    /// Like [`Agent::inject`], for a message about one task (a completion
+    /// notice), which [`Agent::retract_unread_about`] can take back.
+    pub fn inject_about(&self, task: &TaskId, text: impl Into<String>) -> Result<(), AgentError> {
+        self.push(text.into(), Some(task.clone()))
+    }
+
+    fn push(&self, text: String, about: Option<TaskId>) -> Result<(), AgentError> {
         {
             let mut state = self.state();
             if state.lifecycle != Lifecycle::Live {
                 return Err(AgentError::Disposed(self.0.id.clone()));
             }
-            state.log.push(SessionMessage { at: SystemTime::now(), text: text.into() });
+            state.log.push(SessionMessage { at: SystemTime::now(), text, about });
+            let excess = state.log.len().saturating_sub(SESSION_LOG_CAP).min(state.unread_from);
+            if excess > 0 {
+                state.log.drain(..excess);
+                state.unread_from -= excess;
+            }
         }
         self.0.messages.notify_waiters();
         Ok(())
+    }
+
+    /// Removes the messages about `task` that no surface has delivered yet
+    /// (the task's end was reported explicitly, so its notice is redundant).
+    /// Returns how many were removed.
+    pub fn retract_unread_about(&self, task: &TaskId) -> usize {
+        let mut state = self.state();
+        let from = state.unread_from;
+        let before = state.log.len();
+        let mut index = 0;
+        state.log.retain(|message| {
+            let keep = index < from || message.about.as_ref() != Some(task);
+            index += 1;
+            keep
+        });
+        before - state.log.len()
     }
 
     /// The whole session log.

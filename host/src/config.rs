@@ -189,6 +189,8 @@ pub struct TasksSettings {
     pub teardown_timeout_ms: u64,
     pub wait_timeout_ms: u64,
     pub max_wait_timeout_ms: u64,
+    /// Finished tasks kept per owner; older reported ones are dropped.
+    pub max_finished_tasks_per_owner: usize,
 }
 
 impl Default for TasksSettings {
@@ -200,6 +202,7 @@ impl Default for TasksSettings {
             teardown_timeout_ms: registry.teardown_timeout.map_or(0, |t| t.as_millis() as u64),
             wait_timeout_ms: control.wait_timeout_ms,
             max_wait_timeout_ms: control.max_wait_timeout_ms,
+            max_finished_tasks_per_owner: registry.max_finished_tasks_per_owner,
         }
     }
 }
@@ -209,6 +212,7 @@ impl TasksSettings {
         RegistryConfig {
             max_live_tasks_per_owner: self.max_live_tasks_per_owner,
             teardown_timeout: (self.teardown_timeout_ms > 0).then(|| Duration::from_millis(self.teardown_timeout_ms)),
+            max_finished_tasks_per_owner: self.max_finished_tasks_per_owner,
         }
     }
 
@@ -219,6 +223,10 @@ impl TasksSettings {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.control_tools().validate().map_err(|e| anyhow::anyhow!("[tasks] {e}"))?;
         anyhow::ensure!(self.max_live_tasks_per_owner > 0, "[tasks] max_live_tasks_per_owner must be at least 1");
+        anyhow::ensure!(
+            self.max_finished_tasks_per_owner > 0,
+            "[tasks] max_finished_tasks_per_owner must be at least 1 (the finished tasks each owner keeps)"
+        );
         Ok(())
     }
 }
@@ -265,7 +273,7 @@ fn yes() -> bool {
 }
 
 fn default_foreground_timeout_ms() -> u64 {
-    600_000
+    crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS
 }
 
 impl ProducerConfig {
@@ -337,11 +345,8 @@ impl Config {
                 "[[producer]] with plugin {:?} has an empty tool name",
                 producer.plugin
             );
-            anyhow::ensure!(
-                !["task_output", "task_list", "task_kill"].contains(&producer.tool.as_str()),
-                "[[producer]] tool name {:?} is reserved for a control tool; pick another",
-                producer.tool
-            );
+            crate::tools::check_tool_name(&producer.tool)
+                .map_err(|error| anyhow::anyhow!("[[producer]] with plugin {:?}: {error}", producer.plugin))?;
             anyhow::ensure!(
                 seen.insert(producer.tool.clone()),
                 "two [[producer]] entries are named {:?}; tool names must be unique",

@@ -14,8 +14,8 @@ use crate::ids::{AgentId, SessionId};
 use crate::producer::Producer;
 use crate::tasks::TaskRegistry;
 use crate::tools::control::ControlTools;
-use crate::tools::producer_tool::{ProducerTool, ProducerToolOptions};
-use crate::tools::{CallContext, ToolDefinition, ToolError, ToolOutput, Toolbox};
+use crate::tools::producer_tool::{DEFAULT_FOREGROUND_TIMEOUT_MS, ProducerTool, ProducerToolOptions};
+use crate::tools::{CallContext, ToolDefinition, ToolError, ToolNameError, ToolOutput, Toolbox};
 
 /// A running taskhost.
 #[derive(Clone)]
@@ -55,22 +55,24 @@ impl Host {
         self.agents.create(id, session)
     }
 
-    /// Serves a producer as a tool (replacing a tool of the same name).
-    pub fn add_producer(&self, producer: Arc<dyn Producer>, options: ProducerToolOptions) {
-        self.toolbox.insert(Arc::new(ProducerTool::new(producer, options, self.registry.clone())));
+    /// Serves a producer as a tool (replacing a producer tool of the same
+    /// name). Refuses names that break the tool-name rule or belong to the
+    /// control tools.
+    pub fn add_producer(&self, producer: Arc<dyn Producer>, options: ProducerToolOptions) -> Result<(), ToolNameError> {
+        self.toolbox.insert(Arc::new(ProducerTool::new(producer, options, self.registry.clone())))
     }
 
     /// Serves a producer under `name` with background runs on and the default
     /// foreground timeout.
-    pub fn add_producer_named(&self, name: &str, producer: Arc<dyn Producer>) {
+    pub fn add_producer_named(&self, name: &str, producer: Arc<dyn Producer>) -> Result<(), ToolNameError> {
         self.add_producer(
             producer,
             ProducerToolOptions {
                 name: name.to_string(),
                 background: true,
-                foreground_timeout: Duration::from_secs(600),
+                foreground_timeout: Duration::from_millis(DEFAULT_FOREGROUND_TIMEOUT_MS),
             },
-        );
+        )
     }
 
     pub fn tool_definitions(&self) -> Vec<ToolDefinition> {

@@ -37,6 +37,12 @@ macro_rules! branded_string {
             }
         }
 
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
         impl From<&str> for $name {
             fn from(value: &str) -> Self {
                 Self::new(value)

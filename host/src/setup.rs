@@ -141,7 +141,7 @@ pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Resul
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents)
             .await
             .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
-        host.add_producer(built, producer.tool_options());
+        host.add_producer(built, producer.tool_options()).map_err(anyhow::Error::new)?;
     }
     Ok(host)
 }

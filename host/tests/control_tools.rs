@@ -18,7 +18,7 @@ use agent_calls::call;
 
 fn host() -> Host {
     let host = Host::new(&TasksSettings::default()).unwrap();
-    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
+    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap())).expect("tool name is valid");
     host
 }
 
@@ -37,7 +37,8 @@ async fn tool_definitions_and_schemas() {
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({})).unwrap()),
         ProducerToolOptions { name: "ticker".into(), background: false, foreground_timeout: Duration::from_secs(5) },
-    );
+    )
+    .expect("tool name is valid");
     let ticker = host.tool_definitions().into_iter().find(|d| d.name == "ticker").unwrap();
     assert!(ticker.input_schema["properties"].get("run_in_background").is_none());
     let context = CallContext::default();
@@ -183,7 +184,7 @@ async fn bad_arguments_and_ids_get_clear_errors() {
 async fn wait_timeouts_are_clamped_and_configurable() {
     let config = Config::parse("[tasks]\nwait_timeout_ms = 50\nmax_wait_timeout_ms = 100\n").unwrap();
     let host = Host::new(&config.tasks).unwrap();
-    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
+    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap())).expect("tool name is valid");
     let context = CallContext::default();
     call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 60000, "run_in_background": true})).await;
     let started = std::time::Instant::now();
@@ -213,7 +214,8 @@ async fn foreground_runs_return_output_and_honour_timeouts() {
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({"default_message": "beat"})).unwrap()),
         ProducerToolOptions { name: "slow".into(), background: true, foreground_timeout: Duration::from_millis(50) },
-    );
+    )
+    .expect("tool name is valid");
     let out = host.call_tool("slow", json!({"count": 100, "interval_ms": 20}), &context).await.unwrap();
     assert!(out.is_error);
     assert!(out.text.starts_with("beat 1\n"), "{}", out.text);
@@ -235,7 +237,7 @@ async fn foreground_runs_return_output_and_honour_timeouts() {
 async fn a_pre_cancelled_background_call_starts_nothing() {
     let host = host();
     let scripted = ScriptedProducer::new("job", true);
-    host.add_producer_named("job", Arc::new(scripted.clone()));
+    host.add_producer_named("job", Arc::new(scripted.clone())).expect("tool name is valid");
     let context = CallContext::default();
     context.cancel.cancel();
     let error = host.call_tool("job", json!({"run_in_background": true}), &context).await.unwrap_err();
@@ -260,4 +262,150 @@ async fn the_system_prompt_section_teaches_the_habit() {
     for phrase in ["task id", "task_output", "task_kill", "task_list", "busy-poll", "duplicates", "final answer"] {
         assert!(section.contains(phrase), "missing {phrase:?}");
     }
+}
+
+/// A producer that panics where it is told to: `{"in": "prepare" | "run" | "done"}`.
+struct Panicky;
+
+#[async_trait::async_trait]
+impl taskhost::producer::Producer for Panicky {
+    fn descriptor(&self) -> Arc<taskhost::producer::Descriptor> {
+        Arc::new(taskhost::producer::Descriptor {
+            kind: "panicky".into(),
+            description: "Panics on request.".into(),
+            parameters: json!({"type": "object", "properties": {"in": {"type": "string"}}}),
+            streams_output: true,
+        })
+    }
+
+    async fn prepare(
+        &self,
+        args: serde_json::Value,
+        _mode: taskhost::producer::RunMode,
+    ) -> anyhow::Result<taskhost::producer::PreparedRun> {
+        let place = args["in"].as_str().unwrap_or("done").to_string();
+        let code = 42;
+        if place == "prepare" {
+            panic!("prepare blew up {code}");
+        }
+        Ok(taskhost::producer::PreparedRun {
+            label: "panicky".into(),
+            producer_info: None,
+            run: taskhost::producer::runner(async move {
+                if place == "run" {
+                    panic!("run blew up {code}");
+                }
+                let task = taskhost::native::scripted::ScriptedTask::new(true);
+                let done = async move {
+                    tokio::task::yield_now().await;
+                    panic!("done blew up {code}")
+                };
+                Ok(taskhost::tasks::TaskHooks { control: task, done: Box::pin(done) })
+            }),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_producer_never_unwinds_into_the_caller() {
+    let host = host();
+    host.add_producer_named("panicky", Arc::new(Panicky)).expect("tool name is valid");
+    let agent = host.create_agent("a", "s-a").unwrap();
+    let context = CallContext::for_agent(&agent);
+    // Foreground: each place fails the call (or the task) with its message.
+    let out = call(&host, &context, "panicky", json!({"in": "prepare"})).await;
+    assert!(out.starts_with("ERROR: ") && out.contains("the producer panicked: prepare blew up 42"), "{out}");
+    let out = call(&host, &context, "panicky", json!({"in": "run"})).await;
+    assert!(out.contains("the producer panicked: run blew up 42"), "{out}");
+    let out = host.call_tool("panicky", json!({"in": "done"}), &context).await.unwrap();
+    assert!(out.is_error);
+    assert_eq!(out.text, "(no output)\n[status: failed, producer panicked: done blew up 42]");
+    // Background: the same panic is the task's failure.
+    let started = call(&host, &context, "panicky", json!({"in": "done", "run_in_background": true})).await;
+    assert_eq!(started, "started background panicky task panicky-1");
+    let out = call(&host, &context, "task_output", json!({"task_id": "panicky-1", "wait": true})).await;
+    assert_eq!(out, "(no new output)\n[status: failed, producer panicked: done blew up 42]");
+}
+
+#[tokio::test]
+async fn tool_names_follow_the_rule_and_spare_the_control_tools() {
+    let host = host();
+    let ticker = || Arc::new(TickerProducer::new(&json!({})).unwrap());
+    for reserved in ["task_output", "task_list", "task_kill", "task_wait", "task_input"] {
+        let error = host.add_producer_named(reserved, ticker()).unwrap_err();
+        assert!(error.to_string().contains("reserved for taskhost's control tools"), "{error}");
+    }
+    for invalid in ["My Tool", "", "tool.name", &"x".repeat(65), "naïve"] {
+        let error = host.add_producer_named(invalid, ticker()).unwrap_err();
+        assert!(error.to_string().contains("1 to 64 ASCII letters"), "{invalid:?}: {error}");
+    }
+    host.add_producer_named(&"x".repeat(64), ticker()).expect("64 characters are fine");
+    // The control tools still answer as themselves.
+    let out = call(&host, &CallContext::default(), "task_list", json!({})).await;
+    assert_eq!(out, "(no background tasks)");
+    // The configuration refuses the same names before anything is served.
+    for (tool, expected) in [("My Tool", "1 to 64 ASCII letters"), ("task_wait", "reserved")] {
+        let toml = format!("[[producer]]\ntool = {tool:?}\nplugin = \"native:ticker\"\n");
+        let error = format!("{:#}", Config::parse(&toml).unwrap_err());
+        assert!(error.contains(expected), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn the_read_that_reports_an_end_carries_no_notice_of_it() {
+    let host = host();
+    let agent = host.create_agent("a", "s-a").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let mut told = std::collections::HashMap::<String, usize>::new();
+    for n in 1..=40 {
+        let started =
+            call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true})).await;
+        let id = started.rsplit(' ').next().unwrap().to_string();
+        // Race the read against the settlement (and its notice).
+        let out = call(&host, &context, "task_output", json!({"task_id": id, "wait": n % 2 == 0})).await;
+        let unread: Vec<String> = agent.take_unread().into_iter().map(|m| m.text).collect();
+        let reported_here = out.ends_with("[status: completed, ticks: 1]");
+        if reported_here {
+            *told.entry(id.clone()).or_default() += 1;
+        }
+        for notice in &unread {
+            let about = notice.split(' ').nth(2).unwrap().to_string();
+            assert!(
+                !(reported_here && about == id),
+                "the read reported {id}'s end, so its notice may not join it: {out} {unread:?}"
+            );
+            *told.entry(about).or_default() += 1;
+        }
+    }
+    // Settle the stragglers, then every task was told of exactly once.
+    host.dispose().await;
+    let last: Vec<String> = agent.take_unread().into_iter().map(|m| m.text).collect();
+    for notice in &last {
+        *told.entry(notice.split(' ').nth(2).unwrap().to_string()).or_default() += 1;
+    }
+    assert_eq!(told.len(), 40, "{told:?}");
+    assert!(told.values().all(|&n| n == 1), "each end told once: {told:?}");
+}
+
+#[tokio::test]
+async fn task_list_says_how_many_finished_tasks_were_dropped() {
+    let config = Config::parse("[tasks]\nmax_finished_tasks_per_owner = 2\n").unwrap();
+    let host = Host::new(&config.tasks).unwrap();
+    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap())).expect("tool name is valid");
+    let agent = host.create_agent("a", "s-a").unwrap();
+    let context = CallContext::for_agent(&agent);
+    for _ in 0..5 {
+        let started =
+            call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true})).await;
+        let id = started.rsplit(' ').next().unwrap().to_string();
+        call(&host, &context, "task_output", json!({"task_id": id, "wait": true})).await;
+    }
+    let listed = call(&host, &context, "task_list", json!({})).await;
+    assert_eq!(
+        listed,
+        "ticker-4 [ticker] completed — 1 ticks every 0 ms\nticker-5 [ticker] completed — 1 ticks every 0 ms\n\
+         (3 older finished tasks were dropped from this list)"
+    );
+    let out = call(&host, &context, "task_output", json!({"task_id": "ticker-1"})).await;
+    assert!(out.starts_with("ERROR: unknown task id ticker-1"), "{out}");
 }

@@ -56,15 +56,31 @@ fn counted_spec(kind: &str, owner: Option<&Agent>, runs: &Arc<AtomicUsize>) -> T
     }
 }
 
+/// Awaits the task's settlement through the event stream (never polls) and
+/// returns its snapshot, after the listeners ran.
 async fn settled(registry: &TaskRegistry, id: &TaskId, caller: Option<&Agent>) -> TaskSnapshot {
-    for _ in 0..500 {
-        let snapshot = registry.get(id, caller).unwrap();
-        if snapshot.status.is_terminal() {
-            return snapshot;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    let events = registry.subscribe();
+    let snapshot = registry.get(id, caller).unwrap();
+    if snapshot.status.is_terminal() {
+        return snapshot;
     }
-    panic!("task {id} did not settle");
+    settlement(events, id).await;
+    registry.get(id, caller).unwrap()
+}
+
+/// Awaits the `Settled` event of `id` on a stream subscribed before it
+/// could settle. The event is sent after the listeners ran: notices are in
+/// place.
+async fn settlement(mut events: tokio::sync::broadcast::Receiver<TaskEvent>, id: &TaskId) {
+    let wait = async {
+        loop {
+            match events.recv().await.expect("event stream open") {
+                TaskEvent::Settled { task } if &task.id == id => return,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.unwrap_or_else(|_| panic!("task {id} did not settle"));
 }
 
 fn notices(agent: &Agent) -> Vec<String> {
@@ -234,9 +250,11 @@ async fn notice_suppressed_after_kill_terminal_read_and_wait() {
     let id = f.registry.start(spec("bash", Some(&agent), &read)).await.unwrap();
     read.settle(TaskOutcome::completed(None));
     settle_tick().await;
-    // Settled without a reporter: that notice is delivered.
+    // Settled without a reporter: that notice is injected...
     assert_eq!(notices(&agent).len(), 1);
     let _ = f.registry.read(&id, Some(&agent)).await.unwrap();
+    // ...and the terminal read that reports the end retracts it, unread.
+    assert!(notices(&agent).is_empty(), "{:?}", notices(&agent));
 
     // A wait pending at settlement takes over reporting.
     let waited = ScriptedTask::new(true);
@@ -253,7 +271,7 @@ async fn notice_suppressed_after_kill_terminal_read_and_wait() {
     assert_eq!(snapshot.status, TaskStatus::Completed);
     assert!(snapshot.reported);
     settle_tick().await;
-    assert_eq!(notices(&agent).len(), 1, "kill and wait suppressed their notices: {:?}", notices(&agent));
+    assert!(notices(&agent).is_empty(), "kill and wait suppressed their notices: {:?}", notices(&agent));
 }
 
 #[tokio::test]
@@ -294,17 +312,24 @@ async fn wait_times_out_aborts_and_delivers() {
     assert!(matches!(waiting.await.unwrap(), Err(TaskError::WaitAborted(_))));
     assert_eq!(f.registry.get(&id, None).unwrap().status, TaskStatus::Running, "aborting cancels only the wait");
     assert!(task.cancel_requests().is_empty());
+}
 
-    // Abort racing with settlement: the terminal snapshot is delivered.
+#[tokio::test]
+async fn an_abort_racing_settlement_fails_the_wait_and_leaves_the_notice_due() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let task = ScriptedTask::new(true);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
     let abort = CancellationToken::new();
-    let mut wait = Box::pin(f.registry.wait(&id, Duration::from_secs(10), None, Some(&abort)));
+    let mut wait = Box::pin(f.registry.wait(&id, Duration::from_secs(10), Some(&agent), Some(&abort)));
     assert!(futures::poll!(&mut wait).is_pending());
+    // Both happen before the wait runs again: settlement and the abort.
     task.settle(TaskOutcome::completed(None));
-    settle_tick().await;
+    settled(&f.registry, &id, Some(&agent)).await;
     abort.cancel();
-    let snapshot = wait.await.unwrap();
-    assert_eq!(snapshot.status, TaskStatus::Completed);
-    assert!(snapshot.reported);
+    assert!(matches!(wait.await, Err(TaskError::WaitAborted(_))), "the caller threw the answer away");
+    assert!(!f.registry.get(&id, Some(&agent)).unwrap().reported, "nobody was told of the end");
+    assert_eq!(notices(&agent).len(), 1, "so the notice goes out: {:?}", notices(&agent));
 }
 
 #[tokio::test]
@@ -484,13 +509,14 @@ async fn a_task_that_never_stops_is_force_failed_after_the_teardown_timeout() {
     let stuck = ScriptedTask::new(true);
     stuck.set_cancel_mode(CancelMode::Accept);
     let id = f.registry.start(spec("bash", None, &stuck)).await.unwrap();
-    let seen = Arc::new(Mutex::new(None));
-    let _listener = f.registry.on_task_done(Arc::new({
-        let seen = seen.clone();
-        move |done: &TaskDone| *seen.lock().unwrap() = Some(done.snapshot.clone())
-    }));
+    let mut events = f.registry.subscribe();
     tokio::time::timeout(Duration::from_secs(5), f.registry.dispose()).await.expect("bounded disposal");
-    let snapshot = seen.lock().unwrap().clone().expect("settled");
+    let snapshot = loop {
+        match events.try_recv().expect("a settled event was sent") {
+            TaskEvent::Settled { task } => break task,
+            _ => continue,
+        }
+    };
     assert_eq!(snapshot.id, id);
     assert!(snapshot.detail.unwrap().contains("did not stop within 100 ms"));
     assert!(stuck.was_abandoned());
@@ -550,4 +576,267 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
     tokio::time::timeout(Duration::from_secs(5), disposing).await.unwrap().unwrap();
     assert_eq!(task.cancel_requests().len(), 1, "the late task was cancelled");
     assert!(matches!(f.registry.get(&id, None), Err(TaskError::UnknownTask(_))));
+}
+
+// ---------------------------------------------------------------------------
+// Registry semantics found by embedders and the reference test port.
+
+/// A producer whose every step can be told to panic with a message.
+fn panicking_start(kind: &str, owner: Option<&Agent>, in_run: bool) -> TaskStart {
+    TaskStart {
+        kind: kind.into(),
+        label: "panics".into(),
+        owner: owner.cloned(),
+        producer_info: None,
+        run: Box::new(move || {
+            Box::pin(async move {
+                let code = 7;
+                if in_run {
+                    panic!("run blew up {code}");
+                }
+                let done = async move {
+                    tokio::task::yield_now().await;
+                    panic!("done blew up {code}")
+                };
+                Ok(TaskHooks { control: ScriptedTask::new(true), done: Box::pin(done) })
+            })
+        }),
+    }
+}
+
+#[tokio::test]
+async fn an_empty_label_is_refused_before_anything_runs() {
+    let f = fixture();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for label in ["", "   "] {
+        let mut start = counted_spec("bash", None, &runs);
+        start.label = label.into();
+        let error = f.registry.start(start).await.unwrap_err();
+        assert!(matches!(&error, TaskError::EmptyLabel { kind } if kind == "bash"), "{error}");
+        assert!(error.to_string().contains("needs a label"), "{error}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the producer never ran");
+    assert!(f.registry.list(None).is_empty());
+}
+
+#[tokio::test]
+async fn caught_panics_keep_their_message() {
+    let f = fixture();
+    let error = f.registry.start(panicking_start("bash", None, true)).await.unwrap_err();
+    assert!(error.to_string().contains("the producer panicked: run blew up 7"), "{error}");
+    let id = f.registry.start(panicking_start("bash", None, false)).await.unwrap();
+    let snapshot = settled(&f.registry, &id, None).await;
+    assert_eq!(snapshot.status, TaskStatus::Failed);
+    assert_eq!(snapshot.status_line(), "[status: failed, producer panicked: done blew up 7]");
+}
+
+#[tokio::test]
+async fn owner_teardown_settlements_count_as_reported() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let task = ScriptedTask::new(true);
+    f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let _listener = f.registry.on_task_done(Arc::new({
+        let seen = seen.clone();
+        move |done: &TaskDone| seen.lock().unwrap().push(done.snapshot.clone())
+    }));
+    agent.dispose().await;
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "listeners still see the settlement");
+    assert_eq!(seen[0].status, TaskStatus::Killed);
+    assert!(seen[0].reported, "nobody is left to tell: {:?}", seen[0]);
+}
+
+#[tokio::test]
+async fn registry_disposal_is_silent() {
+    for cancel_mode in [CancelMode::Settle, CancelMode::Fail("cannot cancel".into())] {
+        let f = fixture();
+        let agent = f.agents.create("a", "s-a").unwrap();
+        let task = ScriptedTask::new(true);
+        task.set_cancel_mode(cancel_mode.clone());
+        f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let _listener = f.registry.on_task_done(Arc::new({
+            let calls = calls.clone();
+            move |_: &TaskDone| {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        f.registry.dispose().await;
+        assert_eq!(task.cancel_requests().len(), 1, "{cancel_mode:?}: the task was cancelled");
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "{cancel_mode:?}: no listener ran");
+        assert!(
+            notices(&agent).is_empty(),
+            "{cancel_mode:?}: the live owner was told of no kill: {:?}",
+            notices(&agent)
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_control_surfaces_deliver_one_notice() {
+    let f = fixture();
+    let _second = deliver_completion_notices(&f.registry);
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let task = ScriptedTask::new(true);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    task.settle(TaskOutcome::completed(None));
+    settled(&f.registry, &id, Some(&agent)).await;
+    assert_eq!(notices(&agent).len(), 1, "{:?}", notices(&agent));
+}
+
+#[tokio::test]
+async fn a_report_retracts_the_unread_notice_of_the_same_end() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    // Settled and noticed, then read before any surface delivered the notice.
+    let task = ScriptedTask::new(true);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    task.settle(TaskOutcome::completed(None));
+    settled(&f.registry, &id, Some(&agent)).await;
+    assert_eq!(notices(&agent).len(), 1, "injected");
+    let read = f.registry.read(&id, Some(&agent)).await.unwrap();
+    assert!(read.snapshot.status.is_terminal());
+    assert!(agent.take_unread().is_empty(), "the read reported the end: its notice is gone");
+
+    // A notice a surface already delivered stays in the log.
+    let task = ScriptedTask::new(true);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    task.settle(TaskOutcome::completed(None));
+    settled(&f.registry, &id, Some(&agent)).await;
+    assert_eq!(agent.take_unread().len(), 1, "delivered");
+    f.registry.kill(&id, Some(&agent), None).await.unwrap();
+    assert_eq!(notices(&agent).len(), 1, "the delivered notice stays in the log");
+
+    // Kill and wait on a terminal task retract too.
+    for report in ["kill", "wait"] {
+        let task = ScriptedTask::new(true);
+        let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        task.settle(TaskOutcome::completed(None));
+        settled(&f.registry, &id, Some(&agent)).await;
+        match report {
+            "kill" => drop(f.registry.kill(&id, Some(&agent), None).await.unwrap()),
+            _ => drop(f.registry.wait(&id, Duration::ZERO, Some(&agent), None).await.unwrap()),
+        }
+        assert!(agent.take_unread().is_empty(), "{report} retracted the notice");
+    }
+}
+
+#[tokio::test]
+async fn finished_tasks_are_released_beyond_the_history_cap() {
+    let f = fixture_with(RegistryConfig { max_finished_tasks_per_owner: 2, ..RegistryConfig::default() });
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let mut events = f.registry.subscribe();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let task = ScriptedTask::new(true);
+        let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        task.push_output(&format!("out {n}\n"));
+        task.settle(TaskOutcome::completed(None));
+        settled(&f.registry, &id, Some(&agent)).await;
+        // Tasks 0 and 2 are read (reported); 1 and 3 were only noticed.
+        if n % 2 == 0 {
+            f.registry.read(&id, Some(&agent)).await.unwrap();
+        }
+        ids.push(id);
+    }
+    let listed: Vec<String> = f.registry.list(Some(&agent)).into_iter().map(|t| t.id.to_string()).collect();
+    // Reported ones go first: 0 went when 2 settled (cap 2: 0, 1, 2), then 2
+    // (reported) before 1 (only noticed) when 3 settled.
+    assert_eq!(listed, [ids[1].to_string(), ids[3].to_string()]);
+    assert_eq!(f.registry.dropped_from_history(Some(&agent)), 2);
+    assert!(matches!(f.registry.get(&ids[0], Some(&agent)), Err(TaskError::UnknownTask(_))));
+    let mut released = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let TaskEvent::Released { id, .. } = event {
+            released.push(id);
+        }
+    }
+    assert_eq!(released, [ids[0].clone(), ids[2].clone()]);
+    // The notices of dropped tasks were delivered before they went.
+    assert_eq!(notices(&agent).len(), 2, "{:?}", notices(&agent));
+}
+
+#[tokio::test]
+async fn an_unreported_end_is_never_dropped() {
+    let f = fixture_with(RegistryConfig { max_finished_tasks_per_owner: 1, ..RegistryConfig::default() });
+    let agent = f.agents.create("a", "s-a").unwrap();
+    // A wait pending at settlement holds the notice back; while it is held,
+    // nobody has been told of the end, so the record must stay.
+    let held = ScriptedTask::new(true);
+    let held_id = f.registry.start(spec("bash", Some(&agent), &held)).await.unwrap();
+    let mut wait = Box::pin(f.registry.wait(&held_id, Duration::from_secs(10), Some(&agent), None));
+    assert!(futures::poll!(&mut wait).is_pending());
+    held.settle(TaskOutcome::completed(None));
+    settled(&f.registry, &held_id, Some(&agent)).await;
+    for _ in 0..3 {
+        let task = ScriptedTask::new(true);
+        let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        let events = f.registry.subscribe();
+        task.settle(TaskOutcome::completed(None));
+        settlement(events, &id).await;
+        // Noticed, so it may go at once: the cap is 1 and the held one stays.
+        assert!(f.registry.get(&id, Some(&agent)).is_err(), "{id} was dropped");
+    }
+    assert!(f.registry.get(&held_id, Some(&agent)).is_ok(), "the held end is still there");
+    assert_eq!(f.registry.dropped_from_history(Some(&agent)), 3);
+    drop(wait);
+    let told: Vec<String> = notices(&agent).into_iter().filter(|n| n.contains(held_id.as_str())).collect();
+    assert_eq!(told.len(), 1, "its notice went out when the wait left: {:?}", notices(&agent));
+}
+
+#[tokio::test]
+async fn the_event_stream_tells_starts_output_and_settlements() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let mut events = f.registry.subscribe();
+    let ticker = taskhost::native::ticker::TickerProducer::new(&serde_json::json!({})).unwrap();
+    use taskhost::producer::{Producer, RunMode};
+    let prepared =
+        ticker.prepare(serde_json::json!({"count": 2, "interval_ms": 1}), RunMode::Background).await.unwrap();
+    let id = f
+        .registry
+        .start(TaskStart {
+            kind: "ticker".into(),
+            label: prepared.label,
+            owner: Some(agent.clone()),
+            producer_info: None,
+            run: prepared.run,
+        })
+        .await
+        .unwrap();
+    let mut kinds = Vec::new();
+    let settled_task = loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap();
+        kinds.push(serde_json::to_value(&event).unwrap()["event"].as_str().unwrap().to_string());
+        if let TaskEvent::Settled { task } = event {
+            break task;
+        }
+    };
+    assert_eq!(kinds.first().map(String::as_str), Some("started"));
+    assert!(kinds.iter().any(|k| k == "output"), "{kinds:?}");
+    assert_eq!(settled_task.id, id);
+    let json = serde_json::to_value(&settled_task).unwrap();
+    assert_eq!(json["status"], "completed");
+    assert_eq!(json["owner_session"], "s-a");
+    assert!(json["started_at_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    assert!(json["finished_at_ms"].as_u64().is_some());
+}
+
+#[tokio::test]
+async fn owners_of_another_registry_and_the_limit_are_named_right() {
+    let f = fixture();
+    let other = AgentRegistry::new().create("stranger", "s-x").unwrap();
+    let error = f.registry.start(spec("bash", Some(&other), &ScriptedTask::new(true))).await.unwrap_err();
+    assert!(matches!(error, TaskError::ForeignAgent(_)), "{error}");
+    assert!(error.to_string().contains("another agent registry"), "{error}");
+
+    let f = fixture_with(RegistryConfig { max_live_tasks_per_owner: 1, ..RegistryConfig::default() });
+    let agent = f.agents.create("a", "s-a").unwrap();
+    f.registry.start(spec("bash", Some(&agent), &ScriptedTask::new(true))).await.unwrap();
+    let error = f.registry.start(spec("bash", Some(&agent), &ScriptedTask::new(true))).await.unwrap_err().to_string();
+    assert!(error.contains("agent a (session s-a)"), "{error}");
+    assert!(error.contains("a slot frees when one finishes"), "{error}");
+    assert!(!error.contains("collect one"), "reading a running task frees no slot: {error}");
 }

@@ -56,7 +56,11 @@ async fn run(seed: u64) {
     let agents = AgentRegistry::new();
     let registry = TaskRegistry::new(
         agents.clone(),
-        RegistryConfig { max_live_tasks_per_owner: 8, teardown_timeout: Some(Duration::from_secs(5)) },
+        RegistryConfig {
+            max_live_tasks_per_owner: 8,
+            teardown_timeout: Some(Duration::from_secs(5)),
+            ..RegistryConfig::default()
+        },
     );
     let _surface = registry.attach_surface("stress");
     let _notices = deliver_completion_notices(&registry);

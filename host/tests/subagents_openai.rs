@@ -95,7 +95,7 @@ async fn serve(scenario: &'static str) -> (String, Server) {
 fn host_and_subagents(base_url: &str, extra: &str) -> (Host, Subagents) {
     set_key();
     let host = Host::new(&TasksSettings::default()).unwrap();
-    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()));
+    host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap())).expect("tool name is valid");
     let config: SubagentsConfig = toml::from_str(&format!(
         "[backends.llm]\nkind = \"openai\"\nbase_url = \"{base_url}\"\nmodel = \"test-model\"\n\
          api_key_env = \"{KEY_VAR}\"\nsystem_prompt = \"You are a child.\"\n{extra}"

@@ -28,7 +28,11 @@ const LOADS: usize = 10;
 fn registry() -> (TaskRegistry, SurfaceGuard) {
     let registry = TaskRegistry::new(
         AgentRegistry::new(),
-        RegistryConfig { max_live_tasks_per_owner: usize::MAX, teardown_timeout: Some(Duration::from_secs(30)) },
+        RegistryConfig {
+            max_live_tasks_per_owner: usize::MAX,
+            teardown_timeout: Some(Duration::from_secs(30)),
+            max_finished_tasks_per_owner: usize::MAX,
+        },
     );
     let surface = registry.attach_surface("bench");
     (registry, surface)

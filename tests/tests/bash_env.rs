@@ -42,7 +42,8 @@ async fn host_secrets_are_scrubbed_and_config_entries_win() {
     host.add_producer(
         Arc::new(producer),
         ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(30) },
-    );
+    )
+    .expect("tool name is valid");
     let agent = host.create_agent("agent", "session").unwrap();
     let command = "echo \"[${TASKHOST_E2E_SECRET_TOKEN:-unset}] [${TASKHOST_E2E_DB_PASSWORD:-unset}] \
                    [${TASKHOST_E2E_PLAIN:-unset}] [$MY_API_KEY] [$NO_COLOR $TERM $PAGER $GIT_PAGER]\"; \

@@ -45,7 +45,12 @@ fn engine() -> PluginEngine {
 }
 
 fn host() -> (Host, Agent) {
-    let settings = TasksSettings { max_live_tasks_per_owner: 100_000, ..TasksSettings::default() };
+    // Every task is read at the end, so none may age out of the history.
+    let settings = TasksSettings {
+        max_live_tasks_per_owner: 100_000,
+        max_finished_tasks_per_owner: 100_000,
+        ..TasksSettings::default()
+    };
     let host = Host::new(&settings).expect("host");
     let agent = host.create_agent("agent", "session-1").expect("agent");
     (host, agent)

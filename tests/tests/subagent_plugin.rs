@@ -301,7 +301,8 @@ async fn a_plugin_without_the_grant_gets_a_clear_error() {
     host.add_producer(
         Arc::new(ungranted),
         ProducerToolOptions { name: "ungranted".into(), background: true, foreground_timeout: Duration::from_secs(5) },
-    );
+    )
+    .expect("tool name is valid");
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let reply =
         call(&host, &CallContext::for_agent(&parent), "ungranted", json!({"description": "d", "prompt": "p"})).await;

@@ -17,8 +17,10 @@ use taskhost::tasks::{
 };
 use taskhost_tests::{TICKER_PATH, fixtures, truncated};
 
-/// Short enough to keep the loop cases fast, long enough for a debug host.
-const CALL_DEADLINE_MS: u64 = 300;
+/// Short enough to keep the loop cases fast, long enough for a debug host
+/// on a loaded machine to reach the 64 MiB memory limit in the `oom` cases
+/// (at 300 ms a busy CI machine sometimes hit the deadline first).
+const CALL_DEADLINE_MS: u64 = 1000;
 /// Every fault case must settle within this.
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -48,7 +50,11 @@ fn registry() -> Fixture {
     let agent = agents.create("agent", "session-1").expect("agent");
     let registry = TaskRegistry::new(
         agents,
-        RegistryConfig { max_live_tasks_per_owner: 100, teardown_timeout: Some(Duration::from_secs(2)) },
+        RegistryConfig {
+            max_live_tasks_per_owner: 100,
+            teardown_timeout: Some(Duration::from_secs(2)),
+            ..RegistryConfig::default()
+        },
     );
     let surface = registry.attach_surface("test");
     Fixture { registry, _surface: surface, agent }

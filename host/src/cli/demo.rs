@@ -184,7 +184,7 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
     let wasm = build_wasm_producer(&entry, std::path::Path::new("."), runtime)
         .await?
         .context("the default bash is a wasm plugin")?;
-    demo.host.add_producer(wasm.producer, entry.tool_options());
+    demo.host.add_producer(wasm.producer, entry.tool_options())?;
     demo.say(&format!(
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
         crate::capabilities::process::confine::support().describe()

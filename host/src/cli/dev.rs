@@ -114,7 +114,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         if options.name.is_empty() {
             options.name = wasm.producer.descriptor().kind.clone();
         }
-        let plugin = ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options);
+        let plugin = ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options)?;
         served.push(Served { plugin, file: wasm.file });
     }
     if served.is_empty() {
@@ -189,7 +189,7 @@ fn target_config(args: &DevArgs) -> anyhow::Result<(Config, PathBuf)> {
         plugin: args.target.display().to_string(),
         config: table,
         background: true,
-        foreground_timeout_ms: 600_000,
+        foreground_timeout_ms: crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
         grants: Grants { process },
     };
     Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
-use crate::tasks::{TaskControl, TaskHooks, TaskOutcome};
+use crate::tasks::{OutputSignal, TaskControl, TaskHooks, TaskOutcome};
 
 pub const KIND: &str = "ticker";
 
@@ -104,6 +104,7 @@ impl Producer for TickerProducer {
 struct Ticker {
     state: Mutex<TickerState>,
     cancelled: Notify,
+    output: std::sync::OnceLock<OutputSignal>,
 }
 
 #[derive(Default)]
@@ -122,18 +123,29 @@ impl Ticker {
             let elapsed = now.saturating_duration_since(start).as_nanos() / interval.as_nanos();
             (elapsed as u64).min(count)
         };
-        let mut state = self.state.lock().expect("ticker poisoned");
-        while state.emitted < due {
-            state.emitted += 1;
-            let line = format!("{message} {}\n", state.emitted);
-            state.unread.push_str(&line);
+        let (emitted_any, all_out) = {
+            let mut state = self.state.lock().expect("ticker poisoned");
+            let before = state.emitted;
+            while state.emitted < due {
+                state.emitted += 1;
+                let line = format!("{message} {}\n", state.emitted);
+                state.unread.push_str(&line);
+            }
+            (state.emitted > before, state.emitted == count)
+        };
+        if emitted_any && let Some(signal) = self.output.get() {
+            signal.raise();
         }
-        state.emitted == count
+        all_out
     }
 }
 
 fn start(count: u64, interval: Duration, message: String) -> TaskHooks {
-    let ticker = Arc::new(Ticker { state: Mutex::new(TickerState::default()), cancelled: Notify::new() });
+    let ticker = Arc::new(Ticker {
+        state: Mutex::new(TickerState::default()),
+        cancelled: Notify::new(),
+        output: std::sync::OnceLock::new(),
+    });
     let driver = ticker.clone();
     let done = async move {
         let start = Instant::now();
@@ -173,5 +185,9 @@ impl TaskControl for Ticker {
 
     async fn read_output(&self) -> anyhow::Result<String> {
         Ok(std::mem::take(&mut self.state.lock().expect("ticker poisoned").unread))
+    }
+
+    fn watch_output(&self, signal: OutputSignal) {
+        let _ = self.output.set(signal);
     }
 }

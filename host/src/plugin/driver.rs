@@ -17,6 +17,11 @@
 //!   remainder is kept in a host-side buffer; the store is dropped before
 //!   `done` settles. Reads after that take the buffer, so every byte of output
 //!   is delivered exactly once.
+//! - A read that was in flight when the task ended (above all, the read
+//!   whose own call faulted) answers with [`ReadEndedTask`]: its caller
+//!   learns the end from that read instead of reading `running` while the
+//!   settlement is still on its way. Reads made after the end take the
+//!   remainder as plain output, as the [`TaskControl`] contract says.
 //! - Guest-returned pollables are dropped with `HostPollable::drop` (which
 //!   also frees a parent it owns), never `ResourceTable::delete`.
 //! - The loop is cooperative: it spends tokio budget every round, so a guest
@@ -42,17 +47,27 @@ use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitS
 use super::fault::{self, Fault};
 use super::state::StoreState;
 use crate::capabilities::process::SpillFile;
-use crate::tasks::{TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
+use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
 
 enum Request {
-    Read(oneshot::Sender<String>),
+    Read(oneshot::Sender<ReadReply>),
     Cancel(Option<String>, oneshot::Sender<()>),
+}
+
+/// A read's answer: output, or the end the task reached.
+enum ReadReply {
+    Output(String),
+    Ended(ReadEndedTask),
 }
 
 /// What the driver and its controls share.
 struct Shared {
     /// Output drained after the store was dropped, taken by the next read.
     remainder: Mutex<String>,
+    /// The outcome, once the driver reached it (set before `done` settles).
+    outcome: Mutex<Option<TaskOutcome>>,
+    /// Raised when new output may be readable (the registry's event stream).
+    output_signal: std::sync::OnceLock<OutputSignal>,
     /// Spill files of the task's processes: the output it returned may name
     /// them, so they live as long as the task's record holds the control.
     _spill_files: Mutex<Vec<Arc<SpillFile>>>,
@@ -76,6 +91,8 @@ pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (done_tx, done_rx) = oneshot::channel();
     let shared = Arc::new(Shared {
         remainder: Mutex::new(String::new()),
+        outcome: Mutex::new(None),
+        output_signal: std::sync::OnceLock::new(),
         _spill_files: Mutex::new(Vec::new()),
         abandoned: AtomicBool::new(false),
     });
@@ -103,10 +120,19 @@ struct WasmTaskControl {
     abort: tokio::task::AbortHandle,
 }
 
-impl WasmTaskControl {
+impl Shared {
     fn take_remainder(&self) -> String {
-        let mut remainder = self.shared.remainder.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut *remainder)
+        std::mem::take(&mut *self.remainder.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The answer to a read that was in flight when the driver ended: the
+    /// remainder, with the outcome.
+    fn ended_read(&self) -> ReadReply {
+        let text = self.take_remainder();
+        match self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            Some(outcome) => ReadReply::Ended(ReadEndedTask { text, outcome }),
+            None => ReadReply::Output(text),
+        }
     }
 }
 
@@ -127,12 +153,18 @@ impl TaskControl for WasmTaskControl {
 
     async fn read_output(&self) -> anyhow::Result<String> {
         let (reply, replied) = oneshot::channel();
-        if self.tx.send(Request::Read(reply)).is_ok()
-            && let Ok(text) = replied.await
-        {
-            return Ok(text);
+        let answer = match self.tx.send(Request::Read(reply)) {
+            Ok(()) => replied.await.unwrap_or_else(|_| ReadReply::Output(self.shared.take_remainder())),
+            Err(_) => ReadReply::Output(self.shared.take_remainder()),
+        };
+        match answer {
+            ReadReply::Output(text) => Ok(text),
+            ReadReply::Ended(ended) => Err(ended.into()),
         }
-        Ok(self.take_remainder())
+    }
+
+    fn watch_output(&self, signal: OutputSignal) {
+        let _ = self.shared.output_signal.set(signal);
     }
 
     fn abandon(&self) {
@@ -172,6 +204,7 @@ impl Driver {
         };
         tracing::debug!(status = ?outcome.status, detail = ?outcome.detail, "wasm task settled");
         rx.close();
+        *shared.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome.clone());
         let _ = done_tx.send(outcome);
         while let Ok(request) = rx.try_recv() {
             deferred.push(request);
@@ -179,8 +212,7 @@ impl Driver {
         for request in deferred {
             match request {
                 Request::Read(reply) => {
-                    let text = std::mem::take(&mut *shared.remainder.lock().unwrap_or_else(|e| e.into_inner()));
-                    let _ = reply.send(text);
+                    let _ = reply.send(shared.ended_read());
                 }
                 Request::Cancel(_, reply) => {
                     let _ = reply.send(());
@@ -227,7 +259,7 @@ async fn drive(
                 Event::Request(None) => return End::Orphaned,
                 Event::Request(Some(Request::Read(reply))) => match call_read_output(parts).await {
                     Ok(text) => {
-                        let _ = reply.send(text);
+                        let _ = reply.send(ReadReply::Output(text));
                     }
                     Err(fault) => {
                         deferred.push(Request::Read(reply));
@@ -268,7 +300,12 @@ async fn drive(
                     Err(fault) => End::Settled(TaskOutcome::failed(fault.detail)),
                 };
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Readiness without an end: output may have changed.
+                if let Some(signal) = shared.output_signal.get() {
+                    signal.raise();
+                }
+            }
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         }
     }

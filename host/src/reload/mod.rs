@@ -152,7 +152,7 @@ impl ReloadablePlugin {
                 .await
                 .with_context(|| format!("cannot serve the tool {}", options.name))?,
         );
-        Ok(Self::serve_producer(host, engine, producer, options))
+        Self::serve_producer(host, engine, producer, options)
     }
 
     /// Serves an already described producer (with whatever capabilities it
@@ -163,12 +163,12 @@ impl ReloadablePlugin {
         engine: &PluginEngine,
         producer: Arc<WasmProducer>,
         options: ProducerToolOptions,
-    ) -> Arc<Self> {
+    ) -> anyhow::Result<Arc<Self>> {
         let tool = options.name.clone();
-        host.add_producer(producer.clone() as Arc<dyn Producer>, options);
+        host.add_producer(producer.clone() as Arc<dyn Producer>, options)?;
         let (events, _) = broadcast::channel(64);
         tracing::info!(tool = %tool, version = %producer.serving().info(), "plugin serving");
-        Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events })
+        Ok(Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events }))
     }
 
     /// The tool name.

@@ -6,5 +6,8 @@
 mod registry;
 mod types;
 
-pub use registry::{ListenerGuard, RegistryConfig, SurfaceGuard, TaskDone, TaskDoneListener, TaskRegistry};
+pub use registry::{
+    DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, ListenerGuard, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone,
+    TaskDoneListener, TaskRegistry, WeakTaskRegistry,
+};
 pub use types::*;

@@ -2,7 +2,8 @@
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
-//! they settle, until their owner is disposed or the registry is.
+//! they settle, until their owner is disposed, the registry is, or they age
+//! out of the owner's bounded history of finished tasks.
 //!
 //! Invariants:
 //! - `start` runs every failable check first (surface fence, kind, exact live
@@ -17,10 +18,23 @@
 //!   state (kill, terminal read, wait, or a wait/kill pending at settlement).
 //!   A pending reporter that goes away without delivering hands the notice
 //!   back, so a notice is never suppressed on behalf of nobody.
+//!   An aborted wait never reports: it fails, and the notice stays due.
+//! - A completion notice and an explicit report of the same end are mutually
+//!   exclusive: the notice is injected under the registry lock only while the
+//!   task is unreported, and a later report retracts it from the owner's
+//!   unread messages, so it never accompanies the read that reported the end.
 //! - Owner cleanup cancels the owner's live tasks, awaits their quiescence
 //!   (bounded by the teardown timeout, then force-fails with a possible-orphan
 //!   detail), waits for starts still in flight, and drops the owner's records.
+//!   Its settlements count as reported (nobody is left to tell); settlements
+//!   caused by registry disposal are silent (no listener runs).
+//! - Each owner (and the unowned bucket) keeps at most
+//!   `max_finished_tasks_per_owner` finished records: the oldest reported ones
+//!   go first, then the oldest whose notice was delivered; a finished task
+//!   whose end nobody was told of yet is never dropped. Dropping a record
+//!   drops its producer handle (and with it its output and spill files).
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
@@ -29,13 +43,14 @@ use futures::FutureExt;
 // Ids are generated here, never chosen by a caller for insertion, so a fast
 // non-keyed hash is safe and keeps starts cheap.
 use rustc_hash::FxHashMap as HashMap;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
 use crate::ids::{SessionId, TaskId, is_valid_kind};
+use crate::panics::panic_message;
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -47,11 +62,35 @@ pub struct RegistryConfig {
     /// task to settle before force-failing its record. `None` waits forever,
     /// as the seeds do; a bound keeps a broken producer from hanging disposal.
     pub teardown_timeout: Option<Duration>,
+    /// Finished records kept per owner (and for unowned tasks). Older ones
+    /// are dropped once reported or noticed; see the module invariants.
+    pub max_finished_tasks_per_owner: usize,
 }
+
+/// The default of [`RegistryConfig::max_finished_tasks_per_owner`].
+pub const DEFAULT_MAX_FINISHED_TASKS_PER_OWNER: usize = 100;
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        Self { max_live_tasks_per_owner: 10, teardown_timeout: Some(Duration::from_secs(10)) }
+        Self {
+            max_live_tasks_per_owner: 10,
+            teardown_timeout: Some(Duration::from_secs(10)),
+            max_finished_tasks_per_owner: DEFAULT_MAX_FINISHED_TASKS_PER_OWNER,
+        }
+    }
+}
+
+/// How many task events a subscriber may fall behind before it misses some
+/// (it then receives `RecvError::Lagged` and should re-read `list`).
+pub const TASK_EVENT_BUFFER: usize = 1024;
+
+/// A non-owning reference to a [`TaskRegistry`].
+#[derive(Clone)]
+pub struct WeakTaskRegistry(Weak<Shared>);
+
+impl WeakTaskRegistry {
+    pub fn upgrade(&self) -> Option<TaskRegistry> {
+        self.0.upgrade().map(|shared| TaskRegistry { shared })
     }
 }
 
@@ -80,6 +119,7 @@ struct Shared {
     listeners: Mutex<Vec<Arc<ListenerSlot>>>,
     /// Wakes disposal when the last in-flight start finished.
     starts_drained: Notify,
+    events: broadcast::Sender<TaskEvent>,
 }
 
 #[derive(Default)]
@@ -99,16 +139,21 @@ struct State {
     disposed: bool,
 }
 
-/// Live-task accounting for one owner instance (or `None`: unowned).
+/// Task accounting for one owner instance (or `None`: unowned).
 #[derive(Default)]
 struct Bucket {
     live: usize,
     starting: usize,
+    /// Finished tasks still held, oldest settlement first.
+    finished: VecDeque<TaskId>,
+    /// Finished tasks dropped from the history so far.
+    dropped: u64,
 }
 
 /// The registry's registration in one owner's disposal scope.
 struct OwnerScope {
     agent: WeakAgent,
+    session: SessionId,
     cleanup: CleanupKey,
     closing: bool,
     bucket: Bucket,
@@ -138,6 +183,8 @@ struct Record {
     pending_reporters: u32,
     /// Settled while reporters were pending, and none has delivered yet.
     notice_held: bool,
+    /// The completion notice was injected into the owner's session.
+    notice_delivered: bool,
     producer_info: Option<String>,
     streams_output: bool,
     control: Arc<dyn TaskControl>,
@@ -176,10 +223,34 @@ impl Record {
         self.owner.as_ref().map(|o| o.instance)
     }
 
-    /// A reporter delivered the terminal state.
+    /// A reporter delivered the terminal state. A notice of the same end
+    /// still unread by the owner is retracted: the report replaces it.
+    /// Called under the registry lock, which orders it with
+    /// [`TaskRegistry::inject_completion_notice`].
     fn mark_reported(&mut self) {
         self.reported = true;
         self.notice_held = false;
+        if self.notice_delivered
+            && let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade())
+        {
+            owner.retract_unread_about(&self.id);
+        }
+    }
+
+    /// May age out of the history: nobody still waits to be told of its end.
+    fn droppable(&self, reported_only: bool) -> bool {
+        // A held notice: a wait or kill pending at settlement may still hand
+        // it back, so nobody has been told of the end for sure.
+        if self.notice_held {
+            return false;
+        }
+        if self.reported {
+            return true;
+        }
+        if reported_only {
+            return false;
+        }
+        self.notice_delivered || self.owner.as_ref().is_none_or(|o| o.agent.upgrade().is_none_or(|a| !a.is_live()))
     }
 }
 
@@ -243,12 +314,19 @@ impl TaskRegistry {
                 state: Mutex::new(State::default()),
                 listeners: Mutex::new(Vec::new()),
                 starts_drained: Notify::new(),
+                events: broadcast::channel(TASK_EVENT_BUFFER).0,
             }),
         }
     }
 
     pub fn agents(&self) -> &AgentRegistry {
         &self.shared.agents
+    }
+
+    /// A reference that does not keep the registry alive (for listeners the
+    /// registry itself holds).
+    pub fn downgrade(&self) -> WeakTaskRegistry {
+        WeakTaskRegistry(Arc::downgrade(&self.shared))
     }
 
     pub fn config(&self) -> &RegistryConfig {
@@ -267,6 +345,11 @@ impl TaskRegistry {
 
     /// Registers background work: preflight, then `spec.run` exactly once,
     /// then an atomic commit. Returns the new task's id.
+    ///
+    /// Preflight refuses, before anything runs: an invalid kind, an empty
+    /// label, a registry without a control surface or already disposed, an
+    /// owner that is not this registry's live agent, and an owner at its cap
+    /// of live tasks. A runner that fails or panics registers nothing.
     pub async fn start(&self, spec: TaskStart) -> Result<TaskId, TaskError> {
         let TaskStart { kind, label, owner, producer_info, run } = spec;
         let span = tracing::info_span!(
@@ -275,7 +358,7 @@ impl TaskRegistry {
             owner = owner.as_ref().map(|o| o.session().as_str()).unwrap_or("-"),
             task = tracing::field::Empty,
         );
-        let reservation = self.preflight(&kind, owner.as_ref()).inspect_err(|error| {
+        let reservation = self.preflight(&kind, &label, owner.as_ref()).inspect_err(|error| {
             span.in_scope(|| tracing::debug!(%error, "start refused in preflight"));
         })?;
 
@@ -288,14 +371,17 @@ impl TaskRegistry {
             Err(panic) => {
                 return Err(TaskError::Producer {
                     context: format!("starting {kind} task failed"),
-                    source: anyhow::anyhow!("the producer panicked: {}", panic_message(&panic)),
+                    source: anyhow::anyhow!("the producer panicked: {}", panic_message(panic)),
                 });
             }
         };
 
+        let control = hooks.control.clone();
+        let owner_session = owner.as_ref().map(|agent| agent.session().clone());
         let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
+        control.watch_output(self.output_signal(&id, owner_session));
 
         if cancel_now {
             // The owner (or the registry) began disposing while this start
@@ -307,9 +393,17 @@ impl TaskRegistry {
         Ok(id)
     }
 
-    fn preflight(&self, kind: &str, owner: Option<&Agent>) -> Result<Reservation, TaskError> {
+    fn preflight(&self, kind: &str, label: &str, owner: Option<&Agent>) -> Result<Reservation, TaskError> {
         if !is_valid_kind(kind) {
             return Err(TaskError::InvalidKind(kind.to_string()));
+        }
+        if label.trim().is_empty() {
+            return Err(TaskError::EmptyLabel { kind: kind.to_string() });
+        }
+        if let Some(owner) = owner
+            && !self.shared.agents.owns(owner)
+        {
+            return Err(TaskError::ForeignAgent(owner.id().to_string()));
         }
         let mut state = self.shared.lock();
         if state.disposed {
@@ -331,7 +425,7 @@ impl TaskRegistry {
         let in_use = bucket_mut(&mut state, bucket_key).map_or(0, |b| b.live + b.starting);
         if in_use >= limit {
             let owner = match owner {
-                Some(agent) => format!("session {}", agent.session()),
+                Some(agent) => format!("agent {} (session {})", agent.id(), agent.session()),
                 None => "unowned tasks".to_string(),
             };
             return Err(TaskError::TooManyTasks { owner, limit });
@@ -345,6 +439,7 @@ impl TaskRegistry {
                 owner.instance(),
                 OwnerScope {
                     agent: owner.downgrade(),
+                    session: owner.session().clone(),
                     cleanup: key,
                     closing: false,
                     bucket: Bucket::default(),
@@ -422,6 +517,7 @@ impl TaskRegistry {
                 reported: false,
                 pending_reporters: 0,
                 notice_held: false,
+                notice_delivered: false,
                 producer_info,
                 streams_output,
                 control,
@@ -429,13 +525,62 @@ impl TaskRegistry {
                 settled: None,
             },
         );
+        if self.shared.events.receiver_count() > 0
+            && let Some(record) = state.tasks.get(&id)
+        {
+            let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
+        }
         (id, cancel_now)
+    }
+
+    /// The signal a producer raises when new output may be readable; it
+    /// becomes a [`TaskEvent::Output`] when anyone subscribed.
+    fn output_signal(&self, id: &TaskId, owner_session: Option<SessionId>) -> OutputSignal {
+        let registry = Arc::downgrade(&self.shared);
+        let id = id.clone();
+        OutputSignal::new(move || {
+            if let Some(shared) = registry.upgrade()
+                && shared.events.receiver_count() > 0
+            {
+                let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
+            }
+        })
     }
 
     /// A non-consuming snapshot. Fails for unknown ids and foreign callers.
     pub fn get(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskSnapshot, TaskError> {
         let state = self.shared.lock();
         Ok(fenced(&state, id, caller)?.snapshot())
+    }
+
+    /// How many finished tasks visible to `caller` were dropped from the
+    /// history (see [`RegistryConfig::max_finished_tasks_per_owner`]).
+    pub fn dropped_from_history(&self, caller: Option<&Agent>) -> u64 {
+        let state = self.shared.lock();
+        let owned: u64 = match caller {
+            Some(caller) => {
+                state.owner_scopes.values().filter(|s| &s.session == caller.session()).map(|s| s.bucket.dropped).sum()
+            }
+            None => 0,
+        };
+        owned + state.unowned.dropped
+    }
+
+    /// Every task-change event from now on: starts, new output, settlements
+    /// and records released. A subscriber that falls more than
+    /// [`TASK_EVENT_BUFFER`] events behind gets `RecvError::Lagged` and should
+    /// re-read [`TaskRegistry::list`]. Events carry no output text.
+    pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Every live owner's tasks and the unowned ones, in start order: the
+    /// view of an operator, not of a model (no owner fence).
+    pub fn list_all(&self) -> Vec<TaskSnapshot> {
+        let state = self.shared.lock();
+        let mut all: Vec<&Record> = state.tasks.values().collect();
+        all.sort_by_key(|r| r.seq);
+        all.into_iter().map(Record::snapshot).collect()
     }
 
     /// The caller-visible tasks (owned by the caller's session, or unowned),
@@ -456,24 +601,73 @@ impl TaskRegistry {
         let (snapshot, control, final_text) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
+            let newly_reported = record.status.is_terminal() && !record.reported;
             if record.status.is_terminal() {
                 record.mark_reported();
             }
             let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.snapshot(), record.control.clone(), final_text)
+            let taken = (record.snapshot(), record.control.clone(), final_text);
+            if newly_reported {
+                // This read is the report, so older finished tasks may now
+                // go (if this one goes too, the control taken above still
+                // serves the read below).
+                let bucket = record.bucket_key();
+                let dropped = prune_history(&mut state, &self.shared, bucket);
+                drop(state);
+                self.release_records(dropped);
+            }
+            taken
         };
         let text = match final_text {
             Some(text) => text,
-            None => AssertUnwindSafe(control.read_output())
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(&panic))))
-                .map_err(|source| TaskError::Producer {
-                    context: format!("reading the output of task {id} failed"),
-                    source,
-                })?,
+            None => {
+                let read = AssertUnwindSafe(control.read_output())
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+                match read {
+                    Ok(text) => text,
+                    Err(error) => match error.downcast::<ReadEndedTask>() {
+                        // The read itself ended the task (a fault in it):
+                        // settle with that outcome, and answer with it.
+                        Ok(ended) => return Ok(self.settle_by_read(id, ended, snapshot)),
+                        Err(source) => {
+                            return Err(TaskError::Producer {
+                                context: format!("reading the output of task {id} failed"),
+                                source,
+                            });
+                        }
+                    },
+                }
+            }
         };
         Ok(TaskRead { text, snapshot })
+    }
+
+    /// Settles a task whose read ended it (first wins, so an outcome that
+    /// got there first stands) and returns the read as the terminal report.
+    fn settle_by_read(&self, id: &TaskId, ended: ReadEndedTask, before: TaskSnapshot) -> TaskRead {
+        let ReadEndedTask { text, outcome } = ended;
+        let status: TaskStatus = outcome.status.into();
+        let detail = outcome.detail.clone();
+        self.settle_record(
+            id,
+            Settlement { status, detail: outcome.detail, output: outcome.output, forced: false, reported: true },
+        );
+        let mut state = self.shared.lock();
+        let Some(record) = state.tasks.get_mut(id) else {
+            // Dropped meanwhile (its owner was disposed): report what the read saw.
+            let snapshot =
+                TaskSnapshot { status, detail, finished_at: Some(SystemTime::now()), reported: true, ..before };
+            return TaskRead { text, snapshot };
+        };
+        record.mark_reported();
+        let snapshot = record.snapshot();
+        let bucket = record.bucket_key();
+        let dropped = prune_history(&mut state, &self.shared, bucket);
+        drop(state);
+        self.release_records(dropped);
+        TaskRead { text, snapshot }
     }
 
     /// Requests cancellation. The producer's cancel runs first; if it fails,
@@ -490,7 +684,12 @@ impl TaskRegistry {
             let record = fenced_mut(&mut state, id, caller)?;
             if record.status.is_terminal() {
                 record.mark_reported();
-                return Ok(KillResult::AlreadyTerminal(record.snapshot()));
+                let snapshot = record.snapshot();
+                let bucket = record.bucket_key();
+                let dropped = prune_history(&mut state, &self.shared, bucket);
+                drop(state);
+                self.release_records(dropped);
+                return Ok(KillResult::AlreadyTerminal(snapshot));
             }
             record.pending_reporters += 1;
             record.control.clone()
@@ -500,7 +699,7 @@ impl TaskRegistry {
         let cancelled = AssertUnwindSafe(control.cancel(reason))
             .catch_unwind()
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(&panic))));
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
 
         let mut state = self.shared.lock();
         pending.armed = false;
@@ -534,8 +733,13 @@ impl TaskRegistry {
 
     /// Waits until the task settles, `timeout` passes, or `abort` fires.
     /// Returns the terminal snapshot (marked reported) or, on timeout, the
-    /// live one. Aborting cancels only the wait, never the task — unless the
-    /// task already settled, in which case the terminal snapshot is returned.
+    /// live one. A zero timeout polls: it returns the current snapshot at
+    /// once (terminal and reported, or live).
+    ///
+    /// Aborting cancels only the wait, never the task, and always fails with
+    /// [`TaskError::WaitAborted`], even when the task settled meanwhile: the
+    /// caller threw the answer away, so the end stays unreported and its
+    /// completion notice is delivered.
     pub async fn wait(
         &self,
         id: &TaskId,
@@ -557,10 +761,20 @@ impl TaskRegistry {
         let never = CancellationToken::new();
         let abort = abort.unwrap_or(&never);
         let end = tokio::select! {
+            biased;
+            _ = abort.cancelled() => WaitEnd::Aborted,
             _ = settled.cancelled() => WaitEnd::Settled,
             _ = tokio::time::sleep(timeout) => WaitEnd::TimedOut,
-            _ = abort.cancelled() => WaitEnd::Aborted,
         };
+        // An abort that fired while another branch won still wins: the
+        // caller is gone either way.
+        let aborted = matches!(end, WaitEnd::Aborted) || abort.is_cancelled();
+        if aborted {
+            // The pending reporter's drop un-counts it and hands back a
+            // notice held for it.
+            drop(pending);
+            return Err(TaskError::WaitAborted(id.clone()));
+        }
 
         let mut state = self.shared.lock();
         pending.armed = false;
@@ -568,14 +782,16 @@ impl TaskRegistry {
             return Err(TaskError::UnknownTask(id.clone()));
         };
         record.pending_reporters -= 1;
-        if record.status.is_terminal() {
-            record.mark_reported();
+        if !record.status.is_terminal() {
             return Ok(record.snapshot());
         }
-        match end {
-            WaitEnd::Settled | WaitEnd::TimedOut => Ok(record.snapshot()),
-            WaitEnd::Aborted => Err(TaskError::WaitAborted(id.clone())),
-        }
+        record.mark_reported();
+        let snapshot = record.snapshot();
+        let bucket = record.bucket_key();
+        let dropped = prune_history(&mut state, &self.shared, bucket);
+        drop(state);
+        self.release_records(dropped);
+        Ok(snapshot)
     }
 
     /// Registers a listener called once per settled task with its terminal
@@ -589,7 +805,13 @@ impl TaskRegistry {
 
     /// Cancels every live task, awaits their quiescence (bounded by the
     /// teardown timeout), detaches from live owners and drops every record.
-    /// No task can start afterwards.
+    ///
+    /// Guarantees, once it returns: no task of this registry is live (each
+    /// settled, or was force-failed with a possible-orphan detail), every
+    /// start that was in flight has settled too, no task can start, and no
+    /// listener was called for these settlements (disposal is silent: an
+    /// owner still alive is not told of kills it never asked for). Waits
+    /// still pending wake with the terminal state. Idempotent.
     pub async fn dispose(&self) {
         {
             let mut state = self.shared.lock();
@@ -621,26 +843,65 @@ impl TaskRegistry {
                 agent.remove_cleanup(scope.cleanup);
             }
         }
-        self.shared.lock().tasks.clear();
+        let records: Vec<Record> = self.shared.lock().tasks.drain().map(|(_, record)| record).collect();
+        self.release_records(records);
         self.shared.listeners.lock().expect("listeners poisoned").clear();
+    }
+
+    /// Injects `text` into the owner's session as the completion notice of
+    /// task `id`, unless its end was already reported, a notice for it was
+    /// already injected (several surfaces may listen), or its owner is gone.
+    /// Returns whether it was injected.
+    ///
+    /// Atomic with every reporting path (reads, waits and kills run their
+    /// check under the same lock), so a notice never joins the explicit
+    /// report of the same end: either the report came first and there is no
+    /// notice, or the report retracts the notice from the owner's unread
+    /// messages.
+    pub fn inject_completion_notice(&self, id: &TaskId, text: String) -> bool {
+        let mut state = self.shared.lock();
+        let Some(record) = state.tasks.get_mut(id) else {
+            return false;
+        };
+        if record.reported || record.notice_delivered || !record.status.is_terminal() {
+            return false;
+        }
+        let Some(owner) = record.owner.as_ref().and_then(|o| o.agent.upgrade()) else {
+            return false;
+        };
+        if owner.inject_about(id, text).is_err() {
+            return false;
+        }
+        record.notice_delivered = true;
+        true
     }
 
     /// Records the outcome unless the task already settled (first wins), then
     /// fans out to the listeners.
     fn settle(&self, id: &TaskId, outcome: TaskOutcome) {
-        self.settle_record(id, outcome.status.into(), outcome.detail, outcome.output, false);
+        self.settle_record(
+            id,
+            Settlement {
+                status: outcome.status.into(),
+                detail: outcome.detail,
+                output: outcome.output,
+                forced: false,
+                reported: false,
+            },
+        );
     }
 
-    fn settle_record(
-        &self,
-        id: &TaskId,
-        status: TaskStatus,
-        detail: Option<String>,
-        output: Option<String>,
-        forced: bool,
-    ) {
-        let done = {
+    fn settle_record(&self, id: &TaskId, settlement: Settlement) {
+        let Settlement { status, detail, output, forced, reported } = settlement;
+        let (done, settled, silent, bucket_key) = {
             let mut state = self.shared.lock();
+            let silent = state.disposed;
+            let owner_closing = {
+                let Some(record) = state.tasks.get(id) else {
+                    return;
+                };
+                record.bucket_key().and_then(|k| state.owner_scopes.get(&k)).is_some_and(|scope| scope.closing)
+            };
             let Some(record) = state.tasks.get_mut(id) else {
                 return;
             };
@@ -656,6 +917,11 @@ impl TaskRegistry {
                 record.reported = true;
                 record.notice_held = true;
             }
+            // Reported by the caller that settled it, or nobody is left to
+            // tell (owner teardown, registry disposal).
+            if reported || owner_closing || silent {
+                record.reported = true;
+            }
             let done = record.done_event();
             let settled = record.settled.take();
             if forced {
@@ -664,17 +930,43 @@ impl TaskRegistry {
             let bucket_key = record.bucket_key();
             if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
                 bucket.live -= 1;
+                bucket.finished.push_back(id.clone());
             }
-            (done, settled)
+            (done, settled, silent, bucket_key)
         };
-        let (done, settled) = done;
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
-        self.notify_listeners(&done);
-        // Waiters (waits, teardown, disposal) wake only after the listeners
-        // ran, so a disposal that returned has no notice still in flight.
+        if !silent {
+            self.notify_listeners(&done);
+        }
+        // Subscribers and waiters (waits, teardown, disposal) hear of it only
+        // after the listeners ran, so whoever saw the settlement also sees
+        // its notice, and a disposal that returned has none in flight.
+        if self.shared.events.receiver_count() > 0 {
+            let _ = self.shared.events.send(TaskEvent::Settled { task: snapshot.clone() });
+        }
         if let Some(settled) = settled {
             settled.cancel();
+        }
+        let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
+        self.release_records(dropped);
+    }
+
+    /// Drops records taken out of the table (outside the lock: dropping a
+    /// producer handle may kill processes and remove files) and tells
+    /// subscribers.
+    fn release_records(&self, records: Vec<Record>) {
+        if records.is_empty() {
+            return;
+        }
+        let subscribed = self.shared.events.receiver_count() > 0;
+        for record in records {
+            tracing::debug!(task = %record.id, "task record released");
+            if subscribed {
+                let owner_session = record.owner.as_ref().map(|o| o.session.clone());
+                let _ = self.shared.events.send(TaskEvent::Released { id: record.id.clone(), owner_session });
+            }
+            drop(record);
         }
     }
 
@@ -685,7 +977,7 @@ impl TaskRegistry {
                 continue;
             }
             if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| (slot.listener)(done))) {
-                tracing::error!(task = %done.snapshot.id, message = %panic_message(&panic), "a task-done listener panicked; the others still run");
+                tracing::error!(task = %done.snapshot.id, message = %panic_message(panic), "a task-done listener panicked; the others still run");
             }
         }
     }
@@ -716,7 +1008,7 @@ impl TaskRegistry {
         let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
             .catch_unwind()
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(&panic))));
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
         if let Err(error) = cancelled {
             tracing::error!(task = %id, error = %format!("{error:#}"), "teardown cancel failed; the work may be orphaned");
             self.force_fail(
@@ -745,7 +1037,16 @@ impl TaskRegistry {
     }
 
     fn force_fail(&self, id: &TaskId, control: &Arc<dyn TaskControl>, detail: String) {
-        self.settle_record(id, TaskStatus::Failed, Some(detail), None, true);
+        self.settle_record(
+            id,
+            Settlement {
+                status: TaskStatus::Failed,
+                detail: Some(detail),
+                output: None,
+                forced: true,
+                reported: false,
+            },
+        );
         control.abandon();
     }
 
@@ -791,13 +1092,57 @@ impl TaskRegistry {
             }
             drained.notified().await;
         }
-        let mut state = self.shared.lock();
-        if let Some(scope) = state.owner_scopes.remove(&instance) {
-            for id in &scope.tasks {
-                state.tasks.remove(id);
+        let records: Vec<Record> = {
+            let mut state = self.shared.lock();
+            match state.owner_scopes.remove(&instance) {
+                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect(),
+                None => Vec::new(),
             }
+        };
+        self.release_records(records);
+    }
+}
+
+/// How a task ends, as [`TaskRegistry::settle_record`] records it.
+struct Settlement {
+    status: TaskStatus,
+    detail: Option<String>,
+    output: Option<String>,
+    /// The registry gave up on the task (abort its watcher).
+    forced: bool,
+    /// The caller that settles it reports the end itself (no notice).
+    reported: bool,
+}
+
+/// Drops the oldest finished records of a bucket beyond the history cap:
+/// reported ones first, then those whose end was noticed; never one whose
+/// end nobody was told of yet. Returns the records taken out of the table.
+fn prune_history(state: &mut State, shared: &Shared, bucket_key: Option<u64>) -> Vec<Record> {
+    let cap = shared.config.max_finished_tasks_per_owner;
+    let State { tasks, owner_scopes, unowned, .. } = state;
+    let (bucket, mut scope_tasks) = match bucket_key {
+        None => (unowned, None),
+        Some(key) => match owner_scopes.get_mut(&key) {
+            Some(scope) => (&mut scope.bucket, Some(&mut scope.tasks)),
+            None => return Vec::new(),
+        },
+    };
+    let mut taken = Vec::new();
+    while bucket.finished.len() > cap {
+        // Ids whose record is already gone count as droppable: forgotten here.
+        let victim = [true, false].into_iter().find_map(|reported_only| {
+            bucket.finished.iter().position(|id| tasks.get(id).is_none_or(|r| r.droppable(reported_only)))
+        });
+        let Some(id) = victim.and_then(|position| bucket.finished.remove(position)) else { break };
+        if let Some(scope_tasks) = scope_tasks.as_deref_mut() {
+            scope_tasks.retain(|t| t != &id);
+        }
+        if let Some(record) = tasks.remove(&id) {
+            bucket.dropped += 1;
+            taken.push(record);
         }
     }
+    taken
 }
 
 /// Awaits a producer's `done` and settles its task; contains errors and
@@ -817,7 +1162,7 @@ async fn watch_done(
             TaskOutcome::failed(format!("producer error: {error:#}"))
         }
         Err(panic) => {
-            let message = panic_message(&panic);
+            let message = panic_message(panic);
             tracing::warn!(%message, "producer's done panicked; contained as failed");
             TaskOutcome::failed(format!("producer panicked: {message}"))
         }
@@ -933,12 +1278,4 @@ fn fenced_mut<'a>(state: &'a mut State, id: &TaskId, caller: Option<&Agent>) -> 
         return Err(TaskError::ForeignTask(id.clone()));
     }
     Ok(record)
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }

@@ -112,7 +112,9 @@ pub trait TaskControl: Send + Sync + 'static {
     /// Stream kinds: everything produced since the previous call, formatted
     /// for the model. Consecutive calls never return the same output twice,
     /// and the remainder stays readable after `done` settled.
-    /// Final-output-only kinds are never asked.
+    /// Final-output-only kinds are never asked. A read whose own work ended
+    /// the task (a fault in it) should fail with [`ReadEndedTask`], so its
+    /// caller is told of the end.
     async fn read_output(&self) -> anyhow::Result<String> {
         Ok(String::new())
     }
@@ -121,6 +123,63 @@ pub trait TaskControl: Send + Sync + 'static {
     /// out) and has force-failed its record. Release whatever can be released
     /// without the task's cooperation. The default does nothing.
     fn abandon(&self) {}
+
+    /// Called once, right after the task was registered: raise `signal`
+    /// whenever new output may be readable, so the registry's event stream
+    /// can tell a UI (see [`crate::tasks::TaskRegistry::subscribe`]). Raising
+    /// it is cheap and may be spurious. The default never raises it.
+    fn watch_output(&self, signal: OutputSignal) {
+        let _ = signal;
+    }
+}
+
+/// The error a [`TaskControl::read_output`] returns when the read itself
+/// ended the task (a plugin that faulted in `read-output`): the registry
+/// settles the task with `outcome` (unless another outcome got there first)
+/// and answers the read with `text` and the terminal status, so the caller
+/// that caused the end is the one told of it.
+#[derive(Debug, thiserror::Error)]
+#[error("the read ended the task [{}]", TaskSnapshot::status_line_of(outcome.status.into(), outcome.detail.as_deref()))]
+pub struct ReadEndedTask {
+    /// Output read before the end (may be empty).
+    pub text: String,
+    pub outcome: TaskOutcome,
+}
+
+/// A producer's "new output may be readable" signal. Cheap to clone.
+#[derive(Clone)]
+pub struct OutputSignal(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl OutputSignal {
+    pub fn new(raise: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(raise))
+    }
+
+    pub fn raise(&self) {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for OutputSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OutputSignal")
+    }
+}
+
+/// A change in the registry, for UIs and embedders
+/// ([`crate::tasks::TaskRegistry::subscribe`]). Serialized with an `event`
+/// tag: `{"event": "settled", "task": {...}}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TaskEvent {
+    /// A task was registered.
+    Started { task: TaskSnapshot },
+    /// New output may be readable (no text: read it through the registry).
+    Output { id: TaskId, owner_session: Option<SessionId> },
+    /// A task reached its terminal state.
+    Settled { task: TaskSnapshot },
+    /// A record left the registry (history cap, owner or registry disposal).
+    Released { id: TaskId, owner_session: Option<SessionId> },
 }
 
 /// What a producer's `run` returns.
@@ -152,8 +211,9 @@ pub struct TaskStart {
     pub run: TaskRunner,
 }
 
-/// A read-only projection of a task record, never live state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A read-only projection of a task record, never live state. Serializes
+/// with times as milliseconds since the Unix epoch.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TaskSnapshot {
     pub id: TaskId,
     pub kind: String,
@@ -161,7 +221,9 @@ pub struct TaskSnapshot {
     pub owner_session: Option<SessionId>,
     pub status: TaskStatus,
     pub detail: Option<String>,
+    #[serde(rename = "started_at_ms", serialize_with = "unix_ms")]
     pub started_at: SystemTime,
+    #[serde(rename = "finished_at_ms", serialize_with = "unix_ms_opt")]
     pub finished_at: Option<SystemTime>,
     /// The terminal state was (or is being) reported to the owner through an
     /// explicit response: a kill, or a read or wait that returned it.
@@ -187,8 +249,20 @@ impl TaskSnapshot {
     }
 }
 
+fn unix_ms<S: serde::Serializer>(at: &SystemTime, serializer: S) -> Result<S::Ok, S::Error> {
+    let ms = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    serializer.serialize_u64(ms)
+}
+
+fn unix_ms_opt<S: serde::Serializer>(at: &Option<SystemTime>, serializer: S) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => unix_ms(at, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// The result of [`crate::tasks::TaskRegistry::read`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TaskRead {
     /// Stream kinds: the consuming delta. Final kinds: empty while live, then
     /// the final output, idempotently.
@@ -197,7 +271,8 @@ pub struct TaskRead {
 }
 
 /// The result of [`crate::tasks::TaskRegistry::kill`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "result", content = "task", rename_all = "snake_case")]
 pub enum KillResult {
     /// Cancellation was requested; the task is `stopping` (or just settled).
     Requested(TaskSnapshot),
@@ -219,11 +294,19 @@ pub enum TaskError {
     NoControlSurface,
     #[error("invalid task kind {0:?}: use lowercase letters, digits, '_' or '-', starting with a letter")]
     InvalidKind(String),
+    #[error("a {kind} task needs a label (a one-line description for task_list); the producer gave an empty one")]
+    EmptyLabel { kind: String },
     #[error("agent {0} is not a live agent: it was disposed or replaced, so it cannot own new tasks")]
     OwnerNotLive(String),
     #[error(
-        "too many live background tasks for {owner} ({limit} running or stopping): \
-         collect one with task_output or stop one with task_kill, then retry"
+        "agent {0} belongs to another agent registry than this task registry's; \
+         create owners with the same host's create_agent"
+    )]
+    ForeignAgent(String),
+    #[error(
+        "too many live background tasks for {owner} ({limit} running or stopping): a slot frees when one finishes. \
+         Stop one that no longer matters with task_kill, or wait for one to finish with task_output (wait: true), \
+         then retry"
     )]
     TooManyTasks { owner: String, limit: usize },
     #[error("the task registry is disposed; no new tasks can start")]

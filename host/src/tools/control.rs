@@ -66,9 +66,9 @@ impl ControlTools {
 
     /// Adds `task_output`, `task_list` and `task_kill` to a toolbox.
     pub fn install(self: &Arc<Self>, toolbox: &Toolbox) {
-        toolbox.insert(Arc::new(TaskOutput(self.clone())));
-        toolbox.insert(Arc::new(TaskList(self.clone())));
-        toolbox.insert(Arc::new(TaskKill(self.clone())));
+        toolbox.insert_control(Arc::new(TaskOutput(self.clone())));
+        toolbox.insert_control(Arc::new(TaskList(self.clone())));
+        toolbox.insert_control(Arc::new(TaskKill(self.clone())));
     }
 }
 
@@ -161,12 +161,18 @@ impl Tool for TaskList {
 
     async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
         let TaskListArgs {} = parse_arguments("task_list", args)?;
-        let tasks = self.0.registry.list(context.caller.as_ref());
-        if tasks.is_empty() {
-            return Ok(ToolOutput::ok("(no background tasks)"));
-        }
-        let lines: Vec<String> =
+        let caller = context.caller.as_ref();
+        let tasks = self.0.registry.list(caller);
+        let mut lines: Vec<String> =
             tasks.iter().map(|t| format!("{} [{}] {} — {}", t.id, t.kind, t.status, one_line(&t.label))).collect();
+        if lines.is_empty() {
+            lines.push("(no background tasks)".to_string());
+        }
+        match self.0.registry.dropped_from_history(caller) {
+            0 => {}
+            1 => lines.push("(1 older finished task was dropped from this list)".to_string()),
+            n => lines.push(format!("({n} older finished tasks were dropped from this list)")),
+        }
         Ok(ToolOutput::ok(lines.join("\n")))
     }
 }

@@ -55,6 +55,40 @@ pub enum ToolError {
     Cancelled(String),
 }
 
+/// The names of taskhost's control tools. No producer may serve a tool
+/// under one of them, on any path (library, configuration, `dev`, a
+/// plugin's kind): `task_wait` and `task_input` are kept for the control
+/// tools to come.
+pub const RESERVED_TOOL_NAMES: &[&str] = &["task_output", "task_list", "task_kill", "task_wait", "task_input"];
+
+/// Why a tool name cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolNameError {
+    #[error(
+        "tool name {0:?} cannot be served: use 1 to 64 ASCII letters, digits, '_' or '-' \
+         (MCP clients and model APIs refuse other names)"
+    )]
+    Invalid(String),
+    #[error("tool name {0:?} is reserved for taskhost's control tools; serve the producer under another name")]
+    Reserved(String),
+}
+
+/// Checks a producer tool's name: the MCP / model-API rule
+/// `^[a-zA-Z0-9_-]{1,64}$`, and not one of [`RESERVED_TOOL_NAMES`].
+pub fn check_tool_name(name: &str) -> Result<(), ToolNameError> {
+    check_name_rule(name)?;
+    if RESERVED_TOOL_NAMES.contains(&name) {
+        return Err(ToolNameError::Reserved(name.to_string()));
+    }
+    Ok(())
+}
+
+fn check_name_rule(name: &str) -> Result<(), ToolNameError> {
+    let valid =
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if valid { Ok(()) } else { Err(ToolNameError::Invalid(name.to_string())) }
+}
+
 /// Who is calling, and how to cancel the call.
 #[derive(Clone, Debug, Default)]
 pub struct CallContext {
@@ -94,9 +128,20 @@ impl Toolbox {
         WeakToolbox(Arc::downgrade(&self.tools))
     }
 
-    /// Adds or replaces the tool under its definition's name.
-    pub fn insert(&self, tool: Arc<dyn Tool>) {
+    /// Adds or replaces the tool under its definition's name. Refuses a
+    /// name that breaks the tool-name rule or is reserved for the control
+    /// tools (see [`check_tool_name`]).
+    pub fn insert(&self, tool: Arc<dyn Tool>) -> Result<(), ToolNameError> {
         let name = tool.definition().name;
+        check_tool_name(&name)?;
+        self.tools.write().expect("toolbox poisoned").insert(name, tool);
+        Ok(())
+    }
+
+    /// Adds a control tool under its reserved name.
+    pub(crate) fn insert_control(&self, tool: Arc<dyn Tool>) {
+        let name = tool.definition().name;
+        debug_assert!(RESERVED_TOOL_NAMES.contains(&name.as_str()) && check_name_rule(&name).is_ok());
         self.tools.write().expect("toolbox poisoned").insert(name, tool);
     }
 
@@ -130,7 +175,17 @@ impl Toolbox {
             tool = name,
             owner = context.caller.as_ref().map(|a| a.session().as_str()).unwrap_or("-"),
         );
-        tracing::Instrument::instrument(tool.call(args, context), span).await
+        // Tools run code the host does not own (producers): a panic fails
+        // this call, never the caller's task.
+        let call = std::panic::AssertUnwindSafe(tracing::Instrument::instrument(tool.call(args, context), span));
+        match futures::FutureExt::catch_unwind(call).await {
+            Ok(result) => result,
+            Err(panic) => {
+                let message = crate::panics::panic_message(panic);
+                tracing::error!(tool = name, %message, "a tool panicked; the call fails, the host goes on");
+                Err(ToolError::Failed { tool: name.to_string(), message: format!("the tool panicked: {message}") })
+            }
+        }
     }
 }
 

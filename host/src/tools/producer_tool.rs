@@ -9,17 +9,25 @@
 //! calls run the task directly, bounded by the instance's timeout and the
 //! caller's cancellation, and return its output with the status line.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use serde_json::{Value, json};
 
 use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, json_kind};
+use crate::panics::panic_message;
 use crate::producer::{Descriptor, Producer, RunMode};
-use crate::tasks::{TaskControl, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus};
+use crate::tasks::{
+    ReadEndedTask, TaskControl, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
+};
 
 /// The host's flag on producer tools.
 pub const RUN_IN_BACKGROUND: &str = "run_in_background";
+
+/// How long a foreground call may run, unless the instance says otherwise.
+pub const DEFAULT_FOREGROUND_TIMEOUT_MS: u64 = 600_000;
 
 /// Per-instance settings of a producer tool.
 #[derive(Clone, Debug)]
@@ -77,11 +85,22 @@ impl ProducerTool {
         context: &CallContext,
     ) -> Result<ToolOutput, ToolError> {
         let name = &self.options.name;
-        let hooks = (prepared.run)()
+        // A foreground run is contained like a background one: a panic in
+        // the producer fails the call (or the task), never the caller.
+        let hooks = AssertUnwindSafe((prepared.run)())
+            .catch_unwind()
             .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: name.clone(), message: format!("{error:#}") })?;
         let control = hooks.control;
-        let mut done = hooks.done;
+        let mut done = AssertUnwindSafe(hooks.done)
+            .catch_unwind()
+            .map(|finished| {
+                finished.unwrap_or_else(|panic| {
+                    Ok(TaskOutcome::failed(format!("producer panicked: {}", panic_message(panic))))
+                })
+            })
+            .boxed();
         let timeout = self.options.foreground_timeout;
         let stopped_because = tokio::select! {
             outcome = &mut done => return Ok(foreground_result(&*control, outcome, None).await),
@@ -89,7 +108,11 @@ impl ProducerTool {
             _ = context.cancel.cancelled() => "the call was cancelled".to_string(),
         };
         tracing::info!(tool = %name, reason = %stopped_because, "stopping a foreground task");
-        if let Err(error) = control.cancel(Some(&stopped_because)).await {
+        let cancelled = AssertUnwindSafe(control.cancel(Some(&stopped_because)))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        if let Err(error) = cancelled {
             control.abandon();
             return Err(ToolError::Failed {
                 tool: name.clone(),
@@ -120,9 +143,14 @@ async fn foreground_result(
     let outcome = outcome.unwrap_or_else(|error| TaskOutcome::failed(format!("producer error: {error:#}")));
     let mut text = String::new();
     if control.streams_output() {
-        match control.read_output().await {
-            Ok(output) => text.push_str(&output),
-            Err(error) => text.push_str(&format!("[reading the output failed: {error:#}]\n")),
+        match AssertUnwindSafe(control.read_output()).catch_unwind().await {
+            Ok(Ok(output)) => text.push_str(&output),
+            Ok(Err(error)) => match error.downcast::<ReadEndedTask>() {
+                Ok(ended) => text.push_str(&ended.text),
+                Err(error) => text.push_str(&format!("[reading the output failed: {error:#}]\n")),
+            },
+            Err(panic) => text
+                .push_str(&format!("[reading the output failed: the producer panicked: {}]\n", panic_message(panic))),
         }
     }
     if let Some(output) = &outcome.output {
@@ -201,10 +229,10 @@ impl Tool for ProducerTool {
         if background && context.cancel.is_cancelled() {
             return Err(ToolError::Cancelled(self.options.name.clone()));
         }
-        let prepared = self
-            .producer
-            .prepare(args, mode)
+        let prepared = AssertUnwindSafe(self.producer.prepare(args, mode))
+            .catch_unwind()
             .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {
             return self.run_foreground(prepared, context).await;
