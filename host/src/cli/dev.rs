@@ -114,7 +114,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         if options.name.is_empty() {
             options.name = wasm.producer.descriptor().kind.clone();
         }
-        let plugin = ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options)?;
+        let name = options.name.clone();
+        let plugin =
+            ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options).with_context(|| {
+                format!("cannot serve {} as the tool {name:?} (choose another with --tool)", entry.plugin)
+            })?;
         served.push(Served { plugin, file: wasm.file });
     }
     if served.is_empty() {
