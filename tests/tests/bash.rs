@@ -369,3 +369,50 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     }
     host.dispose().await;
 }
+
+/// A finished task that ages out of its owner's history takes its spill
+/// files with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_dropped_from_the_history_removes_its_spill_files() {
+    let engine = engine();
+    let version = engine.load_file(taskhost::builtin::BASH_PATH).await.expect("load bash plugin");
+    let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .expect("describe")
+        .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant()) });
+    let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1, ..TasksSettings::default() }).unwrap();
+    host.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND },
+    )
+    .expect("tool name is valid");
+    let agent = host.create_agent("agent", "session-history").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let run = |command: &str| {
+        let args = json!({"command": command, "run_in_background": true});
+        let (host, context) = (host.clone(), context.clone());
+        async move {
+            let reply = host.call_tool("bash", args, &context).await.expect("started").text;
+            let id = reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("{reply}")).to_string();
+            let args = json!({"task_id": id, "wait": true, "timeout_ms": 20_000});
+            let out = host.call_tool("task_output", args, &context).await.expect("read").text;
+            assert!(out.ends_with("[status: completed, exit code: 0]"), "{}", &out[out.len().saturating_sub(200)..]);
+            (id, out)
+        }
+    };
+    let (first, out) = run("for i in $(seq 1 30000); do echo \"row $i\"; done").await;
+    let path = out
+        .lines()
+        .find_map(|l| l.strip_prefix("[some output was dropped from memory; full output: "))
+        .and_then(|p| p.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("no spill notice in {}", &out[..200]))
+        .to_string();
+    assert!(std::path::Path::new(&path).exists(), "{path}");
+    let (second, _) = run("echo small").await;
+    // Reported, over the cap of one: the first task is gone, and its file.
+    assert!(host.registry().get(&TaskId::new(first.as_str()), Some(&agent)).is_err(), "{first} dropped");
+    assert!(host.registry().get(&TaskId::new(second.as_str()), Some(&agent)).is_ok());
+    assert!(!std::path::Path::new(&path).exists(), "the spill file {path} went with its task");
+    host.dispose().await;
+}
