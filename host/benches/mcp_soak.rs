@@ -280,9 +280,11 @@ async fn run(options: Options) {
     let rate = |s: &Summary| s.tasks as f64 / s.wall.as_secs_f64();
     let line_rate = |s: &Summary| s.lines as f64 / s.wall.as_secs_f64();
     println!("## MCP soak\n");
+    // `cargo bench --profile dev` builds with debug assertions: say which.
+    let (flag, build) = if cfg!(debug_assertions) { (" --profile dev", "dev profile") } else { ("", "release build") };
     println!(
-        "Command: `cargo bench -p taskhost --bench mcp_soak -- --clients {clients} --seconds {seconds}` \
-         (release build, loopback HTTP, one token per client).\n"
+        "Command: `cargo bench -p taskhost --bench mcp_soak{flag} -- --clients {clients} --seconds {seconds}` \
+         ({build}, loopback HTTP, one token per client).\n"
     );
     println!("| metric | taskhost serve --http | baseline: library in process, same run | ratio |");
     println!("| --- | --- | --- | --- |");

@@ -557,3 +557,43 @@ async fn connections_over_the_cap_get_a_503_with_a_json_rpc_error() {
     tools_list_works(&http, &server, 2).await;
     server.stop().await;
 }
+
+/// Issue 12 item 10 over HTTP: rmcp serves HTTP statelessly, so the rule is
+/// per request: each is judged by its own `MCP-Protocol-Version` header and
+/// `_meta`. A 2026-07-28 request, then `initialize`, then pings of either
+/// generation: each gets the answer its own protocol gives, and a 2026-07-28
+/// request without its context gets an error that says what is missing.
+#[tokio::test]
+async fn http_judges_each_request_by_its_own_protocol() {
+    let server = HttpServer::start("http-modes").await;
+    let http = taskhost::http_client::client();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let modern = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/list")];
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}).to_string();
+    let (status, answer) = post(&http, &server, &modern, list).await;
+    assert_eq!((status, answer["result"]["tools"].as_array().map(Vec::len)), (200, Some(5)), "{answer}");
+    let (status, answer) = post(&http, &server, &[], initialize_body(2, "2025-11-25")).await;
+    assert_eq!((status, answer["result"]["protocolVersion"].clone()), (200, json!("2025-11-25")), "{answer}");
+    let ping = |id: u64| json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string();
+    let (status, answer) = post(&http, &server, &[("mcp-protocol-version", "2025-11-25")], ping(3)).await;
+    assert_eq!((status, answer), (200, json!({"jsonrpc": "2.0", "id": 3, "result": {}})));
+    let (status, answer) =
+        post(&http, &server, &[("mcp-protocol-version", "2026-07-28"), ("mcp-method", "ping")], ping(4)).await;
+    assert_eq!(
+        (status, answer),
+        (
+            400,
+            rpc_error(
+                json!(4),
+                -32602,
+                "Invalid params: request _meta is missing or has malformed required fields: \
+                 io.modelcontextprotocol/protocolVersion, io.modelcontextprotocol/clientCapabilities"
+            )
+        )
+    );
+    tools_list_works(&http, &server, 5).await;
+    server.stop().await;
+}
