@@ -788,3 +788,91 @@ async fn a_ping_flood_from_a_client_that_does_not_read_stays_bounded() {
     raw.tools_list_works(2).await;
     raw.close().await;
 }
+
+/// Issue 12 item 11 on the wire: a 2025-11-25 connection sees the tasks
+/// capability and `taskSupport` on producer tools, gets a task for a
+/// `tools/call` with `params.task`, and can list, get, cancel and read it.
+#[tokio::test]
+async fn a_2025_11_25_client_gets_tasks_it_can_list_cancel_and_read() {
+    let mut raw = Raw::start("stdio-v1-tasks");
+    raw.send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+        .to_string(),
+    )
+    .await;
+    let answer = raw.answer().await;
+    assert_eq!(
+        answer["result"]["capabilities"]["tasks"],
+        json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
+    );
+    raw.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string()).await;
+    let answer = raw.answer().await;
+    let support: Vec<(String, serde_json::Value)> = answer["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| (tool["name"].as_str().unwrap().to_string(), tool["execution"]["taskSupport"].clone()))
+        .collect();
+    assert_eq!(
+        support,
+        [
+            ("bash".to_string(), json!("optional")),
+            ("task_kill".to_string(), json!(null)),
+            ("task_list".to_string(), json!(null)),
+            ("task_output".to_string(), json!(null)),
+            ("ticker".to_string(), json!("optional")),
+        ]
+    );
+    let request = |id: u64, method: &str, params: serde_json::Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+    };
+    raw.send(request(
+        3,
+        "tools/call",
+        json!({"name": "ticker", "arguments": {"count": 1000, "interval_ms": 50}, "task": {}}),
+    ))
+    .await;
+    let created = raw.answer().await;
+    assert_eq!(created["id"], json!(3));
+    assert_eq!(created["result"]["task"]["taskId"], json!("ticker-1"), "{created}");
+    assert_eq!(created["result"]["task"]["status"], json!("working"));
+    assert_eq!(created["result"]["task"]["ttl"], json!(null));
+    raw.send(request(4, "tasks/list", json!({}))).await;
+    let listed = raw.answer().await;
+    let tasks = listed["result"]["tasks"].as_array().unwrap();
+    assert_eq!(
+        (tasks.len(), tasks[0]["taskId"].clone(), tasks[0]["status"].clone()),
+        (1, json!("ticker-1"), json!("working"))
+    );
+    raw.send(request(5, "tasks/get", json!({"taskId": "ticker-1"}))).await;
+    assert_eq!(raw.answer().await["result"]["status"], json!("working"));
+    raw.send(request(6, "tasks/cancel", json!({"taskId": "ticker-1"}))).await;
+    let cancelled = raw.answer().await;
+    assert_eq!(
+        (cancelled["id"].clone(), cancelled["result"]["status"].clone()),
+        (json!(6), json!("cancelled")),
+        "{cancelled}"
+    );
+    raw.send(request(7, "tasks/result", json!({"taskId": "ticker-1"}))).await;
+    let result = raw.answer().await;
+    assert_eq!(result["result"]["isError"], json!(true), "{result}");
+    assert_eq!(result["result"]["_meta"], json!({"io.modelcontextprotocol/related-task": {"taskId": "ticker-1"}}));
+    let text = result["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.lines().last().unwrap().starts_with("[status: killed, after "), "{text}");
+    raw.send(request(8, "tools/call", json!({"name": "task_list", "arguments": {}, "task": {}}))).await;
+    assert_eq!(
+        raw.answer().await,
+        error(
+            json!(8),
+            -32602,
+            "Invalid params for tools/call: tool \"task_list\" does not run as a task (its execution.taskSupport is \
+             not \"optional\"); call it without params.task"
+        )
+    );
+    raw.send(request(9, "tasks/get", json!({"taskId": "ticker-99"}))).await;
+    let unknown = raw.answer().await;
+    assert_eq!((unknown["id"].clone(), unknown["error"]["code"].clone()), (json!(9), json!(-32602)), "{unknown}");
+    raw.tools_list_works(10).await;
+    raw.close().await;
+}
