@@ -76,6 +76,20 @@ pub struct HttpSettings {
     /// The clients allowed in. Each token's `name` is one owner: one
     /// long-lived agent session whose tasks only that token sees.
     pub tokens: Vec<TokenConfig>,
+    /// Accepted `Origin` headers (`scheme://host[:port]`, compared without
+    /// case), against web pages calling a local server. A request without
+    /// `Origin` (every non-browser client) is always accepted; by default no
+    /// origin is, `null` included.
+    pub allowed_origins: Vec<String>,
+    /// Open connections served at once; a connection over the cap gets a
+    /// `503` with a JSON-RPC error body and is closed. Keep it under the
+    /// process's descriptor limit.
+    pub max_connections: usize,
+    /// A connection must send a request's headers within this time of
+    /// opening or of its previous answer (so an idle keep-alive connection
+    /// closes after it), and a request's body within this time of its
+    /// headers.
+    pub header_timeout_ms: u64,
 }
 
 impl Default for HttpSettings {
@@ -85,6 +99,9 @@ impl Default for HttpSettings {
             path: "/mcp".to_string(),
             allowed_hosts: vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()],
             tokens: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_connections: 256,
+            header_timeout_ms: 30_000,
         }
     }
 }
@@ -158,6 +175,15 @@ impl ServeSettings {
             !http.allowed_hosts.is_empty(),
             "[serve.http] allowed_hosts is empty; list the Host names clients use, or [\"*\"] to accept any"
         );
+        anyhow::ensure!(http.max_connections > 0, "[serve.http] max_connections must be positive");
+        anyhow::ensure!(http.header_timeout_ms > 0, "[serve.http] header_timeout_ms must be positive");
+        for origin in &http.allowed_origins {
+            anyhow::ensure!(
+                origin.contains("://") && !origin.ends_with('/'),
+                "[serve.http] allowed_origins entry {origin:?} is not an origin like \"https://app.example.com\" \
+                 (scheme://host[:port], no path)"
+            );
+        }
         let mut names = std::collections::HashSet::new();
         for token in &http.tokens {
             anyhow::ensure!(!token.name.trim().is_empty(), "[serve.http] a token has an empty name");
@@ -387,6 +413,8 @@ mod tests {
         assert!(error_of("[serve.http]\npath = \"mcp\"\n").contains("must start with '/'"));
         assert!(error_of("[serve]\nmax_argument_bytes = 0\n").contains("max_argument_bytes must be positive"));
         assert!(error_of("[serve.http]\nallowed_hosts = []\n").contains("allowed_hosts is empty"));
+        assert!(error_of("[serve.http]\nmax_connections = 0\n").contains("max_connections must be positive"));
+        assert!(error_of("[serve.http]\nallowed_origins = [\"evil.com\"]\n").contains("is not an origin"));
     }
 
     #[test]

@@ -216,7 +216,7 @@ impl McpServer {
     /// Starts the call as a registry background task and tracks it as an MCP
     /// task. `Err(Ok(output))` is a start that answered without a task (a
     /// refusal the producer phrased as a result).
-    async fn start_task(
+    pub(super) async fn start_task(
         &self,
         owner: &Agent,
         tool: &str,
@@ -242,7 +242,11 @@ impl McpServer {
 
     /// Refuses arguments over `[serve] max_argument_bytes`, before any tool
     /// parses, validates or echoes them.
-    fn check_argument_size(&self, tool: &str, arguments: Option<&rmcp::model::JsonObject>) -> Result<(), String> {
+    pub(super) fn check_argument_size(
+        &self,
+        tool: &str,
+        arguments: Option<&rmcp::model::JsonObject>,
+    ) -> Result<(), String> {
         let Some(arguments) = arguments else { return Ok(()) };
         let limit = self.settings().max_argument_bytes;
         let mut counter = ByteCounter(0);

@@ -22,12 +22,20 @@
 //!   stream, a closed stdio connection) cancels the call's
 //!   [`crate::tools::CallContext::cancel`], which stops a foreground run.
 //! - A client that declares the tasks extension gets foreground producer
-//!   calls answered as MCP tasks backed by the registry ([`tasks`]).
+//!   calls answered as MCP tasks backed by the registry ([`tasks`]); a
+//!   2025-11-25 client gets the same tasks through that revision's
+//!   experimental tasks ([`tasks_v1`]).
+//! - Every message passes a JSON-RPC gate ([`jsonrpc`]) before rmcp: each
+//!   request gets exactly one answer with its id, and the bounds of a
+//!   connection (line length, nesting, requests in flight, queued answers)
+//!   are the gate's (`docs/mcp.md` lists them).
 
 pub mod handler;
 pub mod http;
+pub mod jsonrpc;
 pub mod stdio;
 pub mod tasks;
+pub mod tasks_v1;
 
 use std::sync::Arc;
 

@@ -4,31 +4,63 @@
 //! runs as that agent, and when the client disconnects the agent is disposed:
 //! its tasks are cancelled and awaited before [`serve_connection`] returns.
 //!
-//! Between the client and rmcp sits a line guard. rmcp silently drops lines
-//! that are not JSON (so a client bug would look like a hang); the guard
-//! answers each with a JSON-RPC parse error (`-32700`, `id: null`) instead,
-//! and does the same for a line over [`MAX_LINE_BYTES`]. Well-formed JSON
-//! goes to rmcp unchanged, which answers invalid JSON-RPC shapes itself.
-//! Every line written to the client is written whole, so the guard's
-//! answers never interleave with rmcp's.
+//! Between the client and rmcp sits a gate, which is rmcp's transport:
+//!
+//! - Every line passes [`jsonrpc::check`]. What is not a well-formed
+//!   JSON-RPC message of a known method is answered by the gate itself
+//!   (`-32700`/`-32600`/`-32601`/`-32602`, with the id whenever it is
+//!   readable); rmcp only ever receives messages it can read.
+//! - Lifecycle: before a protocol is chosen, notifications and stray
+//!   responses are ignored (rmcp would end the connection on them) and
+//!   requests other than `ping`/`initialize` are refused with a message. The
+//!   first `initialize` chooses the handshake protocol; a first request
+//!   carrying the 2026-07-28 `_meta` chooses the per-request protocol. The
+//!   rule then holds for the whole connection: a second `initialize`, or an
+//!   `initialize` on a 2026-07-28 connection, is refused.
+//! - Requests in flight are tracked by id: a request reusing the id of one
+//!   still in flight is refused (`-32600`, naming the id) — the first keeps
+//!   its answer — and at most [`MAX_IN_FLIGHT`] requests are in flight; the
+//!   next is refused (`-32000`, naming the bound).
+//! - Memory is bounded in both directions: lines are read up to
+//!   [`MAX_LINE_BYTES`] (a longer one is skipped and answered), and
+//!   everything written to the client goes through one queue of
+//!   [`OUTBOUND_QUEUE`] messages. When the client stops reading, the queue
+//!   fills, the gate's answers wait for room, and the gate stops reading the
+//!   client: a client that does not read is not read.
+//! - A 2025-11-25 connection gets the v1 tasks bridge ([`super::tasks_v1`]).
+//! - Every line written to the client is written whole by one writer.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rmcp::ServiceExt;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::service::RoleServer;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{McpHandler, McpServer};
+use super::jsonrpc::{self, Checked, INVALID_REQUEST, LIMIT_EXCEEDED, Rejection};
+use super::{McpHandler, McpServer, tasks_v1};
+use crate::agents::Agent;
 
-/// The longest line accepted from a client (rmcp's own default).
+/// The longest line accepted from a client (rmcp's own default, 16 MiB).
 pub const MAX_LINE_BYTES: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
 
-/// Buffer between the guard and rmcp, each way.
-const PIPE_BYTES: usize = 256 * 1024;
+/// Requests one connection may have in flight (answered neither by rmcp
+/// nor by the gate yet).
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Messages queued for the client before the server stops producing.
+pub const OUTBOUND_QUEUE: usize = 64;
+
+/// How long a finished connection waits for its last answers to be written.
+const FINAL_WRITE: Duration = Duration::from_secs(5);
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
@@ -46,11 +78,11 @@ where
 {
     let name = format!("stdio-{}", NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
     let owner = server.host().create_agent(name.as_str(), name.as_str())?;
-    let span = tracing::info_span!("mcp_connection", owner = %name);
+    let span = tracing::info_span!("mcp_connection", connection = %name, owner = %name);
     async move {
-        let guard = LineGuard::start(reader, writer);
+        let (transport, pumps) = Gate::start(server.clone(), owner.clone(), reader, writer);
         let handler = McpHandler::for_connection(server.clone(), owner.clone());
-        let served = match handler.serve_with_ct((guard.from_client, guard.to_client), shutdown.child_token()).await {
+        let served = match handler.serve_with_ct(transport, shutdown.child_token()).await {
             Ok(running) => {
                 let reason = running.waiting().await;
                 tracing::info!(?reason, "connection closed");
@@ -66,103 +98,432 @@ where
         // The owner's tasks die with the connection.
         owner.dispose().await;
         tracing::info!("owner disposed");
-        // The inbound side may sit in a blocking stdin read that nothing can
-        // interrupt; the connection is over, so stop waiting for it.
-        guard.inbound.abort();
-        if let Err(error) = guard.outbound.await {
-            tracing::debug!(%error, "outbound pump ended abnormally");
-        }
+        pumps.finish().await;
         served
     }
     .instrument(span)
     .await
 }
 
-/// The two pumps between a client stream and rmcp.
-struct LineGuard {
-    /// What rmcp reads: the client's well-formed lines.
-    from_client: DuplexStream,
-    /// What rmcp writes: forwarded to the client line by line.
-    to_client: DuplexStream,
-    inbound: JoinHandle<()>,
-    outbound: JoinHandle<()>,
+/// The protocol a connection chose (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifecycle {
+    /// Nothing chosen yet: only `ping` and the choosing requests are served.
+    Fresh,
+    /// `initialize` was forwarded.
+    Handshake,
+    /// The first request carried the 2026-07-28 per-request `_meta`.
+    PerRequest,
 }
 
-impl LineGuard {
-    fn start<R, W>(reader: R, writer: W) -> Self
+/// What the inbound pump, rmcp's sends and the bridge share.
+struct Gate {
+    server: Arc<McpServer>,
+    owner: Agent,
+    /// Everything written to the client, whole lines.
+    out: mpsc::Sender<Vec<u8>>,
+    /// Requests in flight by id (their JSON text), with their method.
+    in_flight: Mutex<HashMap<String, InFlight>>,
+    lifecycle: Mutex<Lifecycle>,
+    /// The connection negotiated 2025-11-25: the v1 tasks bridge applies.
+    v1: AtomicBool,
+    warned_in_flight: AtomicBool,
+    warned_line: AtomicBool,
+}
+
+struct InFlight {
+    method: String,
+    /// A request the bridge answers runs here; a cancellation aborts it.
+    bridged: Option<AbortHandle>,
+}
+
+/// The tasks that move bytes; see [`Pumps::finish`].
+struct Pumps {
+    inbound: JoinHandle<()>,
+    outbound: JoinHandle<()>,
+    /// Tells the writer to write what is queued and stop.
+    closing: CancellationToken,
+    gate: Arc<Gate>,
+}
+
+impl Pumps {
+    /// Stops reading, lets queued answers out (for a while), stops writing.
+    async fn finish(self) {
+        // The inbound side may sit in a blocking stdin read that nothing can
+        // interrupt; the connection is over, so stop waiting for it.
+        self.inbound.abort();
+        let bridged: Vec<AbortHandle> = self
+            .gate
+            .in_flight
+            .lock()
+            .expect("in-flight table poisoned")
+            .drain()
+            .filter_map(|(_, request)| request.bridged)
+            .collect();
+        bridged.iter().for_each(AbortHandle::abort);
+        drop(self.gate);
+        self.closing.cancel();
+        let mut outbound = self.outbound;
+        // A client that stopped reading must not hold the exit.
+        if tokio::time::timeout(FINAL_WRITE, &mut outbound).await.is_err() {
+            tracing::info!("the client is not reading its last answers; dropping them");
+            outbound.abort();
+        }
+    }
+}
+
+/// rmcp's side of the gate.
+struct GateTransport {
+    from_client: mpsc::Receiver<ClientJsonRpcMessage>,
+    gate: Arc<Gate>,
+}
+
+impl rmcp::transport::Transport<RoleServer> for GateTransport {
+    type Error = std::io::Error;
+
+    fn send(&mut self, item: ServerJsonRpcMessage) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let gate = self.gate.clone();
+        async move { gate.send_from_rmcp(item).await }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<ClientJsonRpcMessage>> + Send {
+        self.from_client.recv()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.from_client.close();
+        Ok(())
+    }
+}
+
+fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+fn closed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client connection is closed")
+}
+
+impl Gate {
+    fn start<R, W>(server: Arc<McpServer>, owner: Agent, reader: R, writer: W) -> (GateTransport, Pumps)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (from_client, feed) = tokio::io::duplex(PIPE_BYTES);
-        let (to_client, drain) = tokio::io::duplex(PIPE_BYTES);
-        let (errors_tx, errors_rx) = mpsc::unbounded_channel();
-        let inbound = tokio::spawn(pump_inbound(reader, feed, errors_tx).in_current_span());
-        let outbound = tokio::spawn(pump_outbound(drain, writer, errors_rx).in_current_span());
-        Self { from_client, to_client, inbound, outbound }
+        let (out, queued) = mpsc::channel(OUTBOUND_QUEUE);
+        // rmcp reads one message at a time; one waiting is enough.
+        let (to_rmcp, from_client) = mpsc::channel(1);
+        let gate = Arc::new(Gate {
+            server,
+            owner,
+            out,
+            in_flight: Mutex::default(),
+            lifecycle: Mutex::new(Lifecycle::Fresh),
+            v1: AtomicBool::new(false),
+            warned_in_flight: AtomicBool::new(false),
+            warned_line: AtomicBool::new(false),
+        });
+        let inbound = tokio::spawn(gate.clone().pump_inbound(reader, to_rmcp).in_current_span());
+        let closing = CancellationToken::new();
+        let outbound = tokio::spawn(pump_outbound(queued, writer, closing.clone()).in_current_span());
+        (GateTransport { from_client, gate: gate.clone() }, Pumps { inbound, outbound, closing, gate })
     }
-}
 
-/// A JSON-RPC error answer to a line that carried no readable request.
-fn parse_error(message: &str) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": {"code": -32700, "message": message},
-    }))
-    .expect("a JSON literal serializes");
-    line.push(b'\n');
-    line
-}
+    /// Queues a line for the client; waits while the queue is full.
+    async fn write(&self, line: Vec<u8>) -> Result<(), std::io::Error> {
+        self.out.send(line).await.map_err(|_| closed())
+    }
 
-async fn pump_inbound<R>(reader: R, mut feed: DuplexStream, errors: mpsc::UnboundedSender<Vec<u8>>)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-{
-    let mut reader = BufReader::with_capacity(64 * 1024, reader);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match read_bounded_line(&mut reader, &mut line, MAX_LINE_BYTES).await {
-            Ok(LineRead::Eof) => break,
-            Ok(LineRead::Oversized(length)) => {
-                tracing::warn!(length, "dropping an oversized line from the client");
-                let _ = errors.send(parse_error(&format!(
-                    "Parse error: a message of {length} bytes or more exceeds the limit of {MAX_LINE_BYTES} bytes; \
-                     it was ignored"
-                )));
+    async fn reject(&self, rejection: Rejection) -> Result<(), std::io::Error> {
+        tracing::info!(code = rejection.code, id = %rejection.id, message = %rejection.message, "answered by the gate");
+        self.write(rejection.to_line()).await
+    }
+
+    /// One of rmcp's messages, on its way to the client. A response frees
+    /// its request's slot once it is queued (not before: the slots are
+    /// what bounds rmcp's pending sends).
+    async fn send_from_rmcp(&self, item: ServerJsonRpcMessage) -> Result<(), std::io::Error> {
+        let id = match &item {
+            JsonRpcMessage::Response(response) => Some(serde_json::to_value(&response.id).unwrap_or(Value::Null)),
+            JsonRpcMessage::Error(error) => error.id.as_ref().map(|id| serde_json::to_value(id).unwrap_or(Value::Null)),
+            _ => None,
+        };
+        let method = id.as_ref().and_then(|id| {
+            self.in_flight.lock().expect("in-flight table poisoned").get(&id_key(id)).map(|r| r.method.clone())
+        });
+        let patch = self.v1.load(Ordering::Relaxed)
+            && matches!(&item, JsonRpcMessage::Response(_))
+            && matches!(method.as_deref(), Some("initialize" | "tools/list"));
+        let mut line = if patch {
+            let mut value = serde_json::to_value(&item).map_err(std::io::Error::other)?;
+            if let Some(result) = value.get_mut("result") {
+                tasks_v1::patch_result(&self.server, method.as_deref().unwrap_or_default(), result);
             }
-            Ok(LineRead::Line) => {
-                let content = line.strip_suffix(b"\n").unwrap_or(&line);
-                let content = content.strip_suffix(b"\r").unwrap_or(content);
-                if content.iter().all(u8::is_ascii_whitespace) {
-                    continue;
+            serde_json::to_vec(&value)
+        } else {
+            serde_json::to_vec(&item)
+        }
+        .map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let written = self.write(line).await;
+        if let Some(id) = id {
+            self.in_flight.lock().expect("in-flight table poisoned").remove(&id_key(&id));
+        }
+        written
+    }
+
+    async fn pump_inbound<R>(self: Arc<Self>, reader: R, to_rmcp: mpsc::Sender<ClientJsonRpcMessage>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+    {
+        let mut reader = BufReader::with_capacity(64 * 1024, reader);
+        let mut line = Vec::new();
+        loop {
+            if line.capacity() > 1024 * 1024 {
+                // One large message must not pin its buffer for the connection's life.
+                line = Vec::new();
+            }
+            line.clear();
+            let handled = match read_bounded_line(&mut reader, &mut line, MAX_LINE_BYTES).await {
+                Ok(LineRead::Eof) => break,
+                Ok(LineRead::Oversized(length)) => {
+                    if !self.warned_line.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(length, limit = MAX_LINE_BYTES, "line length bound hit; skipping the line");
+                    }
+                    self.reject(Rejection::new(
+                        Value::Null,
+                        jsonrpc::PARSE_ERROR,
+                        format!(
+                            "Parse error: a message of {length} bytes or more exceeds the line length limit of \
+                             {MAX_LINE_BYTES} bytes; it was ignored"
+                        ),
+                    ))
+                    .await
                 }
-                if let Err(error) = serde_json::from_slice::<serde::de::IgnoredAny>(content) {
-                    tracing::info!(%error, "answering a line that is not JSON");
-                    let _ = errors.send(parse_error(&format!(
-                        "Parse error: the message is not valid JSON ({error}); it was ignored. \
-                         Send one JSON-RPC message per line."
-                    )));
-                    continue;
+                Ok(LineRead::Line) => {
+                    let content = line.strip_suffix(b"\n").unwrap_or(&line);
+                    let content = content.strip_suffix(b"\r").unwrap_or(content);
+                    if content.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    self.handle(content, &to_rmcp).await
                 }
-                let forwarded = async {
-                    feed.write_all(content).await?;
-                    feed.write_all(b"\n").await
-                };
-                if forwarded.await.is_err() {
-                    // rmcp closed its side: the connection is over.
+                Err(error) => {
+                    tracing::info!(%error, "reading from the client failed");
                     break;
                 }
-            }
-            Err(error) => {
-                tracing::info!(%error, "reading from the client failed");
+            };
+            if handled.is_err() {
+                // The client or rmcp is gone: the connection is over.
                 break;
             }
         }
+        // Dropping `to_rmcp` is the end of input rmcp sees.
     }
-    // Dropping the feed is the end of input rmcp sees.
-    let _ = feed.shutdown().await;
+
+    /// Checks one line and answers it or passes it on.
+    async fn handle(
+        self: &Arc<Self>,
+        line: &[u8],
+        to_rmcp: &mpsc::Sender<ClientJsonRpcMessage>,
+    ) -> std::io::Result<()> {
+        let checked = match jsonrpc::check(line) {
+            Ok(checked) => checked,
+            Err(rejection) => return self.reject(rejection).await,
+        };
+        let lifecycle = *self.lifecycle.lock().expect("lifecycle poisoned");
+        match checked {
+            Checked::Notification { method, message } => {
+                if lifecycle == Lifecycle::Fresh {
+                    tracing::debug!(%method, "ignoring a notification before initialize");
+                    return Ok(());
+                }
+                if method == "notifications/cancelled" {
+                    self.cancel(&message["params"]["requestId"]);
+                }
+                match jsonrpc::to_rmcp(None, &method, message) {
+                    Ok(message) => to_rmcp.send(message).await.map_err(|_| closed()),
+                    Err(rejection) => {
+                        // Notifications are never answered.
+                        tracing::info!(%method, error = %rejection.message, "ignoring a malformed notification");
+                        Ok(())
+                    }
+                }
+            }
+            Checked::Response { message } => {
+                if lifecycle == Lifecycle::Fresh {
+                    tracing::debug!("ignoring a response before initialize");
+                    return Ok(());
+                }
+                match serde_json::from_value::<ClientJsonRpcMessage>(message) {
+                    Ok(message) => to_rmcp.send(message).await.map_err(|_| closed()),
+                    Err(error) => {
+                        tracing::info!(%error, "ignoring a malformed response");
+                        Ok(())
+                    }
+                }
+            }
+            Checked::Request { id, method, message } => {
+                if let Some(rejection) = self.lifecycle_rule(lifecycle, &id, &method, &message) {
+                    return self.reject(rejection).await;
+                }
+                if self.v1.load(Ordering::Relaxed) && tasks_v1::intercepts(&method, &message) {
+                    if let Err(rejection) = self.admit(&id, &method) {
+                        return self.reject(rejection).await;
+                    }
+                    self.bridge(id, method, message);
+                    return Ok(());
+                }
+                let version = message["params"]["protocolVersion"].as_str().map(str::to_string);
+                let converted = match jsonrpc::to_rmcp(Some(&id), &method, message) {
+                    Ok(converted) => converted,
+                    Err(rejection) => return self.reject(rejection).await,
+                };
+                if let Err(rejection) = self.admit(&id, &method) {
+                    return self.reject(rejection).await;
+                }
+                match method.as_str() {
+                    "initialize" => {
+                        *self.lifecycle.lock().expect("lifecycle poisoned") = Lifecycle::Handshake;
+                        self.v1.store(version.as_deref() == Some(tasks_v1::PROTOCOL), Ordering::Relaxed);
+                    }
+                    // Neither chooses a protocol (rmcp answers both before one is chosen).
+                    "ping" | "server/discover" => {}
+                    _ if lifecycle == Lifecycle::Fresh => {
+                        *self.lifecycle.lock().expect("lifecycle poisoned") = Lifecycle::PerRequest;
+                    }
+                    _ => {}
+                }
+                to_rmcp.send(converted).await.map_err(|_| closed())
+            }
+        }
+    }
+
+    /// The connection's protocol rule (module docs); `Some` refuses.
+    fn lifecycle_rule(&self, lifecycle: Lifecycle, id: &Value, method: &str, message: &Value) -> Option<Rejection> {
+        let refuse = |message: &str| Some(Rejection::new(id.clone(), INVALID_REQUEST, message));
+        match (lifecycle, method) {
+            (_, "ping") => None,
+            (Lifecycle::Fresh, "initialize" | "server/discover") => None,
+            (Lifecycle::Fresh, _) if carries_per_request_meta(message) => None,
+            (Lifecycle::Fresh, _) => refuse(
+                "Invalid request: this connection is not initialized. Send initialize first (or, on protocol \
+                 2026-07-28, put io.modelcontextprotocol/protocolVersion and \
+                 io.modelcontextprotocol/clientCapabilities in params._meta of every request)",
+            ),
+            (Lifecycle::Handshake, "initialize") => {
+                refuse("Invalid request: this connection is already initialized; initialize is accepted once")
+            }
+            (Lifecycle::PerRequest, "initialize") => refuse(
+                "Invalid request: this connection uses protocol 2026-07-28 (per-request _meta), chosen by its first \
+                 request; initialize is not accepted on it. Open a new connection to use initialize",
+            ),
+            _ => None,
+        }
+    }
+
+    /// Takes an in-flight slot for a request, or refuses it.
+    fn admit(&self, id: &Value, method: &str) -> Result<(), Rejection> {
+        let mut in_flight = self.in_flight.lock().expect("in-flight table poisoned");
+        let key = id_key(id);
+        if in_flight.contains_key(&key) {
+            return Err(Rejection::new(
+                id.clone(),
+                INVALID_REQUEST,
+                format!(
+                    "Invalid request: request id {key} is already in flight on this connection; the first request \
+                     keeps it. Use a fresh id for every request"
+                ),
+            ));
+        }
+        if in_flight.len() >= MAX_IN_FLIGHT {
+            if !self.warned_in_flight.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    limit = MAX_IN_FLIGHT,
+                    "requests-in-flight bound hit; refusing requests until answers drain"
+                );
+            }
+            return Err(Rejection::new(
+                id.clone(),
+                LIMIT_EXCEEDED,
+                format!(
+                    "Too many requests in flight: this connection already has {MAX_IN_FLIGHT} unanswered requests \
+                     (the per-connection limit); wait for answers, and read them, before sending more"
+                ),
+            ));
+        }
+        in_flight.insert(key, InFlight { method: method.to_string(), bridged: None });
+        Ok(())
+    }
+
+    /// A `notifications/cancelled`: rmcp drops a cancelled request's answer,
+    /// so its slot is freed here; a bridged request is stopped.
+    fn cancel(&self, request_id: &Value) {
+        if request_id.is_null() {
+            return;
+        }
+        if let Some(request) = self.in_flight.lock().expect("in-flight table poisoned").remove(&id_key(request_id))
+            && let Some(bridged) = request.bridged
+        {
+            bridged.abort();
+        }
+    }
+
+    /// Runs a 2025-11-25 tasks request in the background and answers it.
+    fn bridge(self: &Arc<Self>, id: Value, method: String, message: Value) {
+        let gate = self.clone();
+        let key = id_key(&id);
+        let task = tokio::spawn(
+            async move {
+                let answer = match tasks_v1::answer(&gate.server, &gate.owner, &id, &method, &message).await {
+                    Ok(result) => serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                    Err(rejection) => rejection.to_value(),
+                };
+                let mut line = serde_json::to_vec(&answer).expect("a JSON value serializes");
+                line.push(b'\n');
+                let _ = gate.write(line).await;
+                gate.in_flight.lock().expect("in-flight table poisoned").remove(&id_key(&id));
+            }
+            .in_current_span(),
+        );
+        if let Some(request) = self.in_flight.lock().expect("in-flight table poisoned").get_mut(&key) {
+            request.bridged = Some(task.abort_handle());
+        }
+    }
+}
+
+/// Whether a request carries the 2026-07-28 per-request context, which
+/// chooses that protocol for a fresh connection.
+fn carries_per_request_meta(message: &Value) -> bool {
+    let meta = &message["params"]["_meta"];
+    let version = meta["io.modelcontextprotocol/protocolVersion"].as_str();
+    version.is_some_and(|version| {
+        rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .any(|known| known.as_str() == version && !known.has_initialize())
+    }) && meta["io.modelcontextprotocol/clientCapabilities"].is_object()
+}
+
+async fn pump_outbound<W>(mut queued: mpsc::Receiver<Vec<u8>>, mut writer: W, closing: CancellationToken)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    loop {
+        let line = tokio::select! {
+            line = queued.recv() => line,
+            // The connection is over: write what is queued, then stop.
+            _ = closing.cancelled() => queued.try_recv().ok(),
+        };
+        let Some(line) = line else { break };
+        if writer.write_all(&line).await.is_err() {
+            break;
+        }
+        // Flush when nothing else waits, so a burst costs one flush.
+        if queued.is_empty() && writer.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = writer.flush().await;
 }
 
 enum LineRead {
@@ -213,46 +574,9 @@ async fn read_bounded_line<R: AsyncRead + Unpin>(
     }
 }
 
-async fn pump_outbound<W>(drain: DuplexStream, mut writer: W, mut errors: mpsc::UnboundedReceiver<Vec<u8>>)
-where
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let mut drain = BufReader::with_capacity(64 * 1024, drain);
-    let mut line = Vec::new();
-    let mut errors_open = true;
-    loop {
-        tokio::select! {
-            read = drain.read_until(b'\n', &mut line) => {
-                match read {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if writer.write_all(&line).await.is_err() || writer.flush().await.is_err() {
-                            break;
-                        }
-                        line.clear();
-                    }
-                }
-            }
-            error = errors.recv(), if errors_open => {
-                match error {
-                    Some(answer) => {
-                        // rmcp's partial line (if any) stays buffered in `line`
-                        // until it is complete; the answer goes out whole.
-                        if writer.write_all(&answer).await.is_err() || writer.flush().await.is_err() {
-                            break;
-                        }
-                    }
-                    None => errors_open = false,
-                }
-            }
-        }
-    }
-    let _ = writer.flush().await;
-}
-
 #[cfg(test)]
 mod tests {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::io::BufReader;
 
     use super::*;
 
@@ -274,28 +598,5 @@ mod tests {
     async fn lines_are_bounded_and_an_oversized_one_is_skipped_whole() {
         let lines = lines_of(b"short\n0123456789abcdef\nok\nlast", 10).await;
         assert_eq!(lines, [Ok("short\n".into()), Err(17), Ok("ok\n".into()), Ok("last".into())]);
-    }
-
-    /// Non-JSON and oversized lines get -32700 answers; JSON passes unchanged.
-    #[tokio::test]
-    async fn the_guard_answers_what_rmcp_would_drop() {
-        let (client, server_in) = tokio::io::duplex(1 << 20);
-        let (server_out, mut client_out) = tokio::io::duplex(1 << 20);
-        let mut guard = LineGuard::start(server_in, server_out);
-        let (_client_read, mut client_write) = tokio::io::split(client);
-        client_write.write_all(b"not json\n{\"jsonrpc\":\"2.0\"}\r\n").await.unwrap();
-        client_write.shutdown().await.unwrap();
-        let mut forwarded = String::new();
-        guard.from_client.read_to_string(&mut forwarded).await.unwrap();
-        assert_eq!(forwarded, "{\"jsonrpc\":\"2.0\"}\n");
-        // rmcp's side closes; the pump flushes and ends.
-        drop(guard.to_client);
-        guard.outbound.await.unwrap();
-        let mut answers = BufReader::new(&mut client_out).lines();
-        let answer: serde_json::Value = serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
-        assert_eq!(answer["id"], serde_json::Value::Null);
-        assert_eq!(answer["error"]["code"], -32700);
-        assert!(answer["error"]["message"].as_str().unwrap().starts_with("Parse error: the message is not valid JSON"));
-        assert!(answers.next_line().await.unwrap().is_none());
     }
 }

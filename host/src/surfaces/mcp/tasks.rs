@@ -43,6 +43,8 @@ struct Entry {
     created_at: String,
     /// The final result, once the collector has it.
     result: Option<Collected>,
+    /// Woken when `result` is set (`tasks/result` waits on it).
+    settled: std::sync::Arc<tokio::sync::Notify>,
 }
 
 struct Collected {
@@ -58,7 +60,7 @@ impl McpTasks {
         self.entries
             .lock()
             .expect("mcp tasks poisoned")
-            .insert(id.clone(), Entry { created_at: now.clone(), result: None });
+            .insert(id.clone(), Entry { created_at: now.clone(), result: None, settled: Default::default() });
         let tasks = self.clone();
         let registry = registry.clone();
         let owner = owner.clone();
@@ -102,6 +104,7 @@ impl McpTasks {
         tracing::debug!(task = %id, status = %collected.status, "MCP task result collected");
         if let Some(entry) = self.entries.lock().expect("mcp tasks poisoned").get_mut(&id) {
             entry.result = Some(collected);
+            entry.settled.notify_waiters();
         }
     }
 
@@ -156,6 +159,115 @@ impl McpTasks {
             .await
             .map(|_| ())
             .map_err(|e| McpError::invalid_params(e.to_string(), None))
+    }
+}
+
+/// A task as the 2025-11-25 tasks wire shows it (`tasks/get`,
+/// `tasks/list`, `tasks/cancel`, the `task` of a created task).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskView {
+    pub id: TaskId,
+    /// `working`, `completed`, `failed` or `cancelled`.
+    pub status: &'static str,
+    pub status_message: String,
+    pub created_at: String,
+    pub last_updated_at: String,
+}
+
+impl TaskView {
+    pub fn to_v1(&self) -> serde_json::Value {
+        serde_json::json!({
+            "taskId": self.id.to_string(),
+            "status": self.status,
+            "statusMessage": self.status_message,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": self.last_updated_at,
+            "ttl": null,
+            "pollInterval": POLL_INTERVAL_MS,
+        })
+    }
+}
+
+impl McpTasks {
+    /// The MCP task `task_id` of `owner`, as it stands.
+    pub fn view(&self, registry: &TaskRegistry, owner: &Agent, task_id: &str) -> Result<TaskView, McpError> {
+        let id = TaskId::new(task_id);
+        let snapshot = registry.get(&id, Some(owner)).map_err(|e| McpError::invalid_params(e.to_string(), None))?;
+        let entries = self.entries.lock().expect("mcp tasks poisoned");
+        let entry = entries.get(&id).ok_or_else(|| {
+            McpError::invalid_params(
+                format!("task {id} is a background task, not an MCP task; read it with task_output"),
+                None,
+            )
+        })?;
+        Ok(view_of(&id, entry, &snapshot))
+    }
+
+    /// Every MCP task of `owner`, oldest first.
+    pub fn list(&self, registry: &TaskRegistry, owner: &Agent) -> Vec<TaskView> {
+        let entries = self.entries.lock().expect("mcp tasks poisoned");
+        let mut views: Vec<TaskView> = entries
+            .iter()
+            .filter_map(|(id, entry)| registry.get(id, Some(owner)).ok().map(|snapshot| view_of(id, entry, &snapshot)))
+            .collect();
+        views.sort_by(|a, b| (&a.created_at, a.id.to_string()).cmp(&(&b.created_at, b.id.to_string())));
+        views
+    }
+
+    /// Waits until the task settles and returns its final tool result
+    /// (`tasks/result`). The wait ends with the task, or with the request.
+    pub async fn result(
+        &self,
+        registry: &TaskRegistry,
+        owner: &Agent,
+        task_id: &str,
+    ) -> Result<(TaskView, CallToolResult), McpError> {
+        loop {
+            let settled = {
+                let view = self.view(registry, owner, task_id)?;
+                let entries = self.entries.lock().expect("mcp tasks poisoned");
+                let entry = entries.get(&TaskId::new(task_id)).expect("viewed under the same id");
+                if let Some(collected) = &entry.result {
+                    return Ok((view, collected.result.clone()));
+                }
+                entry.settled.clone()
+            };
+            let notified = settled.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            // The result may have landed between the check and `enable`.
+            if self
+                .entries
+                .lock()
+                .expect("mcp tasks poisoned")
+                .get(&TaskId::new(task_id))
+                .is_some_and(|e| e.result.is_some())
+            {
+                continue;
+            }
+            notified.await;
+        }
+    }
+}
+
+fn view_of(id: &TaskId, entry: &Entry, snapshot: &TaskSnapshot) -> TaskView {
+    let (status, updated) = match &entry.result {
+        None => ("working", entry.created_at.clone()),
+        Some(collected) => (
+            match collected.status {
+                RegistryStatus::Completed => "completed",
+                RegistryStatus::Killed => "cancelled",
+                _ => "failed",
+            },
+            collected.at.clone(),
+        ),
+    };
+    TaskView {
+        id: id.clone(),
+        status,
+        status_message: status_message(snapshot),
+        created_at: entry.created_at.clone(),
+        last_updated_at: updated,
     }
 }
 
