@@ -90,8 +90,11 @@ pub async fn build_wasm_producer(
     };
     let mut producer = WasmProducer::new(version, config.config_json()).await?;
     if let Some(grant) = &config.grants.process {
-        producer =
-            producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant.clone()) });
+        // Programs are resolved now, once: a grant that names a program found
+        // through a directory process trees could write refuses to load.
+        let grant = grant.clone();
+        grant.resolve_programs().with_context(|| format!("tool {:?}", config.tool))?;
+        producer = producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant) });
     }
     Ok(Some(WasmEntry { producer: Arc::new(producer), file }))
 }
