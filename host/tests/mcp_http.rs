@@ -26,13 +26,18 @@ impl HttpServer {
     /// Starts `taskhost serve --http 127.0.0.1:0` with two clients, alice
     /// (token in the file) and bob (token from the environment).
     async fn start(tag: &str) -> Self {
-        let dir = temp_dir(tag);
         let config = format!(
             "[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n\n\
              [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n"
         );
+        Self::start_with(&temp_dir(tag), &config).await
+    }
+
+    /// Starts `taskhost serve --http 127.0.0.1:0` in `dir` with `config`
+    /// (written to `dir/test.toml`) and bob's token in `TASKHOST_TEST_BOB`.
+    async fn start_with(dir: &std::path::Path, config: &str) -> Self {
         let log = dir.join("stderr.log");
-        let mut command = serve_command(&dir, Some(&config));
+        let mut command = serve_command(dir, Some(config));
         command.args(["--http", "127.0.0.1:0"]).env("TASKHOST_TEST_BOB", BOB);
         let (child, url) = common::spawn_http_server(command, Some(log.clone())).await;
         Self { child, url, log }
@@ -305,4 +310,46 @@ async fn a_host_header_outside_allowed_hosts_is_refused() {
     assert_eq!(body, "Forbidden: Host header is not allowed");
     assert_eq!(send("localhost").await.unwrap().status(), 200);
     server.stop().await;
+}
+
+/// The start-up warning about inline tokens in the workspace.
+const INLINE_WARNING: &str = "the configuration file holds inline HTTP tokens and lies inside the served workspace";
+
+#[tokio::test]
+async fn inline_tokens_in_the_served_workspace_are_warned_about_with_the_fix() {
+    // The configuration (alice's token inline) is in the server's cwd.
+    let server = HttpServer::start("http-inline").await;
+    let log = server.stop().await;
+    let line = log.lines().find(|l| l.contains(INLINE_WARNING)).unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    assert!(line.contains("WARN") && line.contains("tokens=alice") && line.contains("test.toml"), "{line}");
+    assert!(line.contains("token_env = \"NAME\"") && line.contains("token_file = "), "the fix is named: {line}");
+    assert!(!line.contains(ALICE), "the secret is never logged: {line}");
+}
+
+#[tokio::test]
+async fn token_files_and_token_env_authenticate_without_a_warning() {
+    let dir = temp_dir("http-token-file");
+    // The secret lives outside the served workspace, in a file of its own.
+    let secrets = temp_dir("http-token-file-secrets");
+    let token_file = secrets.join("alice.token");
+    std::fs::write(&token_file, format!("{ALICE}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = format!(
+        "[[serve.http.tokens]]\nname = \"alice\"\ntoken_file = \"{}\"\n\n\
+         [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n",
+        token_file.display()
+    );
+    let server = HttpServer::start_with(&dir, &config).await;
+    let alice = server.client(ALICE).await;
+    let bob = server.client(BOB).await;
+    let started =
+        call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background ticker task ticker-1");
+    assert_eq!(only_text(&call(bob.peer(), "task_list", json!({})).await), "(no background tasks)");
+    for client in [alice, bob] {
+        let _ = client.cancel().await;
+    }
+    let log = server.stop().await;
+    assert!(!log.contains(INLINE_WARNING), "no inline token, no warning:\n{log}");
+    std::fs::remove_dir_all(&secrets).unwrap();
 }
