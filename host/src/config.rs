@@ -5,7 +5,7 @@
 //! silently falls back to a default. Loading validates everything that can be
 //! checked without running anything.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -37,6 +37,9 @@ pub struct Config {
     /// `[subagents]`: the backends child runs are started on.
     #[serde(default)]
     pub subagents: crate::capabilities::subagents::SubagentsConfig,
+    /// The file this configuration was loaded from (absolute), if any.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// `[serve]`: settings of the MCP server.
@@ -106,9 +109,13 @@ impl Default for HttpSettings {
     }
 }
 
-/// One bearer token: `{ name = "alice", token = "..." }` or
-/// `{ name = "alice", token_env = "ALICE_TOKEN" }` (read at start, so the
-/// secret stays out of the file).
+/// One bearer token: `{ name = "alice", token_env = "ALICE_TOKEN" }` (read
+/// at start), `{ name = "alice", token_file = "/etc/taskhost/alice.token" }`
+/// (read at start; relative to the configuration file; surrounding
+/// whitespace trimmed), or `{ name = "alice", token = "..." }` (inline: the
+/// secret is in the configuration file, so keep that file out of the served
+/// workspace). Token files and the configuration file are protected paths: no
+/// process tree can read them.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TokenConfig {
@@ -117,6 +124,8 @@ pub struct TokenConfig {
     pub token: Option<String>,
     #[serde(default)]
     pub token_env: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -126,6 +135,7 @@ impl std::fmt::Debug for TokenConfig {
             .field("name", &self.name)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_env", &self.token_env)
+            .field("token_file", &self.token_file)
             .finish()
     }
 }
@@ -134,18 +144,37 @@ impl std::fmt::Debug for TokenConfig {
 /// authentication.
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// Token files larger than this are refused (a token is a line, not a file).
+pub const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
 impl TokenConfig {
-    /// The secret, from the file or from the named environment variable.
+    /// How many of `token`, `token_env`, `token_file` are given.
+    fn sources(&self) -> usize {
+        usize::from(self.token.is_some())
+            + usize::from(self.token_env.is_some())
+            + usize::from(self.token_file.is_some())
+    }
+
+    /// The secret, from the file, the named environment variable or the
+    /// token file.
     pub fn resolve(&self) -> anyhow::Result<String> {
-        let secret = match (&self.token, &self.token_env) {
-            (Some(token), None) => token.clone(),
-            (None, Some(var)) => std::env::var(var).map_err(|_| {
+        anyhow::ensure!(
+            self.sources() == 1,
+            "[serve.http] token {:?}: give exactly one of `token_env`, `token_file` or `token`",
+            self.name
+        );
+        let secret = if let Some(token) = &self.token {
+            token.clone()
+        } else if let Some(var) = &self.token_env {
+            std::env::var(var).map_err(|_| {
                 anyhow::anyhow!(
                     "[serve.http] token {:?}: environment variable {var} is not set (or not UTF-8)",
                     self.name
                 )
-            })?,
-            _ => anyhow::bail!("[serve.http] token {:?}: give exactly one of `token` or `token_env`", self.name),
+            })?
+        } else {
+            let file = self.token_file.as_deref().expect("one source is given");
+            read_token_file(&self.name, file)?
         };
         anyhow::ensure!(
             secret.len() >= MIN_TOKEN_LEN,
@@ -156,6 +185,29 @@ impl TokenConfig {
         );
         Ok(secret)
     }
+}
+
+fn read_token_file(name: &str, file: &Path) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let context = || format!("[serve.http] token {name:?}: token_file {}", file.display());
+    let handle = std::fs::File::open(file).with_context(context)?;
+    let meta = handle.metadata().with_context(context)?;
+    anyhow::ensure!(meta.is_file(), "{}: not a regular file", context());
+    anyhow::ensure!(meta.len() <= MAX_TOKEN_FILE_BYTES, "{}: larger than {MAX_TOKEN_FILE_BYTES} bytes", context());
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            token = %name,
+            file = %file.display(),
+            "the token file is readable by others (mode {mode:04o}); `chmod 600` it"
+        );
+    }
+    let mut text = String::new();
+    handle.take(MAX_TOKEN_FILE_BYTES).read_to_string(&mut text).with_context(|| format!("{}: not UTF-8", context()))?;
+    let secret = text.trim();
+    anyhow::ensure!(!secret.is_empty(), "{}: the file is empty", context());
+    Ok(secret.to_string())
 }
 
 impl ServeSettings {
@@ -193,8 +245,8 @@ impl ServeSettings {
                 token.name
             );
             anyhow::ensure!(
-                token.token.is_some() != token.token_env.is_some(),
-                "[serve.http] token {:?}: give exactly one of `token` or `token_env`",
+                token.sources() == 1,
+                "[serve.http] token {:?}: give exactly one of `token_env`, `token_file` or `token`",
                 token.name
             );
             // Secrets in the file are checked now; env secrets when serving.
@@ -204,6 +256,12 @@ impl ServeSettings {
         }
         Ok(())
     }
+}
+
+/// `path` made absolute against the current directory (not resolving
+/// symlinks, so it works for paths that do not exist yet).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// `[tasks]`: the registry and the control tools.
@@ -326,11 +384,50 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads, parses and validates a configuration file.
+    /// Reads, parses and validates a configuration file. Relative
+    /// `token_file` paths are taken from the file's directory.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading configuration {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("in configuration {}", path.display()))
+        let mut config = Self::parse(&text).with_context(|| format!("in configuration {}", path.display()))?;
+        let source = absolute(path);
+        let dir = source.parent().map(Path::to_path_buf).unwrap_or_default();
+        for token in &mut config.serve.http.tokens {
+            if let Some(file) = &mut token.token_file {
+                *file = absolute(&dir.join(&*file));
+            }
+        }
+        config.source = Some(source);
+        Ok(config)
+    }
+
+    /// taskhost's own state, which no process tree may read: the
+    /// configuration file, the HTTP token files, the compile cache directory
+    /// and a configured spill root. (The default spill root is the system's
+    /// temporary directory, shared with everyone: there only the host's own
+    /// spill directory is private, and the process host protects it.)
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let mut paths = Vec::new();
+        paths.extend(self.source.clone());
+        paths.extend(self.serve.http.tokens.iter().filter_map(|t| t.token_file.as_deref()).map(absolute));
+        paths.extend(self.plugins.effective_cache_dir().as_deref().map(absolute));
+        paths.extend(self.process.spill_root.as_deref().map(absolute));
+        paths
+    }
+
+    /// Whether tokens are written inline in the configuration file, and the
+    /// file lies in `workspace` (the directory process trees work in) or
+    /// below: then every command there could read them, unless confinement
+    /// denies the file. `None` when not; else the token names.
+    pub fn inline_tokens_in(&self, workspace: &Path) -> Option<Vec<String>> {
+        let source = self.source.as_deref()?;
+        let names: Vec<String> =
+            self.serve.http.tokens.iter().filter(|t| t.token.is_some()).map(|t| t.name.clone()).collect();
+        if names.is_empty() {
+            return None;
+        }
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| absolute(p));
+        canonical(source).starts_with(canonical(workspace)).then_some(names)
     }
 
     /// The producers served when the configuration lists none. The one
@@ -423,7 +520,7 @@ mod tests {
         assert!(short.contains("token \"a\" is 5 bytes long; use at least 16"), "{short}");
         assert!(!short.contains("short\""), "the secret must not be echoed: {short}");
         let both = error_of("[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\ntoken_env = \"X\"\n");
-        assert!(both.contains("exactly one of `token` or `token_env`"), "{both}");
+        assert!(both.contains("exactly one of `token_env`, `token_file` or `token`"), "{both}");
         let twice = error_of(
             "[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\n\
              [[serve.http.tokens]]\nname = \"a\"\ntoken = \"fedcba9876543210\"\n",
@@ -439,6 +536,32 @@ mod tests {
             Config::parse("[[serve.http.tokens]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\n").unwrap()
         );
         assert!(!debug.contains("0123456789abcdef") && debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn token_files_are_relative_to_the_configuration_and_protected() {
+        let dir = std::env::temp_dir().join(format!("taskhost-config-token-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.token"), "  0123456789abcdef0123\n").unwrap();
+        let path = dir.join("taskhost.toml");
+        std::fs::write(
+            &path,
+            "[[serve.http.tokens]]\nname = \"a\"\ntoken_file = \"a.token\"\n\
+             [[serve.http.tokens]]\nname = \"b\"\ntoken = \"fedcba9876543210\"\n\
+             [process]\nspill_root = \"/var/tmp\"\n",
+        )
+        .unwrap();
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.serve.http.tokens[0].resolve().unwrap(), "0123456789abcdef0123", "trimmed");
+        let protected = config.protected_paths();
+        assert_eq!(protected[..3], [path.clone(), dir.join("a.token"), config.plugins.effective_cache_dir().unwrap()]);
+        assert_eq!(protected[3], Path::new("/var/tmp"));
+        assert_eq!(config.inline_tokens_in(&dir), Some(vec!["b".to_string()]));
+        assert_eq!(config.inline_tokens_in(&dir.join("elsewhere")), None, "a file outside the workspace is fine");
+        std::fs::write(dir.join("a.token"), "short\n").unwrap();
+        let short = format!("{:#}", config.serve.http.tokens[0].resolve().unwrap_err());
+        assert!(short.contains("token \"a\" is 5 bytes long"), "{short}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -90,8 +90,11 @@ pub async fn build_wasm_producer(
     };
     let mut producer = WasmProducer::new(version, config.config_json()).await?;
     if let Some(grant) = &config.grants.process {
-        producer =
-            producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant.clone()) });
+        // Programs are resolved now, once: a grant that names a program found
+        // through a directory process trees could write refuses to load.
+        let grant = grant.clone();
+        grant.resolve_programs().with_context(|| format!("tool {:?}", config.tool))?;
+        producer = producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant) });
     }
     Ok(Some(WasmEntry { producer: Arc::new(producer), file }))
 }
@@ -107,12 +110,14 @@ pub struct PluginRuntime {
 
 impl PluginRuntime {
     pub fn new(config: &Config) -> Self {
-        Self {
-            engine_config: config.plugins.clone(),
-            process_config: config.process.clone(),
-            engine: None,
-            process_host: None,
+        let mut process_config = config.process.clone();
+        // taskhost's own state is out of every tree's reach.
+        for path in config.protected_paths() {
+            if !process_config.protected_paths.contains(&path) {
+                process_config.protected_paths.push(path);
+            }
         }
+        Self { engine_config: config.plugins.clone(), process_config, engine: None, process_host: None }
     }
 
     pub fn engine(&mut self) -> anyhow::Result<&PluginEngine> {
@@ -165,6 +170,17 @@ mod tests {
             assert!(error.contains(&format!("plugin \"{plugin}\" for tool \"x\"")), "{error}");
             assert!(error.contains("native:ticker, native:subagent, builtin:ticker"), "{error}");
         }
+    }
+
+    #[test]
+    fn the_process_host_protects_taskhosts_own_state() {
+        let mut config = Config::parse("[process]\nprotected_paths = [\"/srv/extra\"]\n").unwrap();
+        config.source = Some(PathBuf::from("/srv/project/taskhost.toml"));
+        let runtime = PluginRuntime::new(&config);
+        let protected = &runtime.process_config.protected_paths;
+        assert_eq!(protected[0], Path::new("/srv/extra"), "configured paths stay first");
+        assert!(protected.contains(&PathBuf::from("/srv/project/taskhost.toml")), "{protected:?}");
+        assert!(protected.contains(&config.plugins.effective_cache_dir().unwrap()), "{protected:?}");
     }
 
     #[tokio::test]

@@ -26,19 +26,24 @@ impl HttpServer {
     /// Starts `taskhost serve --http 127.0.0.1:0` with two clients, alice
     /// (token in the file) and bob (token from the environment).
     async fn start(tag: &str) -> Self {
-        Self::start_with(tag, "").await
+        Self::start_with_keys(tag, "").await
     }
 
     /// As [`Self::start`], with more `[serve.http]` keys.
-    async fn start_with(tag: &str, http_keys: &str) -> Self {
-        let dir = temp_dir(tag);
+    async fn start_with_keys(tag: &str, http_keys: &str) -> Self {
         let config = format!(
             "[serve.http]\n{http_keys}\n\
              [[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n\n\
              [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n"
         );
+        Self::start_with(&temp_dir(tag), &config).await
+    }
+
+    /// Starts `taskhost serve --http 127.0.0.1:0` in `dir` with `config`
+    /// (written to `dir/test.toml`) and bob's token in `TASKHOST_TEST_BOB`.
+    async fn start_with(dir: &std::path::Path, config: &str) -> Self {
         let log = dir.join("stderr.log");
-        let mut command = serve_command(&dir, Some(&config));
+        let mut command = serve_command(dir, Some(config));
         command.args(["--http", "127.0.0.1:0"]).env("TASKHOST_TEST_BOB", BOB);
         let (child, url) = common::spawn_http_server(command, Some(log.clone())).await;
         Self { child, url, log }
@@ -368,7 +373,7 @@ fn rpc_error(id: serde_json::Value, code: i64, message: &str) -> serde_json::Val
 /// `allowed_origins`, the bearer scheme is case-insensitive.
 #[tokio::test]
 async fn origins_are_validated_and_the_bearer_scheme_is_case_insensitive() {
-    let server = HttpServer::start_with("http-origin", "allowed_origins = [\"https://app.example.com\"]").await;
+    let server = HttpServer::start_with_keys("http-origin", "allowed_origins = [\"https://app.example.com\"]").await;
     let http = taskhost::http_client::client();
     for origin in ["https://evil.example.com", "null", "http://app.example.com"] {
         let (status, answer) = post(&http, &server, &[("origin", origin)], initialize_body(1, "2025-11-25")).await;
@@ -491,7 +496,7 @@ async fn bodies_that_are_not_json_rpc_get_json_rpc_errors() {
 #[tokio::test]
 async fn half_sent_requests_and_idle_connections_are_timed_out() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let server = HttpServer::start_with("http-timeouts", "header_timeout_ms = 300").await;
+    let server = HttpServer::start_with_keys("http-timeouts", "header_timeout_ms = 300").await;
     let address = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     let mut half = tokio::net::TcpStream::connect(&address).await.unwrap();
     half.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty").await.unwrap();
@@ -511,7 +516,7 @@ async fn half_sent_requests_and_idle_connections_are_timed_out() {
 #[tokio::test]
 async fn connections_over_the_cap_get_a_503_with_a_json_rpc_error() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let server = HttpServer::start_with("http-cap", "max_connections = 3\nheader_timeout_ms = 60000").await;
+    let server = HttpServer::start_with_keys("http-cap", "max_connections = 3\nheader_timeout_ms = 60000").await;
     let address = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     let mut holders = Vec::new();
     for _ in 0..3 {
@@ -596,4 +601,46 @@ async fn http_judges_each_request_by_its_own_protocol() {
     );
     tools_list_works(&http, &server, 5).await;
     server.stop().await;
+}
+
+/// The start-up warning about inline tokens in the workspace.
+const INLINE_WARNING: &str = "the configuration file holds inline HTTP tokens and lies inside the served workspace";
+
+#[tokio::test]
+async fn inline_tokens_in_the_served_workspace_are_warned_about_with_the_fix() {
+    // The configuration (alice's token inline) is in the server's cwd.
+    let server = HttpServer::start("http-inline").await;
+    let log = server.stop().await;
+    let line = log.lines().find(|l| l.contains(INLINE_WARNING)).unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    assert!(line.contains("WARN") && line.contains("tokens=alice") && line.contains("test.toml"), "{line}");
+    assert!(line.contains("token_env = \"NAME\"") && line.contains("token_file = "), "the fix is named: {line}");
+    assert!(!line.contains(ALICE), "the secret is never logged: {line}");
+}
+
+#[tokio::test]
+async fn token_files_and_token_env_authenticate_without_a_warning() {
+    let dir = temp_dir("http-token-file");
+    // The secret lives outside the served workspace, in a file of its own.
+    let secrets = temp_dir("http-token-file-secrets");
+    let token_file = secrets.join("alice.token");
+    std::fs::write(&token_file, format!("{ALICE}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = format!(
+        "[[serve.http.tokens]]\nname = \"alice\"\ntoken_file = \"{}\"\n\n\
+         [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n",
+        token_file.display()
+    );
+    let server = HttpServer::start_with(&dir, &config).await;
+    let alice = server.client(ALICE).await;
+    let bob = server.client(BOB).await;
+    let started =
+        call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background ticker task ticker-1");
+    assert_eq!(only_text(&call(bob.peer(), "task_list", json!({})).await), "(no background tasks)");
+    for client in [alice, bob] {
+        let _ = client.cancel().await;
+    }
+    let log = server.stop().await;
+    assert!(!log.contains(INLINE_WARNING), "no inline token, no warning:\n{log}");
+    std::fs::remove_dir_all(&secrets).unwrap();
 }

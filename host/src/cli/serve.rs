@@ -1,7 +1,9 @@
 //! `taskhost serve [--config PATH] [--http [ADDR]]`: every tool over MCP.
 //!
 //! Configuration: `--config PATH`, else `./taskhost.toml` when it exists,
-//! else the built-in defaults. Transport: stdio unless `--http` is given
+//! else the built-in defaults. A configuration with inline HTTP tokens inside
+//! the served workspace (the working directory or below) is warned about at
+//! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
 //! (`--http` alone listens on `[serve.http] listen`). SIGINT and SIGTERM
 //! stop serving and dispose the host — every agent, every task — before
 //! the process exits, so no task outlives the server.
@@ -46,12 +48,15 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
+    warn_about_inline_tokens(&config);
     let host = host_from_config(&config, &base_dir).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     let server = McpServer::new(host.clone(), config.serve.clone());
     let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+    // Registered here, before anything is served: a SIGTERM right after the
+    // address is printed must still dispose the host.
+    let signals = tokio::spawn(stop_on_signal(listen_for_signals(), shutdown.clone()));
 
     let served = match args.http {
         None => stdio::serve_connection(server, tokio::io::stdin(), tokio::io::stdout(), shutdown.clone()).await,
@@ -81,10 +86,36 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// Inline secrets in a configuration file inside the served workspace are
+/// one readable file away from every command the model runs: say so, and
+/// how to fix it, at every start.
+fn warn_about_inline_tokens(config: &Config) {
+    let Ok(workspace) = std::env::current_dir() else { return };
+    let Some(names) = config.inline_tokens_in(&workspace) else { return };
+    let file = config.source.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+    tracing::warn!(
+        config = %file,
+        tokens = %names.join(", "),
+        "the configuration file holds inline HTTP tokens and lies inside the served workspace {}; \
+         move each secret out of it: `token_env = \"NAME\"` (an environment variable of the server) or \
+         `token_file = \"/path/outside/the/workspace\"` in its [[serve.http.tokens]] entry",
+        workspace.display()
+    );
+}
+
+type Signals = Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>;
+
+/// SIGINT and SIGTERM handlers, installed when this returns.
+fn listen_for_signals() -> Signals {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(interrupt), Ok(terminate)) => Some((interrupt, terminate)),
+        _ => None,
+    }
+}
+
+async fn stop_on_signal(signals: Signals, shutdown: CancellationToken) {
+    let Some((mut interrupt, mut terminate)) = signals else {
         tracing::warn!("cannot listen for SIGINT/SIGTERM; stop the server by closing its input");
         return;
     };

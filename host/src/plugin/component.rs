@@ -15,9 +15,10 @@
 //! - `InstancePre` is built once per version; a task store costs one
 //!   pre-instantiation from it.
 //! - Compiled code is cached under the engine's cache dir, keyed by content
-//!   hash and engine compatibility hash. A cached load deserializes and never
-//!   compiles; an unreadable or incompatible cache entry is recompiled and
-//!   replaced.
+//!   hash and engine compatibility hash. A cached load deserializes from
+//!   verified in-memory bytes and never compiles; an entry that fails a check
+//!   of [`super::cache`] (owner, mode, symlink, digest) or is incompatible is
+//!   deleted, recompiled and replaced.
 
 use std::hash::{Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ use wasmtime_wasi::p2::DynPollable;
 
 use super::bindings::PluginPre;
 use super::bindings::exports::taskhost::producer::producer::{Descriptor, Outcome, RunMode};
+use super::cache::Lookup;
 use super::engine::PluginEngine;
 use super::fault;
 use super::state::{self, StoreState, StoreTag};
@@ -228,26 +230,39 @@ impl PluginEngine {
         Ok(Arc::new(version))
     }
 
-    /// Compiles `bytes`, or deserializes them from the cache.
+    /// Compiles `bytes`, or deserializes them from the verified cache.
     fn compile_cached(&self, hash: &str, bytes: &[u8]) -> anyhow::Result<(Component, CompileSource)> {
-        let cache_file = self.cache_dir().map(|dir| {
+        let cache = self.cache().map(|cache| {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             self.engine().precompile_compatibility_hash().hash(&mut hasher);
-            dir.join(format!("{hash}-{:016x}.cwasm", hasher.finish()))
+            (cache, format!("{hash}-{:016x}", hasher.finish()))
         });
-        if let Some(file) = &cache_file
-            && file.exists()
-        {
-            // SAFETY: the cache dir belongs to this user and holds only
-            // files this function wrote with `Component::serialize` for
-            // this engine configuration (the file name carries its
-            // compatibility hash; wasmtime re-checks it on load).
-            match unsafe { Component::deserialize_file(self.engine(), file) } {
-                Ok(component) => return Ok((component, CompileSource::Cache)),
-                Err(err) => tracing::warn!(
-                    file = %file.display(),
-                    error = %format!("{err:#}"),
-                    "unusable compile cache entry; recompiling"
+        if let Some((cache, key)) = &cache {
+            match cache.load(key) {
+                Lookup::Hit(artifact) => {
+                    // SAFETY: `artifact` is in memory, was read from an
+                    // owner-only file of the server's user in its checked
+                    // cache directory, and matches the digest written with it
+                    // for this key (content hash + engine compatibility hash),
+                    // so it is what `Component::serialize` produced here for
+                    // these bytes (see `cache`). wasmtime re-checks the engine
+                    // compatibility on deserialize.
+                    match unsafe { Component::deserialize(self.engine(), &artifact) } {
+                        Ok(component) => return Ok((component, CompileSource::Cache)),
+                        Err(err) => {
+                            tracing::warn!(
+                                file = %cache.entry_path(key).display(),
+                                error = %format!("{err:#}"),
+                                "unusable compile cache entry; recompiling"
+                            );
+                            cache.discard(key);
+                        }
+                    }
+                }
+                Lookup::Miss => {}
+                Lookup::Refused(why) => tracing::warn!(
+                    file = %cache.entry_path(key).display(),
+                    "refused a compile cache entry ({why}); deleted it and recompiling"
                 ),
             }
         }
@@ -262,21 +277,21 @@ impl PluginEngine {
                 anyhow!("the file is not a valid WebAssembly component (corrupt?): {text}")
             }
         })?;
-        if let Some(file) = &cache_file
-            && let Err(err) = write_cache(file, &component)
-        {
-            tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot write the compile cache");
+        if let Some((cache, key)) = &cache {
+            let stored = component
+                .serialize()
+                .map_err(anyhow::Error::from)
+                .and_then(|artifact| cache.store(key, &artifact).map_err(anyhow::Error::from));
+            if let Err(err) = stored {
+                tracing::warn!(
+                    file = %cache.entry_path(key).display(),
+                    error = %format!("{err:#}"),
+                    "cannot write the compile cache"
+                );
+            }
         }
         Ok((component, CompileSource::Compiled))
     }
-}
-
-fn write_cache(file: &Path, component: &Component) -> anyhow::Result<()> {
-    let bytes = component.serialize()?;
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, file)?;
-    Ok(())
 }
 
 /// Checks the header: WebAssembly at all, and a component, not a core module.

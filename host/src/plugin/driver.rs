@@ -25,7 +25,13 @@
 //! - Guest-returned pollables are dropped with `HostPollable::drop` (which
 //!   also frees a parent it owns), never `ResourceTable::delete`.
 //! - The loop is cooperative: it spends tokio budget every round, so a guest
-//!   whose pollable is always ready cannot monopolise a worker thread.
+//!   whose pollable is always ready cannot monopolise a worker thread; and
+//!   after [`bounds::SPIN_ROUNDS`] rounds in a row that were ready at once
+//!   yet not done, it backs off (1 ms doubling to 100 ms), so such a guest
+//!   cannot keep a core busy either. Reads and cancels are served at once
+//!   during a back-off and start the count again.
+//! - Every string the guest returns is bounded ([`bounds`]): a `read-output`
+//!   result over 1 MiB, a detail over 4 KiB are cut with a notice.
 //! - [`TaskControl::abandon`] aborts the driver, which drops the store at
 //!   once, even in the middle of a guest call. Dropping every handle to the
 //!   control (the registry forgot the task) does the same.
@@ -44,6 +50,7 @@ use wasmtime_wasi::p2::bindings::io::poll::HostPollable as _;
 
 use super::bindings::exports::taskhost::producer::producer::Guest;
 use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitStatus};
+use super::bounds;
 use super::fault::{self, Fault};
 use super::state::StoreState;
 use crate::capabilities::process::SpillFile;
@@ -228,14 +235,40 @@ async fn drive(
     deferred: &mut Vec<Request>,
     shared: &Shared,
 ) -> End {
+    // Rounds in a row whose pollable was ready at once and after which the
+    // task was still not done: a guest that would spin a core (`bounds`).
+    let mut empty_rounds = 0u32;
     loop {
         // A guest whose pollable is always ready but which is never done
         // would otherwise spin on this worker without ever yielding.
         tokio::task::consume_budget().await;
+        let pause = bounds::backoff(empty_rounds);
+        if !pause.is_zero() {
+            // Back off, still serving reads and cancels without delay.
+            let sleep = tokio::time::sleep(pause);
+            tokio::pin!(sleep);
+            loop {
+                let request = tokio::select! {
+                    biased;
+                    request = rx.recv() => request,
+                    _ = &mut sleep => break,
+                };
+                empty_rounds = 0;
+                match serve(parts, request, deferred).await {
+                    Served::Continue => {}
+                    // A cancel may have finished the work: ask `done` now.
+                    Served::AskDone => break,
+                    Served::End(end) => return end,
+                }
+            }
+        }
         let pollable = match call_subscribe(parts).await {
             Ok(pollable) => pollable,
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         };
+        // When the wait began, and whether a client request came meanwhile.
+        let wait_began = tokio::time::Instant::now();
+        let mut served_request = false;
         // Wait for readiness, serving requests meanwhile.
         loop {
             let event = {
@@ -256,28 +289,13 @@ async fn drive(
                     );
                     return End::Settled(TaskOutcome::failed(detail));
                 }
-                Event::Request(None) => return End::Orphaned,
-                Event::Request(Some(Request::Read(reply))) => match call_read_output(parts).await {
-                    Ok(text) => {
-                        let _ = reply.send(ReadReply::Output(text));
+                Event::Request(request) => {
+                    served_request = true;
+                    match serve(parts, request, deferred).await {
+                        Served::Continue => {}
+                        Served::AskDone => break,
+                        Served::End(end) => return end,
                     }
-                    Err(fault) => {
-                        deferred.push(Request::Read(reply));
-                        return End::Settled(TaskOutcome::failed(fault.detail));
-                    }
-                },
-                Event::Request(Some(Request::Cancel(reason, reply))) => {
-                    match call_cancel(parts, reason.as_deref()).await {
-                        Ok(()) => {
-                            let _ = reply.send(());
-                        }
-                        Err(fault) => {
-                            deferred.push(Request::Cancel(reason, reply));
-                            return End::Settled(TaskOutcome::failed(fault.detail));
-                        }
-                    }
-                    // Ask `done` at once: the cancel may have finished the work.
-                    break;
                 }
             }
         }
@@ -305,9 +323,60 @@ async fn drive(
                 if let Some(signal) = shared.output_signal.get() {
                     signal.raise();
                 }
+                // Readiness that came at once (a zero-length timer only
+                // yields) is a spin; a long real wait is not. Between the
+                // two, leave the count alone: a spinning round delayed by a
+                // loaded machine must not reset it.
+                let waited = wait_began.elapsed();
+                if served_request || waited >= bounds::IDLE_WAIT {
+                    empty_rounds = 0;
+                } else if waited < bounds::SPIN_WAIT {
+                    empty_rounds = empty_rounds.saturating_add(1);
+                    if empty_rounds == bounds::SPIN_ROUNDS {
+                        tracing::debug!(
+                            rounds = empty_rounds,
+                            "the task's pollable is always ready but it is not done; backing off"
+                        );
+                    }
+                }
             }
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         }
+    }
+}
+
+/// What serving one request means for the loop.
+enum Served {
+    Continue,
+    /// A cancel was delivered: ask `done` at once.
+    AskDone,
+    End(End),
+}
+
+/// Serves one client request (a read or a cancel) with a guest call.
+async fn serve(parts: &mut TaskParts, request: Option<Request>, deferred: &mut Vec<Request>) -> Served {
+    match request {
+        None => Served::End(End::Orphaned),
+        Some(Request::Read(reply)) => match call_read_output(parts).await {
+            Ok(text) => {
+                let _ = reply.send(ReadReply::Output(text));
+                Served::Continue
+            }
+            Err(fault) => {
+                deferred.push(Request::Read(reply));
+                Served::End(End::Settled(TaskOutcome::failed(fault.detail)))
+            }
+        },
+        Some(Request::Cancel(reason, reply)) => match call_cancel(parts, reason.as_deref()).await {
+            Ok(()) => {
+                let _ = reply.send(());
+                Served::AskDone
+            }
+            Err(fault) => {
+                deferred.push(Request::Cancel(reason, reply));
+                Served::End(End::Settled(TaskOutcome::failed(fault.detail)))
+            }
+        },
     }
 }
 
@@ -322,7 +391,11 @@ fn convert(outcome: Outcome) -> TaskOutcome {
         WitStatus::Killed => TerminalStatus::Killed,
         WitStatus::Failed => TerminalStatus::Failed,
     };
-    TaskOutcome { status, detail: outcome.detail, output: outcome.output }
+    TaskOutcome {
+        status,
+        detail: outcome.detail.map(|d| bounds::cap(d, bounds::MAX_DETAIL_BYTES, "outcome detail")),
+        output: outcome.output.map(|o| bounds::cap(o, bounds::MAX_CHUNK_BYTES, "final output")),
+    }
 }
 
 /// Runs one armed call and classifies its error.
@@ -352,8 +425,18 @@ async fn call_subscribe(parts: &mut TaskParts) -> Result<Resource<DynPollable>, 
     guest_call!(parts, "task.subscribe", |store, guest, task| guest.task().call_subscribe(store, task))
 }
 
+/// One `read-output` call, its result bounded: more than
+/// [`bounds::MAX_CHUNK_BYTES`] at once breaks the contract and is cut.
 async fn call_read_output(parts: &mut TaskParts) -> Result<String, Fault> {
-    guest_call!(parts, "task.read-output", |store, guest, task| guest.task().call_read_output(store, task))
+    let text = guest_call!(parts, "task.read-output", |store, guest, task| guest.task().call_read_output(store, task))?;
+    if text.len() > bounds::MAX_CHUNK_BYTES {
+        tracing::warn!(
+            bytes = text.len(),
+            limit = bounds::MAX_CHUNK_BYTES,
+            "read-output returned more than a chunk may hold; truncated"
+        );
+    }
+    Ok(bounds::cap(text, bounds::MAX_CHUNK_BYTES, "read-output chunk"))
 }
 
 async fn call_cancel(parts: &mut TaskParts, reason: Option<&str>) -> Result<(), Fault> {

@@ -14,6 +14,8 @@
 //! - If the pooling allocator cannot reserve its address space the engine
 //!   falls back to on-demand allocation and logs a warning; it never fails
 //!   for that reason alone.
+//! - The compile cache is used only when its directory passes the checks of
+//!   [`super::cache`]; otherwise the engine compiles every load and says so.
 //! - `component-model-async` stays off and `concurrency_support(false)`: the
 //!   plugin ABI is the stable WASI 0.2 component model.
 
@@ -24,6 +26,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::cache::CompileCache;
 
 /// Tunables of the plugin runtime. Every field has a default
 /// (`#[serde(default)]`), so a host configuration may name only what it changes.
@@ -56,7 +60,14 @@ pub struct PluginRuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Whether compiled components are cached on disk (default true).
     pub cache: bool,
+    /// Size cap of the compile cache directory, in bytes (default 512 MiB).
+    /// After each store the least recently used entries are deleted until the
+    /// directory fits; a single artifact larger than the cap is not cached.
+    pub cache_max_bytes: u64,
 }
+
+/// Default of [`PluginRuntimeConfig::cache_max_bytes`]: 512 MiB.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 512 << 20;
 
 impl Default for PluginRuntimeConfig {
     fn default() -> Self {
@@ -68,6 +79,7 @@ impl Default for PluginRuntimeConfig {
             max_live_stores: 1_024,
             cache_dir: None,
             cache: true,
+            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
     }
 }
@@ -94,6 +106,10 @@ impl PluginRuntimeConfig {
             self.call_deadline_ms
         );
         anyhow::ensure!(self.max_live_stores > 0, "plugin max_live_stores must be positive");
+        anyhow::ensure!(
+            self.cache_max_bytes > 0,
+            "plugin cache_max_bytes must be positive (use `cache = false` to turn the cache off)"
+        );
         Ok(())
     }
 
@@ -136,7 +152,7 @@ struct EngineInner {
     pooling: bool,
     /// Address space reserved by engine creation (the pool), from `VmSize`.
     reserved_bytes: Option<u64>,
-    cache_dir: Option<PathBuf>,
+    cache: Option<CompileCache>,
     ticker: EpochTicker,
 }
 
@@ -174,12 +190,18 @@ impl PluginEngine {
             (Some(before), Some(after)) => Some(after.saturating_sub(before)),
             _ => None,
         };
-        let cache_dir = config.effective_cache_dir();
-        if let Some(dir) = &cache_dir
-            && let Err(err) = std::fs::create_dir_all(dir)
-        {
-            tracing::warn!(dir = %dir.display(), error = %err, "cannot create the component cache dir; compiling without a cache");
-        }
+        let cache =
+            config.effective_cache_dir().and_then(|dir| match CompileCache::open(&dir, config.cache_max_bytes) {
+                Ok(cache) => Some(cache),
+                Err(why) => {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        "the compile cache directory cannot be trusted ({why}); compiling without a cache"
+                    );
+                    None
+                }
+            });
+        let cache_dir = cache.as_ref().map(|c| c.dir().to_path_buf());
         tracing::info!(
             pooling,
             max_live_stores = config.max_live_stores,
@@ -190,7 +212,7 @@ impl PluginEngine {
             "plugin engine ready"
         );
         let ticker = EpochTicker::start(&engine, Duration::from_millis(config.epoch_tick_ms))?;
-        Ok(Self { inner: Arc::new(EngineInner { engine, config, pooling, reserved_bytes, cache_dir, ticker }) })
+        Ok(Self { inner: Arc::new(EngineInner { engine, config, pooling, reserved_bytes, cache, ticker }) })
     }
 
     /// The wasmtime engine.
@@ -214,9 +236,15 @@ impl PluginEngine {
         self.inner.reserved_bytes
     }
 
-    /// Where compiled components are cached, if anywhere.
+    /// Where compiled components are cached, if anywhere: `None` when the
+    /// cache is off or its directory could not be trusted.
     pub fn cache_dir(&self) -> Option<&std::path::Path> {
-        self.inner.cache_dir.as_deref()
+        self.inner.cache.as_ref().map(CompileCache::dir)
+    }
+
+    /// The compile cache, if any.
+    pub(crate) fn cache(&self) -> Option<&CompileCache> {
+        self.inner.cache.as_ref()
     }
 
     /// The epoch tick period.

@@ -11,13 +11,17 @@
 //! cap; a fault in any export fails only the task it happened in; a task stays
 //! on the version that started it across reloads.
 //!
-//! Submodules: [`engine`] (engine, config, epoch ticker), [`bindings`]
+//! Submodules: [`engine`] (engine, config, epoch ticker), [`cache`] (the
+//! verified compile cache), [`bounds`] (caps on plugin strings, the spin
+//! back-off), [`bindings`]
 //! (generated from `wit/`), [`state`] (store data, sandboxed WASI, host
 //! imports), [`component`] (load, validate, cache), [`fault`] (deadlines and
 //! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
 //! loop), [`check`] (`taskhost check`).
 
 pub mod bindings;
+pub mod bounds;
+pub mod cache;
 pub mod check;
 pub mod component;
 mod driver;

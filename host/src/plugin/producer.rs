@@ -17,6 +17,9 @@
 //!   creation, then one per successful reload), so two loads of the same
 //!   bytes are still told apart. Reloads are serialized: the kind check and
 //!   the swap see the version that is really serving.
+//! - Every string `describe`, `label` and `run` return is bounded
+//!   ([`super::bounds`]): a description is cut with a notice, a schema over
+//!   its bound refuses the plugin, labels and error messages are cut.
 //! - Errors and faults in `describe`, `label` and `run` refuse the
 //!   instance or the call with the guest's message or the fault detail; no
 //!   task is registered and the store is dropped.
@@ -29,6 +32,7 @@ use wasmtime::Store;
 
 use super::bindings::Plugin;
 use super::bindings::taskhost::producer::types::RunMode as WitRunMode;
+use super::bounds;
 use super::component::PluginVersion;
 use super::driver::{self, TaskParts};
 use super::fault;
@@ -219,7 +223,11 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         fault::bounded(deadline, plugin.taskhost_producer_producer().call_describe(&mut store, config_json)).await;
     let described = match described {
         Ok(Ok(d)) => d,
-        Ok(Err(message)) => bail!("plugin {} refused its config in describe: {message}", version.name()),
+        Ok(Err(message)) => bail!(
+            "plugin {} refused its config in describe: {}",
+            version.name(),
+            bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")
+        ),
         Err(err) => bail!(fault::classify(&store, deadline, "describe", &err)),
     };
     let problem = |what: String| anyhow!("plugin {} returned a bad descriptor from describe: {what}", version.name());
@@ -231,6 +239,13 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
     }
     if described.description.trim().is_empty() {
         return Err(problem("the description is empty".into()));
+    }
+    if described.parameters.len() > bounds::MAX_SCHEMA_BYTES {
+        return Err(problem(format!(
+            "parameters is {} bytes of JSON, over the {}-byte limit of a parameter schema",
+            described.parameters.len(),
+            bounds::MAX_SCHEMA_BYTES
+        )));
     }
     let parameters: serde_json::Value = serde_json::from_str(&described.parameters)
         .map_err(|err| problem(format!("parameters is not JSON ({err}): {:?}", preview(&described.parameters))))?;
@@ -249,9 +264,17 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
     if let Err(err) = jsonschema::validator_for(&parameters) {
         return Err(problem(format!("parameters is not a valid JSON Schema: {err}")));
     }
+    if described.description.len() > bounds::MAX_DESCRIPTION_BYTES {
+        tracing::warn!(
+            plugin = version.name(),
+            bytes = described.description.len(),
+            limit = bounds::MAX_DESCRIPTION_BYTES,
+            "plugin description over its limit; truncated"
+        );
+    }
     Ok(Descriptor {
         kind: described.kind,
-        description: described.description,
+        description: bounds::cap(described.description, bounds::MAX_DESCRIPTION_BYTES, "description"),
         parameters,
         streams_output: described.streams_output,
     })
@@ -307,8 +330,8 @@ impl Producer for WasmProducer {
         let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
         let label = match fault::bounded(deadline, guest.call_label(&mut store, &config, &args_json)).await {
-            Ok(Ok(label)) => one_line(&label),
-            Ok(Err(message)) => bail!("{message}"),
+            Ok(Ok(label)) => one_line(&bounds::cap(label, bounds::MAX_LABEL_BYTES, "label")),
+            Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
             Err(err) => bail!(fault::classify(&store, deadline, "label", &err)),
         };
         let streams_output = active.descriptor.streams_output;
@@ -324,7 +347,7 @@ impl Producer for WasmProducer {
             fault::arm(&mut store, deadline);
             let task = match fault::bounded(deadline, guest.call_run(&mut store, &config, &args_json, mode)).await {
                 Ok(Ok(task)) => task,
-                Ok(Err(message)) => bail!("{message}"),
+                Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
                 Err(err) => bail!(fault::classify(&store, deadline, "run", &err)),
             };
             // Created here, inside the registry's start span (which carries

@@ -9,7 +9,8 @@
 //! - The WASI context inherits nothing: no environment, no arguments, no
 //!   preopened directories, no stdin, no sockets (TCP/UDP denied, no name
 //!   lookup). Guest stdout/stderr become `tracing` debug events tagged with the
-//!   plugin, and the tail of stderr is kept to explain a trap.
+//!   plugin, and the tail of stderr is kept to explain a trap. Each
+//!   `host-log` message is cut to `bounds::MAX_LOG_LINE_BYTES` with a notice.
 //! - Every host import a plugin can see is added in [`host_linker`]; a
 //!   capability (process, subagents) adds itself there and keeps its per-store
 //!   state in [`StoreState`].
@@ -147,6 +148,7 @@ impl WasiView for StoreState {
 
 impl host_log::Host for StoreState {
     async fn log(&mut self, level: host_log::Level, message: String) -> wasmtime::Result<()> {
+        let message = super::bounds::cap(message, super::bounds::MAX_LOG_LINE_BYTES, "log line");
         let tag = &self.tag;
         let (plugin, version, purpose) = (&*tag.plugin, &*tag.version, &*tag.purpose);
         match level {

@@ -60,9 +60,13 @@ pub async fn spawn_http_server(
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
     let mut child = command.spawn().expect("spawn taskhost serve --http");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    // Everything before the address line too: start-up warnings are there.
+    let mut text = String::new();
     let url = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
             let line = lines.next_line().await.unwrap().expect("the server printed its address");
+            text.push_str(&line);
+            text.push('\n');
             if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
                 return url.to_string();
             }
@@ -70,8 +74,10 @@ pub async fn spawn_http_server(
     })
     .await
     .expect("the server starts within 20 s");
+    if let Some(log) = &log {
+        let _ = std::fs::write(log, &text);
+    }
     tokio::spawn(async move {
-        let mut text = String::new();
         while let Ok(Some(line)) = lines.next_line().await {
             if let Some(log) = &log {
                 text.push_str(&line);

@@ -84,6 +84,11 @@ pub struct ProcessHostConfig {
     /// Where the private spill directory is created; default: the system's
     /// temporary directory.
     pub spill_root: Option<PathBuf>,
+    /// Paths no process tree may read (nor write): taskhost's own state.
+    /// The host fills it when it builds the process host (the configuration
+    /// file, HTTP token files, the compile cache directory, the spill root;
+    /// see `setup::PluginRuntime`); a configuration may add more.
+    pub protected_paths: Vec<PathBuf>,
 }
 
 /// The host side of the `process` capability.

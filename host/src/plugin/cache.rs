@@ -1,0 +1,342 @@
+//! The compile cache: compiled components on disk, never foreign code.
+//!
+//! Model: a compiled component (`Component::serialize`) is native code the
+//! host will run. One [`CompileCache`] per engine keeps them in a directory,
+//! one file per key (`<content sha-256>-<engine compatibility hash>`), each
+//! file a header (magic, then the SHA-256 of the key and the artifact) followed
+//! by the artifact.
+//!
+//! Invariants:
+//! - The directory is created `0700`. An existing one is used only when it is
+//!   a real directory (not a symlink), owned by the server's effective uid and
+//!   writable by nobody else; otherwise the cache is off, with one warning
+//!   naming the directory and the fix. An owner-only directory with group or
+//!   world read bits is tightened to `0700`.
+//! - An entry is loaded only when it opens with `O_NOFOLLOW` (no symlink), is
+//!   a regular file owned by the server's uid with no group or other
+//!   permission bits, and is at most `cache_max_bytes` long. It is read into
+//!   memory whole and its digest checked before anything is deserialized from
+//!   those bytes (`Component::deserialize`, which copies them): no live mapping
+//!   of a file that anyone can still change ever becomes code.
+//! - An entry that fails any check is logged, deleted and recompiled; the
+//!   fresh compile replaces it.
+//! - Writes are atomic: a `0600` temporary file (`O_EXCL | O_NOFOLLOW`) in
+//!   the directory, renamed over the entry.
+//! - After each store the directory is trimmed to `cache_max_bytes`, least
+//!   recently used first (a hit refreshes an entry's mtime); an artifact larger
+//!   than the cap is not stored at all.
+//!
+//! Trust: the digest catches a partial rewrite of an artifact and an artifact
+//! swapped for another (even a valid one: the key is in the digest). A writer
+//! running as the server's own uid with access to the directory could forge
+//! both; that is why the directory is among the paths no process tree may
+//! read or write ([`crate::capabilities::process::ProcessHostConfig::protected_paths`]).
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::Digest as _;
+
+/// First bytes of every entry: names the format (and its version).
+const MAGIC: &[u8; 16] = b"taskhost-cwasm1\n";
+/// Magic, then the 32-byte digest.
+pub const HEADER_LEN: usize = MAGIC.len() + 32;
+/// File name extension of entries.
+const EXTENSION: &str = "cwasm";
+
+/// A checked compile cache directory.
+#[derive(Debug)]
+pub struct CompileCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    next_tmp: AtomicU64,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The verified artifact bytes.
+    Hit(Vec<u8>),
+    Miss,
+    /// An entry existed and was refused (and deleted): why.
+    Refused(String),
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+impl CompileCache {
+    /// Creates (`0700`) or checks the directory. The error says why the
+    /// directory cannot be trusted and what to do about it.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, String> {
+        match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) => return Err(format!("cannot create it: {e}")),
+        }
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect it: {e}"))?;
+        if meta.file_type().is_symlink() {
+            return Err("it is a symlink; point [plugins] cache_dir at a real directory".into());
+        }
+        if !meta.is_dir() {
+            return Err("it is not a directory".into());
+        }
+        if meta.uid() != euid() {
+            return Err(format!(
+                "it is owned by uid {}, not by the server's uid {}; remove it or set [plugins] cache_dir \
+                 to a directory of the server's user",
+                meta.uid(),
+                euid()
+            ));
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(format!(
+                "it is writable by group or others (mode {mode:04o}); anyone who can write it could make \
+                 the server run their code: `chmod 700` it after checking its contents, or remove it"
+            ));
+        }
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot restrict its mode {mode:04o} to 0700: {e}"))?;
+        }
+        Ok(Self { dir: dir.to_path_buf(), max_bytes, next_tmp: AtomicU64::new(0) })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The size cap of the whole directory, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// The file of `key`.
+    pub fn entry_path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.{EXTENSION}"))
+    }
+
+    /// Looks `key` up. A refused entry is deleted (the caller recompiles and
+    /// stores it again); the reason is returned for the log.
+    pub fn load(&self, key: &str) -> Lookup {
+        let path = self.entry_path(key);
+        match self.read_checked(key, &path) {
+            Ok(Some(bytes)) => Lookup::Hit(bytes),
+            Ok(None) => Lookup::Miss,
+            Err(why) => {
+                self.remove(&path);
+                Lookup::Refused(why)
+            }
+        }
+    }
+
+    /// Deletes the entry of `key` (after a deserialize failure).
+    pub fn discard(&self, key: &str) {
+        self.remove(&self.entry_path(key));
+    }
+
+    fn remove(&self, path: &Path) {
+        if let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %path.display(), error = %e, "cannot delete a refused compile cache entry");
+        }
+    }
+
+    fn read_checked(&self, key: &str, path: &Path) -> Result<Option<Vec<u8>>, String> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            // No symlink as the last component; a FIFO must not block the open.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path);
+        let mut file = match file {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symlink".into()),
+            Err(e) => return Err(format!("cannot open it: {e}")),
+        };
+        let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+        if !meta.is_file() {
+            return Err("it is not a regular file".into());
+        }
+        if meta.uid() != euid() {
+            return Err(format!("it is owned by uid {}, not by the server's uid {}", meta.uid(), euid()));
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o7077 != 0 {
+            return Err(format!("its mode is {mode:04o}; entries must be 0600"));
+        }
+        if meta.len() > self.max_bytes || meta.len() < HEADER_LEN as u64 {
+            return Err(format!("its size {} is outside {HEADER_LEN}..={} bytes", meta.len(), self.max_bytes));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        (&mut file).take(self.max_bytes + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+        if bytes.len() as u64 > self.max_bytes || bytes.len() < HEADER_LEN {
+            return Err("it changed size while being read".into());
+        }
+        if &bytes[..MAGIC.len()] != MAGIC {
+            return Err("it does not start with the taskhost cache header (an old or foreign file)".into());
+        }
+        let expected = &bytes[MAGIC.len()..HEADER_LEN];
+        if digest(key, &bytes[HEADER_LEN..]).as_slice() != expected {
+            return Err("its digest does not match its contents and key (modified or swapped)".into());
+        }
+        // Least recently used is judged by mtime (atime is often not kept).
+        let _ = file.set_modified(std::time::SystemTime::now());
+        bytes.drain(..HEADER_LEN);
+        Ok(Some(bytes))
+    }
+
+    /// Stores `artifact` under `key` atomically, then trims the directory.
+    pub fn store(&self, key: &str, artifact: &[u8]) -> std::io::Result<()> {
+        let total = (HEADER_LEN + artifact.len()) as u64;
+        if total > self.max_bytes {
+            tracing::info!(
+                bytes = total,
+                cache_max_bytes = self.max_bytes,
+                "compiled component larger than the whole compile cache cap; not cached"
+            );
+            return Ok(());
+        }
+        let path = self.entry_path(key);
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.dir.join(format!(".tmp-{}-{n}-{key}", std::process::id()));
+        let written = (|| {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            file.write_all(MAGIC)?;
+            file.write_all(&digest(key, artifact))?;
+            file.write_all(artifact)?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
+        self.trim(&path);
+        Ok(())
+    }
+
+    /// Deletes the least recently used entries until the directory holds at
+    /// most `max_bytes`, keeping `keep` (just stored); removes temporary files
+    /// of dead writers.
+    fn trim(&self, keep: &Path) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(rest) = name.strip_prefix(".tmp-") {
+                let pid = rest.split('-').next().unwrap_or("");
+                if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+            }
+            total += meta.len();
+            if path.extension().is_some_and(|e| e == EXTENSION) && path != keep {
+                files.push((meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), path));
+            }
+        }
+        if total <= self.max_bytes {
+            return;
+        }
+        files.sort();
+        for (_, len, path) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    total = total.saturating_sub(len);
+                    tracing::debug!(file = %path.display(), bytes = len, "evicted from the compile cache");
+                }
+                Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot evict a compile cache entry"),
+            }
+        }
+    }
+}
+
+/// SHA-256 of the format name, the key and the artifact: a file moved to
+/// another key's name does not verify.
+fn digest(key: &str, artifact: &[u8]) -> [u8; 32] {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(MAGIC);
+    hasher.update((key.len() as u64).to_le_bytes());
+    hasher.update(key.as_bytes());
+    hasher.update(artifact);
+    hasher.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("taskhost-cache-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn stores_and_verifies_and_refuses_a_flipped_byte() {
+        let dir = temp("flip");
+        let cache = CompileCache::open(&dir, 1 << 20).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        cache.store("k", b"artifact bytes").unwrap();
+        let path = cache.entry_path("k");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(matches!(cache.load("k"), Lookup::Hit(b) if b == b"artifact bytes"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let Lookup::Refused(why) = cache.load("k") else { panic!("a flipped byte must be refused") };
+        assert!(why.contains("digest"), "{why}");
+        assert!(!path.exists(), "a refused entry is deleted");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_entry_under_another_key_does_not_verify() {
+        let dir = temp("swap");
+        let cache = CompileCache::open(&dir, 1 << 20).unwrap();
+        cache.store("a", b"code of a").unwrap();
+        std::fs::rename(cache.entry_path("a"), cache.entry_path("b")).unwrap();
+        assert!(matches!(cache.load("b"), Lookup::Refused(why) if why.contains("digest")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_group_writable_directory_is_refused_with_the_fix() {
+        let dir = temp("mode");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let why = CompileCache::open(&dir, 1 << 20).unwrap_err();
+        assert!(why.contains("writable by group or others (mode 0777)") && why.contains("chmod 700"), "{why}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CompileCache::open(&dir, 1 << 20).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "tightened");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_artifact_larger_than_the_cap_is_not_stored() {
+        let dir = temp("big");
+        let cache = CompileCache::open(&dir, 100).unwrap();
+        cache.store("k", &[0u8; 100]).unwrap();
+        assert!(matches!(cache.load("k"), Lookup::Miss));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
