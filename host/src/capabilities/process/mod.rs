@@ -23,11 +23,13 @@
 
 pub mod confine;
 pub mod env;
+pub mod fs_policy;
 pub mod grant;
 mod handle;
 pub mod keeper;
 mod landlock;
 pub mod output;
+mod sandbox;
 pub mod wasm;
 
 #[cfg(test)]
@@ -84,11 +86,17 @@ pub struct ProcessHostConfig {
     /// Where the private spill directory is created; default: the system's
     /// temporary directory.
     pub spill_root: Option<PathBuf>,
+    /// Paths no tree may read: the host adds its configuration and token
+    /// files, the compile cache dir and the spill root. `~/.cache/taskhost`
+    /// is always among them; `~/` is the server's home directory.
+    pub protected_paths: Vec<PathBuf>,
 }
 
 /// The host side of the `process` capability.
 pub struct ProcessHost {
     spill_dir: PathBuf,
+    /// The configured protected paths plus the spill root.
+    protected: Vec<PathBuf>,
     next_id: AtomicU64,
     /// Spill files with no task record to live in (foreground runs), newest last.
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
@@ -112,7 +120,11 @@ impl ProcessHost {
         remove_orphaned_dirs(&root);
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
-        Ok(Arc::new(Self { spill_dir, next_id: AtomicU64::new(1), retained: Default::default() }))
+        // The host's own spill directory, not the root (often `/tmp`, which
+        // trees get a private copy of anyway).
+        let mut protected = config.protected_paths.clone();
+        protected.push(spill_dir.clone());
+        Ok(Arc::new(Self { spill_dir, protected, next_id: AtomicU64::new(1), retained: Default::default() }))
     }
 
     /// What confinement the kernel allows here.
@@ -158,11 +170,19 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let ruleset = landlock::ruleset(&grant.read_only_paths, &grant.read_write_paths).map_err(failed)?;
+        let policy = fs_policy::TreePolicy::new(
+            &grant.working_roots(),
+            &grant.read_write_paths,
+            &grant.read_only_paths,
+            &grant.filesystem,
+            &self.protected,
+        );
+        let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec).map_err(failed)?;
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, &cwd, exec)
+                .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Starting here, on the caller's thread, is safe: nothing in the tree
@@ -190,8 +210,12 @@ impl ProcessHost {
             let _enter = span.enter();
             tracing::debug!(
                 cwd = %cwd.display(),
+                user_namespace = applied.user_namespace,
                 pid_namespace = applied.pid_namespace,
                 net_namespace = applied.net_namespace,
+                mount_namespace = applied.mount_namespace,
+                fresh_proc = applied.fresh_proc,
+                seccomp = applied.seccomp,
                 landlock = applied.landlock,
                 "process started"
             );
