@@ -201,9 +201,10 @@ impl Tool for ProducerTool {
         if background && context.cancel.is_cancelled() {
             return Err(ToolError::Cancelled(self.options.name.clone()));
         }
-        let prepared = self
-            .producer
-            .prepare(args, mode)
+        // The caller's session owns the spill files of the run's processes.
+        let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
+        let prepared = crate::capabilities::process::SPAWN_OWNER
+            .scope(owner, self.producer.prepare(args, mode))
             .await
             .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {

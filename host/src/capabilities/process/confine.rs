@@ -433,6 +433,14 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The spill directories a tree's mount namespace arranges: the host's
+/// (hidden) and its owner's (shown read-only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpillView<'a> {
+    pub hidden: &'a std::path::Path,
+    pub owner: &'a std::path::Path,
+}
+
 /// What confinement one spawn gets, after the grant and the probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Applied {
@@ -453,6 +461,7 @@ impl ChildPlan {
         want_net_ns: bool,
         landlock: Option<OwnedFd>,
         policy: &TreePolicy,
+        spill: SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
     ) -> io::Result<(Self, Applied)> {
@@ -475,7 +484,8 @@ impl ChildPlan {
             }
         }
         let mounts = if mount_ns {
-            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, fresh_proc)?)
+            let spill = Some((spill.hidden, spill.owner));
+            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, spill, fresh_proc)?)
         } else {
             None
         };

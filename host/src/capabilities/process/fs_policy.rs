@@ -215,7 +215,7 @@ mod tests {
         let protected = dir.join("protected");
         std::fs::write(&protected, "x").unwrap();
         let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![cred.clone(), protected.clone()] };
-        let policy = TreePolicy::new(&[dir.clone()], &[], &[], &grant, &[protected.clone()]);
+        let policy = TreePolicy::new(std::slice::from_ref(&dir), &[], &[], &grant, std::slice::from_ref(&protected));
         let cred = cred.canonicalize().unwrap();
         let protected = protected.canonicalize().unwrap();
         assert!(!policy.deny.contains(&cred), "allow_read lifts a grant's own deny");

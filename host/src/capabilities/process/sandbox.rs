@@ -70,6 +70,14 @@ struct RwRoot {
     ancestors: Vec<CString>,
 }
 
+impl RwRoot {
+    fn new(root: &Path) -> io::Result<Self> {
+        let ancestors = root.ancestors().collect::<Vec<_>>();
+        let ancestors = ancestors.iter().rev().skip(1).map(|p| c_path(p)).collect::<io::Result<Vec<_>>>()?;
+        Ok(Self { path: c_path(root)?, ancestors })
+    }
+}
+
 /// The mount namespace of one tree, prepared before the fork.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MountPlan {
@@ -77,6 +85,9 @@ pub(crate) struct MountPlan {
     tmpfs: Vec<(CString, CString)>,
     deny_dirs: Vec<CString>,
     deny_files: Vec<CString>,
+    /// The host's spill directory, covered by an empty `tmpfs`, and the
+    /// owner's own directory in it, put back read-only.
+    spill: Option<(RwRoot, CString)>,
     fresh_proc: bool,
 }
 
@@ -90,7 +101,14 @@ impl MountPlan {
     /// canonical paths that get a fresh `tmpfs` (missing ones are left
     /// out), `deny` the canonical deny-read paths (missing ones are left
     /// out: there is nothing to read).
-    pub(crate) fn new(rw: &[PathBuf], tmpfs: &[PathBuf], deny: &[PathBuf], fresh_proc: bool) -> io::Result<Self> {
+    /// `spill`: the host's spill directory and the owner's directory in it.
+    pub(crate) fn new(
+        rw: &[PathBuf],
+        tmpfs: &[PathBuf],
+        deny: &[PathBuf],
+        spill: Option<(&Path, &Path)>,
+        fresh_proc: bool,
+    ) -> io::Result<Self> {
         if rw.len() > MAX_RW_ROOTS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -99,9 +117,10 @@ impl MountPlan {
         }
         let mut plan = Self { fresh_proc, ..Self::default() };
         for root in rw {
-            let ancestors = root.ancestors().collect::<Vec<_>>();
-            let ancestors = ancestors.iter().rev().skip(1).map(|p| c_path(p)).collect::<io::Result<Vec<_>>>()?;
-            plan.rw.push(RwRoot { path: c_path(root)?, ancestors });
+            plan.rw.push(RwRoot::new(root)?);
+        }
+        if let Some((hidden, owner)) = spill {
+            plan.spill = Some((RwRoot::new(hidden)?, c_path(owner)?));
         }
         for path in tmpfs.iter().filter(|p| p.is_dir()) {
             let mode = if path == Path::new("/tmp") || path == Path::new("/dev/shm") { "1777" } else { "0755" };
@@ -131,6 +150,10 @@ impl MountPlan {
         args.extend(self.tmpfs.iter().map(|(p, _)| entry(b'T', p)));
         args.extend(self.deny_dirs.iter().map(|p| entry(b'D', p)));
         args.extend(self.deny_files.iter().map(|p| entry(b'F', p)));
+        if let Some((hidden, owner)) = &self.spill {
+            args.push(entry(b'H', &hidden.path));
+            args.push(entry(b'O', owner));
+        }
         if self.fresh_proc {
             args.push(c"P".into());
         }
@@ -142,6 +165,7 @@ impl MountPlan {
         use std::os::unix::ffi::OsStrExt as _;
         let (mut rw, mut tmpfs, mut deny) = (Vec::new(), Vec::new(), Vec::new());
         let mut fresh_proc = false;
+        let (mut hidden, mut owner) = (None, None);
         for arg in args {
             let path = || PathBuf::from(std::ffi::OsStr::from_bytes(&arg[1..]));
             match arg.first() {
@@ -149,10 +173,13 @@ impl MountPlan {
                 Some(b'T') => tmpfs.push(path()),
                 Some(b'D' | b'F') => deny.push(path()),
                 Some(b'P') => fresh_proc = true,
+                Some(b'H') => hidden = Some(path()),
+                Some(b'O') => owner = Some(path()),
                 _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad keeper argument: mount entry")),
             }
         }
-        Self::new(&rw, &tmpfs, &deny, fresh_proc)
+        let spill = hidden.as_deref().zip(owner.as_deref());
+        Self::new(&rw, &tmpfs, &deny, spill, fresh_proc)
     }
 
     /// K's part (see the module doc). Async-signal-safe.
@@ -186,16 +213,22 @@ impl MountPlan {
                 }
                 *slot = fd as libc::c_int;
             }
-            let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
-            if libc::syscall(
-                libc::SYS_mount_setattr,
-                libc::AT_FDCWD,
-                c"/".as_ptr(),
-                AT_RECURSIVE,
-                &attr,
-                std::mem::size_of::<MountAttr>(),
-            ) != 0
-            {
+            let owner_clone = match &self.spill {
+                Some((_, owner)) => {
+                    let fd = libc::syscall(
+                        libc::SYS_open_tree,
+                        libc::AT_FDCWD,
+                        owner.as_ptr(),
+                        OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+                    );
+                    if fd < 0 {
+                        fail(b"cannot copy the owner's spill directory");
+                    }
+                    fd as libc::c_int
+                }
+                None => -1,
+            };
+            if !read_only(c"/", AT_RECURSIVE) {
                 fail(b"cannot make the file system read-only");
             }
             for (path, options) in &self.tmpfs {
@@ -247,6 +280,42 @@ impl MountPlan {
                 {
                     fail(b"cannot hide a deny-read file");
                 }
+            }
+            if let Some((hidden, owner)) = &self.spill {
+                // Every owner's spill files go; this owner's come back,
+                // read-only (so `tail` of a path named in its output works).
+                for dir in &hidden.ancestors {
+                    libc::mkdir(dir.as_ptr(), 0o755);
+                }
+                if libc::mount(
+                    c"tmpfs".as_ptr(),
+                    hidden.path.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"mode=0755,size=64k".as_ptr().cast(),
+                ) != 0
+                {
+                    // Below a hidden directory: out of reach already.
+                    if errno() != libc::ENOENT {
+                        fail(b"cannot hide the spill directory");
+                    }
+                } else {
+                    libc::mkdir(owner.as_ptr(), 0o700);
+                    if libc::syscall(
+                        libc::SYS_move_mount,
+                        owner_clone,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        owner.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ) != 0
+                        || !read_only(owner, 0)
+                        || !read_only(&hidden.path, 0)
+                    {
+                        fail(b"cannot show the owner's spill directory");
+                    }
+                }
+                libc::close(owner_clone);
             }
         }
     }
@@ -323,6 +392,23 @@ impl MountPlan {
     }
 }
 
+/// Makes the mount at `path` read-only (`AT_RECURSIVE`: and every mount
+/// below). Async-signal-safe.
+unsafe fn read_only(path: &std::ffi::CStr, flags: libc::c_uint) -> bool {
+    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: a valid C string and attribute struct.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags,
+            &attr,
+            std::mem::size_of::<MountAttr>(),
+        ) == 0
+    }
+}
+
 /// The seccomp filter of every tree: refuses (EPERM) the calls that reach
 /// other processes' memory, the kernel's key rings, BPF, perf, modules,
 /// kexec, mounts, namespaces of others, and new user namespaces; `clone3`
@@ -378,8 +464,7 @@ impl SeccompPrograms {
         };
         use std::collections::BTreeMap;
         let arch: seccompiler::TargetArch = std::env::consts::ARCH.try_into().ok()?;
-        let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-            REFUSED_SYSCALLS.iter().map(|&nr| (nr as i64, Vec::new())).collect();
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = REFUSED_SYSCALLS.iter().map(|&nr| (nr, Vec::new())).collect();
         let new_user = |arg| {
             SeccompRule::new(vec![
                 SeccompCondition::new(
@@ -392,12 +477,12 @@ impl SeccompPrograms {
             ])
             .ok()
         };
-        rules.insert(libc::SYS_unshare as i64, vec![new_user(0)?]);
-        rules.insert(libc::SYS_clone as i64, vec![new_user(0)?]);
+        rules.insert(libc::SYS_unshare, vec![new_user(0)?]);
+        rules.insert(libc::SYS_clone, vec![new_user(0)?]);
         let refuse =
             SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).ok()?;
         let clone3 = SeccompFilter::new(
-            [(libc::SYS_clone3 as i64, Vec::new())].into_iter().collect(),
+            [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
             SeccompAction::Allow,
             SeccompAction::Errno(libc::ENOSYS as u32),
             arch,

@@ -449,3 +449,49 @@ async fn no_leak_when_the_host_dies() {
         assert!(!stale(), "a new host removes the spill directory of a dead one");
     }
 }
+
+/// Spill files live in a private directory per owner: the owner's own trees
+/// read theirs (read-only), another owner's trees see nothing of them, and
+/// the directory goes with its last holder.
+#[tokio::test]
+async fn spill_files_are_private_to_their_owner() {
+    if !confine::support().mount_namespace {
+        return; // the probe logged it: trees see the host's files
+    }
+    let host = host();
+    let mark = marker("spill-owner");
+    let (alice, bob) = (host.owner_spill("alice").unwrap(), host.owner_spill("bob").unwrap());
+    assert_ne!(alice.dir(), bob.dir());
+    let grant = bash_grant();
+    let request = SpawnRequest { memory_cap: Some(100), ..bash("seq 1 1000", &mark) };
+    let process = host.spawn_for(&alice, &grant, request, &tracing::Span::none()).await.unwrap();
+    let (_, _, chunks, _) = drain(&process).await;
+    let spill = chunks.iter().find_map(|c| c.spill_path.clone()).expect("the output spilled");
+    assert!(spill.starts_with(alice.dir()));
+    let files = process.spill_files();
+    drop(process);
+    let run = |owner: &Arc<OwnerSpill>, script: String| {
+        let (host, grant, owner, mark) = (host.clone(), grant.clone(), owner.clone(), mark.clone());
+        async move {
+            let process = host.spawn_for(&owner, &grant, bash(&script, &mark), &tracing::Span::none()).await.unwrap();
+            let (out, _, _, _) = drain(&process).await;
+            String::from_utf8(out).unwrap()
+        }
+    };
+    let probe = format!(
+        "tail -n 1 {0} 2>/dev/null || echo unreadable; echo x >> {0} 2>/dev/null && echo wrote || echo read-only; \
+         ls {1} 2>/dev/null | wc -l",
+        spill.display(),
+        host.spill_dir().display()
+    );
+    // Alice's tree: her file, read-only; the spill directory shows only hers.
+    assert_eq!(run(&alice, probe.clone()).await, "1000\nread-only\n1\n");
+    // Bob's tree: nothing of Alice's.
+    assert_eq!(run(&bob, probe).await, "unreadable\nread-only\n1\n");
+    assert!(std::fs::read_to_string(&spill).unwrap().ends_with("1000\n"), "the file is untouched");
+    drop(files);
+    assert!(!spill.exists(), "the file goes with its last holder");
+    let dir = alice.dir().to_path_buf();
+    drop(alice);
+    assert!(!dir.exists(), "the owner's directory goes with its last holder");
+}
