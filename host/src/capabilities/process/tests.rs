@@ -404,10 +404,11 @@ async fn writes_are_confined_to_the_workspace_and_the_granted_paths() {
 #[tokio::test]
 #[ignore = "helper process of no_leak_when_the_host_dies"]
 async fn helper_host_that_gets_killed() {
-    let Ok(value) = std::env::var("TASKHOST_HELPER_MARK") else {
+    let (Ok(value), Some(root)) = (std::env::var("TASKHOST_HELPER_MARK"), std::env::var_os("TASKHOST_HELPER_SPILL"))
+    else {
         return;
     };
-    let host = host();
+    let host = ProcessHost::new(&ProcessHostConfig { spill_root: Some(root.into()), ..Default::default() }).unwrap();
     let mark = ProcessMark::with_value(value);
     let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
@@ -423,9 +424,12 @@ async fn no_leak_when_the_host_dies() {
     }
     for signal in [libc::SIGKILL, libc::SIGTERM] {
         let mark = marker(&format!("host-dies-{signal}"));
+        let spill_root = std::env::temp_dir().join(format!("taskhost-host-dies-{}-{signal}", std::process::id()));
+        std::fs::create_dir_all(&spill_root).unwrap();
         let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
             .env("TASKHOST_HELPER_MARK", &mark.value)
+            .env("TASKHOST_HELPER_SPILL", &spill_root)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -439,14 +443,20 @@ async fn no_leak_when_the_host_dies() {
         // The dead host could not remove its spill directory; the next host does.
         let prefix = format!("taskhost-{helper_pid}-");
         let stale = || {
-            std::fs::read_dir(std::env::temp_dir())
+            std::fs::read_dir(&spill_root)
                 .unwrap()
                 .flatten()
                 .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         };
         assert!(stale(), "the killed helper left its spill directory");
-        drop(host());
+        // A spill root of its own: hosts of tests running alongside would
+        // clean up the dead helper's directory in the default one.
+        drop(
+            ProcessHost::new(&ProcessHostConfig { spill_root: Some(spill_root.clone()), ..Default::default() })
+                .unwrap(),
+        );
         assert!(!stale(), "a new host removes the spill directory of a dead one");
+        std::fs::remove_dir_all(&spill_root).unwrap();
     }
 }
 
