@@ -7,7 +7,10 @@
 //!    returned (the moment a task id can be registered), through
 //!    `ProcessHost::spawn` (confined: PID + network namespaces), vs
 //!    `tokio::process::Command::spawn` of the same command, interleaved in
-//!    one run; p50 and p90 over the iterations.
+//!    one run; p50 and p90 over the iterations. Then the anchor a user
+//!    would otherwise pick: `bwrap --unshare-all --die-with-parent
+//!    --ro-bind / / bash -c true` against bare `bash -c true`, each run to
+//!    completion, interleaved (skipped with a note when `bwrap` is missing).
 //! 2. Streaming: 1 GiB from `head -c 1G /dev/zero` through the consuming
 //!    reads (a reader awaiting `ready` and taking every chunk) vs the same
 //!    command's stdout read straight from a pipe by tokio; wall time,
@@ -55,6 +58,37 @@ fn request(argv: &[&str]) -> SpawnRequest {
     SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
 }
 
+/// `bwrap … bash -c true` against bare `bash -c true`, run to completion.
+fn bwrap_anchor(iterations: usize) {
+    let bwrap = ["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "bash", "-c", "true"];
+    if std::process::Command::new("bwrap").args(bwrap).status().map(|s| !s.success()).unwrap_or(true) {
+        println!("anchor: bwrap is missing or cannot run here (apt-get install bubblewrap); row skipped");
+        return;
+    }
+    let mut bare = Vec::new();
+    let mut wrapped = Vec::new();
+    for i in 0..iterations + 5 {
+        let t = Instant::now();
+        std::process::Command::new("bash").args(["-c", "true"]).status().unwrap();
+        let b = t.elapsed();
+        let t = Instant::now();
+        std::process::Command::new("bwrap").args(bwrap).status().unwrap();
+        let w = t.elapsed();
+        if i >= 5 {
+            bare.push(b);
+            wrapped.push(w);
+        }
+    }
+    let (b, w) = (percentile(&mut bare, 0.5), percentile(&mut wrapped, 0.5));
+    println!("anchor, run to completion, {iterations} rounds interleaved:");
+    println!("  {:<34} p50 {b:>10.1?}  baseline", "bash -c true");
+    println!(
+        "  {:<34} p50 {w:>10.1?}  p50 ratio {:.2}x",
+        "bwrap --unshare-all … bash -c true",
+        w.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
 fn main() {
     // Process trees start as this binary in keeper mode, as in `taskhost`.
     taskhost::capabilities::process::keeper::run_if_keeper();
@@ -73,7 +107,7 @@ async fn run() {
     let pid_only = ProcessGrant { network: true, ..grant.clone() };
     let variants: [(&str, Option<&ProcessGrant>); 4] = [
         ("tokio::process", None),
-        ("process cap, PID+net namespaces", Some(&grant)),
+        ("process cap, full confinement", Some(&grant)),
         ("process cap, PID namespace", Some(&pid_only)),
         ("process cap, process group only", Some(&plain)),
     ];
@@ -122,6 +156,8 @@ async fn run() {
             p50.as_secs_f64() / base.as_secs_f64()
         );
     }
+
+    bwrap_anchor(iterations / 3);
 
     // 2. streaming
     let size: u64 = if quick { 256 << 20 } else { 1 << 30 };

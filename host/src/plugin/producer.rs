@@ -324,6 +324,9 @@ impl Producer for WasmProducer {
 
         let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
         store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
+        if let Ok(owner) = crate::capabilities::process::SPAWN_OWNER.try_with(Clone::clone) {
+            store.data_mut().process().set_owner(&owner);
+        }
         if let Some(subagents) = &self.subagents {
             store.data_mut().grant_subagents(subagents.clone());
         }

@@ -229,11 +229,17 @@ impl Tool for ProducerTool {
         if background && context.cancel.is_cancelled() {
             return Err(ToolError::Cancelled(self.options.name.clone()));
         }
-        let prepared = AssertUnwindSafe(self.producer.prepare(args, mode))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
-            .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
+        // The caller's session owns the spill files of the run's processes.
+        let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
+        let prepared =
+            AssertUnwindSafe(crate::capabilities::process::SPAWN_OWNER.scope(owner, self.producer.prepare(args, mode)))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
+                .map_err(|error| ToolError::Failed {
+                    tool: self.options.name.clone(),
+                    message: format!("{error:#}"),
+                })?;
         if !background {
             return self.run_foreground(prepared, context).await;
         }

@@ -63,7 +63,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
+use super::fs_policy::TreePolicy;
 use super::landlock;
+use super::sandbox::{self, MountPlan, SeccompPrograms};
 
 /// Exit code of an init whose keeper died before the init was armed.
 const EXIT_PARENT_GONE: i32 = 125;
@@ -75,32 +77,60 @@ const EXIT_EXEC_FAILED: i32 = 127;
 /// What the kernel allows here, probed once per host process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfinementSupport {
-    /// PID namespaces work; `Some(true)` when they need a user namespace.
-    pub pid_namespace: Option<bool>,
-    /// Network namespaces work (with the same user-namespace need).
+    /// Trees get a user namespace of their own (also as root).
+    pub user_namespace: bool,
+    /// PID namespaces work.
+    pub pid_namespace: bool,
+    /// Network namespaces work.
     pub net_namespace: bool,
+    /// Mount namespaces with the whole set-up of [`super::sandbox`] work:
+    /// read-only host, private `/tmp`, deny-read paths hidden.
+    pub mount_namespace: bool,
+    /// A fresh `/proc` of the tree's PID namespace can be mounted.
+    pub fresh_proc: bool,
+    /// The seccomp filter can be installed.
+    pub seccomp: bool,
     /// The Landlock ABI version, when Landlock is enabled.
     pub landlock_abi: Option<u32>,
 }
 
 impl ConfinementSupport {
+    /// True when every layer is on.
+    pub fn complete(&self) -> bool {
+        self.user_namespace
+            && self.pid_namespace
+            && self.net_namespace
+            && self.mount_namespace
+            && self.fresh_proc
+            && self.seccomp
+            && self.landlock_abi.is_some()
+    }
+
     /// A one-line summary for logs and `taskhost check`.
     pub fn describe(&self) -> String {
-        let pid = match self.pid_namespace {
-            Some(false) => "PID namespaces: on",
-            Some(true) => "PID namespaces: on (in a user namespace)",
-            None => "PID namespaces: UNAVAILABLE (process groups only: setsid escapees can outlive their task)",
-        };
-        let net = if self.net_namespace {
-            "network isolation: on"
-        } else {
-            "network isolation: UNAVAILABLE (processes keep the host network)"
+        let on = |yes: bool, what: &str, off: &str| {
+            if yes { format!("{what}: on") } else { format!("{what}: UNAVAILABLE ({off})") }
         };
         let fs = match self.landlock_abi {
             Some(abi) => format!("Landlock: ABI {abi}"),
-            None => "Landlock: UNAVAILABLE (filesystem rules not enforced)".to_string(),
+            None => {
+                "Landlock: UNAVAILABLE (writes outside the workspace rest on the read-only mounts alone)".to_string()
+            }
         };
-        format!("{pid}; {net}; {fs}")
+        [
+            on(self.user_namespace, "user namespaces", "a root server's trees keep root's uid without capabilities"),
+            on(self.pid_namespace, "PID namespaces", "process groups only: setsid escapees can outlive their task"),
+            on(self.net_namespace, "network isolation", "processes keep the host network"),
+            on(
+                self.mount_namespace,
+                "mount namespaces",
+                "NO read-only host, private /tmp or hidden credentials: trees see the host's files",
+            ),
+            on(self.fresh_proc, "private /proc", "trees see the host's processes in /proc"),
+            on(self.seccomp, "seccomp", "ptrace, mount, bpf and the like are refused only by missing capabilities"),
+            fs,
+        ]
+        .join("; ")
     }
 }
 
@@ -109,7 +139,7 @@ pub fn support() -> &'static ConfinementSupport {
     static SUPPORT: OnceLock<ConfinementSupport> = OnceLock::new();
     SUPPORT.get_or_init(|| {
         let support = probe();
-        if support.pid_namespace.is_some() && support.net_namespace && support.landlock_abi.is_some() {
+        if support.complete() {
             tracing::info!(confinement = %support.describe(), "process confinement probed");
         } else {
             tracing::warn!(confinement = %support.describe(), "process confinement is degraded");
@@ -131,61 +161,120 @@ pub(crate) fn probe_in_background() {
 }
 
 fn probe() -> ConfinementSupport {
-    // As root a PID namespace needs no user namespace; otherwise it does.
-    let pid_namespace = if probe_unshare(libc::CLONE_NEWPID, false) {
-        Some(false)
-    } else if probe_unshare(libc::CLONE_NEWPID, true) {
-        Some(true)
-    } else {
-        None
-    };
-    let net_namespace = match pid_namespace {
-        Some(userns) => probe_unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNET, userns),
-        None => false,
-    };
-    ConfinementSupport { pid_namespace, net_namespace, landlock_abi: landlock::abi() }
+    let landlock_abi = landlock::abi();
+    let seccomp = seccomp_programs().is_some();
+    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+    let mask = probe_unshare(full, true, seccomp);
+    if mask == PROBE_ALL {
+        return ConfinementSupport {
+            user_namespace: true,
+            pid_namespace: true,
+            net_namespace: true,
+            mount_namespace: true,
+            fresh_proc: true,
+            seccomp,
+            landlock_abi,
+        };
+    }
+    // Something is missing: find out what, layer by layer.
+    let user_namespace = probe_unshare(libc::CLONE_NEWUSER, true, false) & PROBE_NS != 0;
+    let user = if user_namespace { libc::CLONE_NEWUSER } else { 0 };
+    let pid_namespace = probe_unshare(user | libc::CLONE_NEWPID, user_namespace, false) & PROBE_NS != 0;
+    let pid = if pid_namespace { libc::CLONE_NEWPID } else { 0 };
+    let net_namespace = probe_unshare(user | pid | libc::CLONE_NEWNET, user_namespace, false) & PROBE_NS != 0;
+    let mounts = probe_unshare(user | pid | libc::CLONE_NEWNS, user_namespace, false);
+    let seccomp = seccomp && probe_unshare(user, user_namespace, true) & PROBE_SECCOMP != 0;
+    ConfinementSupport {
+        user_namespace,
+        pid_namespace,
+        net_namespace,
+        mount_namespace: mounts & PROBE_MOUNTS != 0,
+        fresh_proc: pid_namespace && mounts & PROBE_PROC != 0,
+        seccomp,
+        landlock_abi,
+    }
 }
 
+const PROBE_NS: i32 = 1;
+const PROBE_MOUNTS: i32 = 2;
+const PROBE_PROC: i32 = 4;
+const PROBE_SECCOMP: i32 = 8;
+const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP;
+
 /// Forks a child that tries the unshare (and a first process in the new PID
-/// namespace); true when it all worked.
-fn probe_unshare(flags: libc::c_int, userns: bool) -> bool {
+/// namespace), the mount set-up when `flags` has a mount namespace, a fresh
+/// `/proc` when it also has a PID namespace, and the seccomp filter when
+/// `seccomp`; returns the `PROBE_*` bits of what worked.
+fn probe_unshare(flags: libc::c_int, userns: bool, seccomp: bool) -> i32 {
     let maps = IdMaps::current();
+    let programs = if seccomp { seccomp_programs() } else { None };
+    let mounts = flags & libc::CLONE_NEWNS != 0;
+    let proc = mounts && flags & libc::CLONE_NEWPID != 0;
     // SAFETY: the child calls only async-signal-safe functions on data
     // prepared before the fork, then `_exit`s.
     unsafe {
         let pid = libc::fork();
         if pid < 0 {
-            return false;
+            return 0;
         }
         if pid == 0 {
-            let flags = if userns { flags | libc::CLONE_NEWUSER } else { flags };
-            if libc::unshare(flags) != 0 {
-                libc::_exit(1);
+            // The probe's own set-up must not print: silence stderr.
+            if let Ok(null) = devnull() {
+                libc::dup2(null, 2);
+            }
+            if flags != 0 && libc::unshare(flags) != 0 {
+                libc::_exit(0);
             }
             if userns && maps.write().is_err() {
-                libc::_exit(2);
+                libc::_exit(0);
+            }
+            let mut bits = PROBE_NS;
+            if mounts && super::sandbox::probe_mounts() {
+                bits |= PROBE_MOUNTS;
             }
             let child = libc::fork();
             if child < 0 {
-                libc::_exit(3);
-            }
-            if child == 0 {
                 libc::_exit(0);
             }
-            let mut status = 0;
-            if libc::waitpid(child, &mut status, 0) != child {
-                libc::_exit(4);
+            if child == 0 {
+                let mut bits = 0;
+                if proc && super::sandbox::probe_proc() {
+                    bits |= PROBE_PROC;
+                }
+                if let Some(programs) = programs
+                    && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && programs.install().is_ok()
+                    // The filter answers: a refused call fails with EPERM.
+                    && libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) < 0
+                    && *libc::__errno_location() == libc::EPERM
+                {
+                    bits |= PROBE_SECCOMP;
+                }
+                libc::_exit(bits | 0x40);
             }
-            libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 5 });
+            let mut status = 0;
+            if libc::waitpid(child, &mut status, 0) != child
+                || !libc::WIFEXITED(status)
+                || libc::WEXITSTATUS(status) & 0x40 == 0
+            {
+                libc::_exit(0);
+            }
+            libc::_exit(bits | (libc::WEXITSTATUS(status) & !0x40));
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
             if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return false;
+                return 0;
             }
         }
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+        if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 0 }
     }
+}
+
+/// The seccomp filter, built once per host process.
+pub(crate) fn seccomp_programs() -> Option<&'static super::sandbox::SeccompPrograms> {
+    static PROGRAMS: OnceLock<Option<super::sandbox::SeccompPrograms>> = OnceLock::new();
+    PROGRAMS.get_or_init(super::sandbox::SeccompPrograms::build).as_ref()
 }
 
 /// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
@@ -314,7 +403,12 @@ pub(crate) struct ChildPlan {
     pub(super) ns_flags: libc::c_int,
     pub(super) maps: Option<IdMaps>,
     pub(super) loopback_up: bool,
+    /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
+    pub(super) mounts: Option<MountPlan>,
     pub(super) landlock: Option<OwnedFd>,
+    /// The rights of a read-write Landlock rule on this kernel.
+    pub(super) landlock_rights: u64,
+    pub(super) seccomp: Option<&'static SeccompPrograms>,
     pub(super) devnull: RawFd,
     pub(super) lifeline: RawFd,
     pub(super) cwd: CString,
@@ -339,46 +433,81 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The spill directories a tree's mount namespace arranges: the host's
+/// (hidden) and its owner's (shown read-only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpillView<'a> {
+    pub hidden: &'a std::path::Path,
+    pub owner: &'a std::path::Path,
+}
+
 /// What confinement one spawn gets, after the grant and the probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Applied {
+    pub user_namespace: bool,
     pub pid_namespace: bool,
     pub net_namespace: bool,
+    pub mount_namespace: bool,
+    pub fresh_proc: bool,
+    pub seccomp: bool,
     pub landlock: bool,
 }
 
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
-    /// (when the grant has filesystem rules and the kernel supports them).
+    /// (when the kernel supports it); `policy` the tree's filesystem policy.
     pub(crate) fn new(
         want_pid_ns: bool,
         want_net_ns: bool,
         landlock: Option<OwnedFd>,
+        policy: &TreePolicy,
+        spill: SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
     ) -> io::Result<(Self, Applied)> {
         use std::os::unix::ffi::OsStrExt;
         let support = support();
-        let userns = support.pid_namespace;
-        let pid_ns = want_pid_ns && userns.is_some();
-        let net_ns = pid_ns && want_net_ns && support.net_namespace;
+        let userns = support.user_namespace;
+        let pid_ns = want_pid_ns && support.pid_namespace;
+        let net_ns = want_net_ns && support.net_namespace;
+        let mount_ns = support.mount_namespace;
+        let fresh_proc = pid_ns && mount_ns && support.fresh_proc;
         let mut ns_flags = 0;
-        if pid_ns {
-            ns_flags |= libc::CLONE_NEWPID;
-            if net_ns {
-                ns_flags |= libc::CLONE_NEWNET;
-            }
-            if userns == Some(true) {
-                ns_flags |= libc::CLONE_NEWUSER;
+        for (on, flag) in [
+            (userns, libc::CLONE_NEWUSER),
+            (pid_ns, libc::CLONE_NEWPID),
+            (net_ns, libc::CLONE_NEWNET),
+            (mount_ns, libc::CLONE_NEWNS),
+        ] {
+            if on {
+                ns_flags |= flag;
             }
         }
+        let mounts = if mount_ns {
+            let spill = Some((spill.hidden, spill.owner));
+            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, spill, fresh_proc)?)
+        } else {
+            None
+        };
+        let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
-        let applied = Applied { pid_namespace: pid_ns, net_namespace: net_ns, landlock: landlock.is_some() };
+        let applied = Applied {
+            user_namespace: userns,
+            pid_namespace: pid_ns,
+            net_namespace: net_ns,
+            mount_namespace: mount_ns,
+            fresh_proc,
+            seccomp: seccomp.is_some(),
+            landlock: landlock.is_some(),
+        };
         let plan = Self {
             ns_flags,
-            maps: (userns == Some(true) && pid_ns).then(IdMaps::current),
+            maps: userns.then(IdMaps::current),
             loopback_up: net_ns,
+            mounts,
             landlock,
+            landlock_rights: landlock::handled_bits(),
+            seccomp,
             devnull,
             lifeline: lifeline()?,
             cwd: CString::new(cwd.as_os_str().as_bytes())
@@ -390,20 +519,30 @@ impl ChildPlan {
 
     /// The plan of a keeper started by [`super::keeper::spawn`], rebuilt
     /// from its arguments in the fresh process.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn for_keeper(
         ns_flags: libc::c_int,
-        user_maps: bool,
         loopback_up: bool,
+        mounts: Option<MountPlan>,
         landlock: Option<OwnedFd>,
+        seccomp: bool,
         lifeline: RawFd,
         cwd: &[u8],
         exec: ExecPlan,
     ) -> io::Result<Self> {
+        let seccomp = if seccomp {
+            Some(seccomp_programs().ok_or_else(|| io::Error::other("the seccomp filter cannot be built here"))?)
+        } else {
+            None
+        };
         Ok(Self {
             ns_flags,
-            maps: user_maps.then(IdMaps::current),
+            maps: (ns_flags & libc::CLONE_NEWUSER != 0).then(IdMaps::current),
             loopback_up,
+            mounts,
             landlock,
+            landlock_rights: landlock::handled_bits(),
+            seccomp,
             devnull: devnull()?,
             lifeline,
             cwd: CString::new(cwd)
@@ -482,11 +621,8 @@ impl ChildPlan {
             libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
             close_from(3, &[self.devnull, landlock, self.lifeline]);
-            if libc::chdir(self.cwd.as_ptr()) != 0 {
-                fail(EXIT_SETUP_FAILED, b"cannot enter the working directory");
-            }
-            let namespaces = self.ns_flags != 0;
-            if namespaces {
+            let namespaces = self.ns_flags & libc::CLONE_NEWPID != 0;
+            if self.ns_flags != 0 {
                 if libc::unshare(self.ns_flags) != 0 {
                     fail(EXIT_SETUP_FAILED, b"cannot create the namespaces");
                 }
@@ -498,8 +634,16 @@ impl ChildPlan {
                 if self.loopback_up && loopback_up().is_err() {
                     fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
                 }
+                if let Some(mounts) = &self.mounts {
+                    mounts.apply_in_keeper();
+                    mounts.allow_private_dirs(landlock, self.landlock_rights);
+                }
             }
-            self.restrict_fs();
+            // After the mounts: the working directory may be a read-write
+            // root that was just mounted again on top of itself.
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot enter the working directory");
+            }
             let mut status_pipe = [-1; 2];
             if namespaces && libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
                 fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
@@ -508,18 +652,31 @@ impl ChildPlan {
             match libc::fork() {
                 -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
                 0 if namespaces => self.init(status_read, status_write),
-                0 => self.exec.exec(),
+                0 => {
+                    self.lock_down();
+                    self.exec_command()
+                }
                 child => self.keeper(child, status_read, status_write),
             }
         }
     }
 
-    unsafe fn restrict_fs(&self) {
-        if let Some(ruleset) = &self.landlock {
-            // SAFETY: forwarded from in_child.
-            if unsafe { landlock::restrict_self(ruleset.as_raw_fd()) }.is_err() {
-                unsafe { fail(EXIT_SETUP_FAILED, b"cannot apply the Landlock rules") }
-            }
+    /// The tree's last set-up step, in I or (without a PID namespace) in
+    /// the command's process: see [`sandbox::lock_down`].
+    unsafe fn lock_down(&self) {
+        let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+        // SAFETY: forwarded from in_child.
+        unsafe { sandbox::lock_down(landlock, self.seccomp) }
+    }
+
+    /// Closes every descriptor but stdio (the keeper's lifeline, the
+    /// Landlock ruleset and the like are the host's, not the command's),
+    /// then execs the command.
+    unsafe fn exec_command(&self) -> ! {
+        // SAFETY: forwarded from in_child.
+        unsafe {
+            close_from(3, &[]);
+            self.exec.exec()
         }
     }
 
@@ -586,10 +743,13 @@ impl ChildPlan {
             if libc::poll(&mut poll, 1, 0) < 0 || poll.revents & libc::POLLERR != 0 {
                 libc::_exit(EXIT_PARENT_GONE);
             }
+            if let Some(mounts) = &self.mounts {
+                mounts.apply_in_init();
+            }
+            self.lock_down();
             let command = libc::fork();
             if command == 0 {
-                libc::close(status_write);
-                self.exec.exec();
+                self.exec_command();
             }
             if command < 0 {
                 fail(EXIT_SETUP_FAILED, b"cannot fork the command");
@@ -626,7 +786,7 @@ impl ChildPlan {
 
 /// Writes `taskhost: <what>: errno <n>` to stderr (the process's own stderr
 /// pipe, so the plugin and the model see it) and exits with `code`.
-unsafe fn fail(code: i32, what: &[u8]) -> ! {
+pub(super) unsafe fn fail(code: i32, what: &[u8]) -> ! {
     unsafe {
         let errno = *libc::__errno_location();
         let mut digits = [0u8; 12];

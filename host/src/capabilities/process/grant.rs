@@ -57,11 +57,15 @@ pub struct ProcessGrant {
     /// it, so no descendant (`setsid`, `nohup`, double fork) outlives it.
     /// Default `true`; turning it off leaves only process groups.
     pub pid_namespace: bool,
-    /// Landlock: paths readable (and executable) below. With both lists
-    /// empty, no filesystem rules are applied.
+    /// Paths readable (and executable) below. Empty (the default):
+    /// everything is readable but the deny-read paths (see
+    /// [`super::fs_policy`]).
     pub read_only_paths: Vec<PathBuf>,
-    /// Landlock: paths readable and writable below.
+    /// Paths readable and writable below, besides the working directories
+    /// (always read-write) and the tree's private `/tmp`.
     pub read_write_paths: Vec<PathBuf>,
+    /// Changes to the default deny-read list ([`super::fs_policy::FsPolicy`]).
+    pub filesystem: super::fs_policy::FsPolicy,
     /// Resource limits; a spawn may ask for less, never for more.
     pub limits: ProcessLimits,
     /// `programs`, resolved once (see [`ProcessGrant::resolve_programs`]).
@@ -84,6 +88,7 @@ impl Default for ProcessGrant {
             pid_namespace: true,
             read_only_paths: Vec::new(),
             read_write_paths: Vec::new(),
+            filesystem: Default::default(),
             limits: ProcessLimits::default(),
             resolved: ResolvedPrograms::default(),
         }
@@ -470,7 +475,7 @@ impl ProcessGrant {
     }
 
     /// The canonical roots processes may run in, the first being the default.
-    fn working_roots(&self) -> Vec<PathBuf> {
+    pub(crate) fn working_roots(&self) -> Vec<PathBuf> {
         if self.working_dirs.is_empty() {
             std::env::current_dir().and_then(|d| d.canonicalize()).into_iter().collect()
         } else {

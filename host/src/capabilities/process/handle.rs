@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -224,7 +224,7 @@ pub(crate) struct Started {
     pub stderr: OwnedFd,
     pub memory_cap: usize,
     pub spill_cap: u64,
-    pub spill_paths: [PathBuf; 2],
+    pub spill_owner: Arc<super::output::OwnerSpill>,
     pub grace: Duration,
     pub timeout: Option<Duration>,
     pub applied: Applied,
@@ -256,12 +256,13 @@ impl Process {
             exited,
         });
         lock(live()).insert(s.id, Arc::downgrade(&shared));
-        let [stdout_path, stderr_path] = s.spill_paths;
+        let names = [format!("process-{}-stdout", s.id), format!("process-{}-stderr", s.id)];
+        let [stdout_path, stderr_path] = names;
         // Reads smaller than the cap leave room for several in memory, so a
         // reader that keeps up loses nothing to one oversized read.
         let chunk = (s.memory_cap / 4).clamp(1, 64 * 1024);
         for (stream, rx, path) in [(Stream::Stdout, stdout, stdout_path), (Stream::Stderr, stderr, stderr_path)] {
-            let spill = SpillWriter::new(path, s.memory_cap, s.spill_cap);
+            let spill = SpillWriter::new(s.spill_owner.clone(), path, s.memory_cap, s.spill_cap);
             let fut = read_stream(shared.clone(), stream, rx, spill, chunk, exited_rx.clone());
             tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
         }

@@ -21,8 +21,10 @@
 //! guarantees, slower start.
 //!
 //! ## Protocol (private to one binary, so no versioning)
-//! `argv`: `[exe, KEEPER_ARG, ns_flags, user_maps(0|1), loopback(0|1),
-//! lifeline_fd, landlock_fd(-1: none), cwd, program, "--", argv...]`; the
+//! `argv`: `[exe, KEEPER_ARG, ns_flags, loopback(0|1), lifeline_fd,
+//! landlock_fd(-1: none), seccomp(0|1), mounts(-1: no mount namespace, else
+//! the number of entries that follow), mount entries..., cwd, program, "--",
+//! argv...]` (mount entries as [`super::sandbox::MountPlan::to_args`]); the
 //! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null),
 //! stdout and stderr; the process group is already its own.
 //!
@@ -37,6 +39,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::confine::{ChildPlan, ExecPlan, Forked};
+use super::sandbox::MountPlan;
 
 /// The first argument that makes a binary that called [`run_if_keeper`] a
 /// keeper.
@@ -96,16 +99,26 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     let text = |i: usize| args.get(i).and_then(|a| a.to_str()).ok_or_else(|| bad("missing or not UTF-8"));
     let number = |i: usize| text(i)?.parse::<i32>().map_err(|_| bad("not a number"));
     let ns_flags = number(0)?;
-    let user_maps = number(1)? == 1;
-    let loopback_up = number(2)? == 1;
-    let lifeline = number(3)?;
-    let landlock = number(4)?;
-    let cwd = args.get(5).ok_or_else(|| bad("no working directory"))?;
-    let program = args.get(6).ok_or_else(|| bad("no program"))?;
-    if args.get(7).is_none_or(|a| a != "--") {
+    let loopback_up = number(1)? == 1;
+    let lifeline = number(2)?;
+    let landlock = number(3)?;
+    let seccomp = number(4)? == 1;
+    let n_mounts = number(5)?;
+    let mut at = 6;
+    let mounts = if n_mounts >= 0 {
+        let n = n_mounts as usize;
+        let entries = args.get(at..at + n).ok_or_else(|| bad("fewer mount entries than announced"))?;
+        at += n;
+        Some(MountPlan::from_args(&entries.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())?)
+    } else {
+        None
+    };
+    let cwd = args.get(at).ok_or_else(|| bad("no working directory"))?;
+    let program = args.get(at + 1).ok_or_else(|| bad("no program"))?;
+    if args.get(at + 2).is_none_or(|a| a != "--") {
         return Err(bad("no `--` before the command's argv"));
     }
-    let argv: Vec<String> = args[8..].iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let argv: Vec<String> = args[at + 3..].iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let env = std::env::vars_os().collect();
     let exec = ExecPlan::new(std::path::Path::new(program), &argv, &env)?;
     for fd in [lifeline, landlock].into_iter().filter(|fd| *fd >= 0) {
@@ -116,7 +129,7 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     }
     // SAFETY: the spawner passed these descriptors to us; nothing else owns them.
     let landlock = (landlock >= 0).then(|| unsafe { OwnedFd::from_raw_fd(landlock) });
-    ChildPlan::for_keeper(ns_flags, user_maps, loopback_up, landlock, lifeline, cwd.as_bytes(), exec)
+    ChildPlan::for_keeper(ns_flags, loopback_up, mounts, landlock, seccomp, lifeline, cwd.as_bytes(), exec)
 }
 
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
@@ -133,15 +146,18 @@ pub(crate) fn spawn(plan: &ChildPlan) -> io::Result<Forked> {
 
     let lifeline_target = 3;
     let landlock_target = if landlock.is_some() { 4 } else { -1 };
+    let mount_args = plan.mounts.as_ref().map(|m| m.to_args());
     let numbers = [
         plan.ns_flags.to_string(),
-        u8::from(plan.maps.is_some()).to_string(),
         u8::from(plan.loopback_up).to_string(),
         lifeline_target.to_string(),
         landlock_target.to_string(),
+        u8::from(plan.seccomp.is_some()).to_string(),
+        mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string(),
     ];
     let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
     argv.extend(numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")));
+    argv.extend(mount_args.into_iter().flatten());
     argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
     argv.extend(plan.exec.argv.iter().cloned());
     let argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();

@@ -23,11 +23,13 @@
 
 pub mod confine;
 pub mod env;
+pub mod fs_policy;
 pub mod grant;
 mod handle;
 pub mod keeper;
 mod landlock;
 pub mod output;
+mod sandbox;
 pub mod wasm;
 
 #[cfg(test)]
@@ -42,8 +44,15 @@ use std::time::Duration;
 pub use confine::{Applied, ConfinementSupport};
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
-pub use output::{SpillFile, StreamChunk};
+pub use output::{OwnerSpill, SpillFile, StreamChunk};
 pub use wasm::{ProcessCapability, ProcessCtx};
+
+tokio::task_local! {
+    /// The owner session (its key) a tool call runs for: a task store
+    /// created while it is set spills into that owner's private directory
+    /// (see [`ProcessCtx::set_owner`]).
+    pub static SPAWN_OWNER: String;
+}
 
 /// One process to start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -78,7 +87,7 @@ pub enum SpawnError {
 }
 
 /// Host-wide settings of the process capability.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProcessHostConfig {
     /// Where the private spill directory is created; default: the system's
@@ -88,12 +97,31 @@ pub struct ProcessHostConfig {
     /// The host fills it when it builds the process host (the configuration
     /// file, HTTP token files, the compile cache directory, the spill root;
     /// see `setup::PluginRuntime`); a configuration may add more.
+    /// `~/.cache/taskhost` is always among them; `~/` is the server's home.
     pub protected_paths: Vec<PathBuf>,
+    /// Bytes the spill files of one owner session may hold together
+    /// (default 256 MiB); output beyond it is cut with a notice in the file.
+    pub spill_bytes_per_owner: u64,
 }
+
+impl Default for ProcessHostConfig {
+    fn default() -> Self {
+        Self { spill_root: None, protected_paths: Vec::new(), spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER }
+    }
+}
+
+/// Default of [`ProcessHostConfig::spill_bytes_per_owner`] (256 MiB).
+pub const DEFAULT_SPILL_BYTES_PER_OWNER: u64 = 256 << 20;
 
 /// The host side of the `process` capability.
 pub struct ProcessHost {
     spill_dir: PathBuf,
+    /// The configured protected paths.
+    protected: Vec<PathBuf>,
+    /// The spill directory of each owner session that has one, by owner key.
+    owners: std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<OwnerSpill>>>,
+    next_owner: AtomicU64,
+    spill_bytes_per_owner: u64,
     next_id: AtomicU64,
     /// Spill files with no task record to live in (foreground runs), newest last.
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
@@ -117,7 +145,15 @@ impl ProcessHost {
         remove_orphaned_dirs(&root);
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
-        Ok(Arc::new(Self { spill_dir, next_id: AtomicU64::new(1), retained: Default::default() }))
+        Ok(Arc::new(Self {
+            spill_dir,
+            protected: config.protected_paths.clone(),
+            owners: Default::default(),
+            next_owner: AtomicU64::new(1),
+            spill_bytes_per_owner: config.spill_bytes_per_owner,
+            next_id: AtomicU64::new(1),
+            retained: Default::default(),
+        }))
     }
 
     /// What confinement the kernel allows here.
@@ -141,11 +177,43 @@ impl ProcessHost {
         &self.spill_dir
     }
 
-    /// Checks `request` against `grant` and starts it. Needs a tokio runtime.
-    /// `parent` is the caller's span (plugin, task); the process's span is
-    /// its child.
+    /// The private spill directory of `owner` (an owner session's key; `""`
+    /// for host-level callers), created on first use (mode 0700, below this
+    /// host's spill directory). It lives while anything holds it: the
+    /// owner's stores and spill files.
+    pub fn owner_spill(&self, owner: &str) -> std::io::Result<Arc<OwnerSpill>> {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = owners.get(owner).and_then(std::sync::Weak::upgrade) {
+            return Ok(live);
+        }
+        owners.retain(|_, weak| weak.strong_count() > 0);
+        let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
+        let spill = OwnerSpill::create(self.spill_dir.join(format!("owner-{n}")), self.spill_bytes_per_owner)?;
+        owners.insert(owner.to_string(), Arc::downgrade(&spill));
+        Ok(spill)
+    }
+
+    /// [`Self::spawn_for`] a host-level caller (no owner session).
     pub async fn spawn(
         &self,
+        grant: &ProcessGrant,
+        request: SpawnRequest,
+        parent: &tracing::Span,
+    ) -> Result<Process, SpawnError> {
+        let owner = self.owner_spill("").map_err(|source| SpawnError::Failed {
+            program: request.argv.first().cloned().unwrap_or_default(),
+            source,
+        })?;
+        self.spawn_for(&owner, grant, request, parent).await
+    }
+
+    /// Checks `request` against `grant` and starts it. Needs a tokio runtime.
+    /// `parent` is the caller's span (plugin, task); the process's span is
+    /// its child. Spill files go to `owner`'s directory, which the tree may
+    /// read (read-only); other owners' directories it cannot see.
+    pub async fn spawn_for(
+        &self,
+        owner: &Arc<OwnerSpill>,
         grant: &ProcessGrant,
         request: SpawnRequest,
         parent: &tracing::Span,
@@ -163,11 +231,20 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let ruleset = landlock::ruleset(&grant.read_only_paths, &grant.read_write_paths).map_err(failed)?;
+        let policy = fs_policy::TreePolicy::new(
+            &grant.working_roots(),
+            &grant.read_write_paths,
+            &grant.read_only_paths,
+            &grant.filesystem,
+            &self.protected,
+        );
+        let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
+        let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
         let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &cwd, exec).map_err(failed)?;
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec)
+                .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Starting here, on the caller's thread, is safe: nothing in the tree
@@ -195,16 +272,16 @@ impl ProcessHost {
             let _enter = span.enter();
             tracing::debug!(
                 cwd = %cwd.display(),
+                user_namespace = applied.user_namespace,
                 pid_namespace = applied.pid_namespace,
                 net_namespace = applied.net_namespace,
+                mount_namespace = applied.mount_namespace,
+                fresh_proc = applied.fresh_proc,
+                seccomp = applied.seccomp,
                 landlock = applied.landlock,
                 "process started"
             );
         }
-        let spill_paths = [
-            self.spill_dir.join(format!("process-{id}-stdout.log")),
-            self.spill_dir.join(format!("process-{id}-stderr.log")),
-        ];
         let started = handle::Process::start(handle::Started {
             id,
             pid: forked.pid,
@@ -213,7 +290,7 @@ impl ProcessHost {
             stderr,
             memory_cap,
             spill_cap,
-            spill_paths,
+            spill_owner: owner.clone(),
             grace,
             timeout: request.timeout,
             applied,

@@ -18,12 +18,67 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A spill file, removed from disk when the last holder drops it.
+/// The private spill directory of one owner session (mode 0700), with the
+/// bytes its spill files hold against the owner's cap. Removed from disk
+/// when the last holder (the host's table holds it weakly; each spill file
+/// and each store of the owner strongly) drops it.
+#[derive(Debug)]
+pub struct OwnerSpill {
+    dir: PathBuf,
+    used: AtomicU64,
+    cap: u64,
+}
+
+impl OwnerSpill {
+    /// Creates `dir` (mode 0700, which must not exist yet).
+    pub(crate) fn create(dir: PathBuf, cap: u64) -> std::io::Result<Arc<Self>> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        Ok(Arc::new(Self { dir, used: AtomicU64::new(0), cap }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes the owner's spill files hold now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Takes up to `want` bytes of the owner's cap; returns how many.
+    fn reserve(&self, want: u64) -> u64 {
+        let mut used = self.used.load(Ordering::Acquire);
+        loop {
+            let take = want.min(self.cap.saturating_sub(used));
+            match self.used.compare_exchange_weak(used, used + take, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return take,
+                Err(now) => used = now,
+            }
+        }
+    }
+}
+
+impl Drop for OwnerSpill {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove an owner's spill directory");
+        }
+    }
+}
+
+/// A spill file, removed from disk when the last holder drops it (and its
+/// bytes then given back to its owner's cap).
 #[derive(Debug)]
 pub struct SpillFile {
     path: PathBuf,
+    bytes: AtomicU64,
+    owner: Arc<OwnerSpill>,
 }
 
 impl SpillFile {
@@ -39,6 +94,7 @@ impl Drop for SpillFile {
         {
             tracing::warn!(path = %self.path.display(), error = %e, "could not remove spill file");
         }
+        self.owner.used.fetch_sub(self.bytes.load(Ordering::Acquire), Ordering::AcqRel);
     }
 }
 
@@ -143,20 +199,23 @@ impl StreamBuffer {
 /// The writer half of a stream's spill file, owned by its reader task so that
 /// file I/O never happens under the buffer's lock.
 pub(crate) struct SpillWriter {
-    path: PathBuf,
+    owner: Arc<OwnerSpill>,
+    name: String,
     memory_cap: usize,
     spill_cap: u64,
     /// The stream's first bytes, kept until the stream outgrows the memory
     /// cap (then they open the spill file). `None` once spilled.
     head: Option<Vec<u8>>,
-    file: Option<File>,
+    file: Option<(File, Arc<SpillFile>)>,
     written: u64,
     capped: bool,
 }
 
 impl SpillWriter {
-    pub(crate) fn new(path: PathBuf, memory_cap: usize, spill_cap: u64) -> Self {
-        Self { path, memory_cap, spill_cap, head: Some(Vec::new()), file: None, written: 0, capped: false }
+    /// A writer that will create `<owner dir>/<name>` when the stream
+    /// outgrows `memory_cap`.
+    pub(crate) fn new(owner: Arc<OwnerSpill>, name: String, memory_cap: usize, spill_cap: u64) -> Self {
+        Self { owner, name, memory_cap, spill_cap, head: Some(Vec::new()), file: None, written: 0, capped: false }
     }
 
     /// Records a chunk. Returns the spill file when this chunk created it.
@@ -167,11 +226,11 @@ impl SpillWriter {
                 return Ok(None);
             }
             let head = self.head.take().unwrap_or_default();
-            let file = std::fs::OpenOptions::new().write(true).create_new(true).mode_private().open(&self.path)?;
+            let (file, path) = self.create()?;
             // The guard exists before any write, so even a failed write
             // leaves no file behind once the process is dropped.
-            let guard = Arc::new(SpillFile { path: self.path.clone() });
-            self.file = Some(file);
+            let guard = Arc::new(SpillFile { path, bytes: AtomicU64::new(0), owner: self.owner.clone() });
+            self.file = Some((file, guard.clone()));
             self.append(&head)?;
             self.append(data)?;
             return Ok(Some(guard));
@@ -180,34 +239,54 @@ impl SpillWriter {
         Ok(None)
     }
 
+    /// Creates the file: never through a link, never an existing name (a
+    /// name taken by anything else gets a suffix instead of failing).
+    fn create(&self) -> std::io::Result<(File, PathBuf)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        for attempt in 0..100u32 {
+            let name = if attempt == 0 { format!("{}.log", self.name) } else { format!("{}-{attempt}.log", self.name) };
+            let path = self.owner.dir.join(name);
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(file) => return Ok((file, path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other(format!("no free spill file name in {}", self.owner.dir.display())))
+    }
+
     fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
         if self.capped || data.is_empty() {
             return Ok(());
         }
-        let Some(file) = &mut self.file else {
+        let Some((file, guard)) = &mut self.file else {
             return Ok(());
         };
         let room = self.spill_cap.saturating_sub(self.written);
-        let take = (data.len() as u64).min(room) as usize;
+        let want = (data.len() as u64).min(room);
+        let take = self.owner.reserve(want) as usize;
         file.write_all(&data[..take])?;
         self.written += take as u64;
+        guard.bytes.fetch_add(take as u64, Ordering::AcqRel);
         if take < data.len() {
             self.capped = true;
-            writeln!(file, "\n[spill file capped at {} bytes; later output was not saved]", self.spill_cap)?;
+            if (take as u64) < want {
+                writeln!(
+                    file,
+                    "\n[spill file cut: this session's spill files hold {} bytes, its cap; later output was not saved]",
+                    self.owner.cap
+                )?;
+            } else {
+                writeln!(file, "\n[spill file capped at {} bytes; later output was not saved]", self.spill_cap)?;
+            }
         }
         Ok(())
-    }
-}
-
-/// `OpenOptions` with mode 0600: spill files may hold secrets a command printed.
-trait PrivateMode {
-    fn mode_private(&mut self) -> &mut Self;
-}
-
-impl PrivateMode for std::fs::OpenOptions {
-    fn mode_private(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
     }
 }
 
@@ -250,17 +329,45 @@ mod tests {
     #[test]
     fn spill_file_holds_the_full_prefix_and_is_removed_on_drop() {
         let dir = std::env::temp_dir().join(format!("taskhost-output-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let owner = OwnerSpill::create(dir.clone(), 1 << 20).unwrap();
         let path = dir.join("s.log");
-        let mut w = SpillWriter::new(path.clone(), 4, 8);
+        let mut w = SpillWriter::new(owner.clone(), "s".into(), 4, 8);
         assert!(w.write(b"ab").unwrap().is_none());
         assert!(!path.exists());
         let guard = w.write(b"cde").unwrap().expect("the stream outgrew the memory cap");
         w.write(b"fghij").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("abcdefgh\n[spill file capped at 8 bytes"), "{text:?}");
-        drop(guard);
+        assert_eq!(owner.used(), 8);
+        drop((guard, w));
         assert!(!path.exists());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(owner.used(), 0, "the bytes go back to the owner's cap");
+        drop(owner);
+        assert!(!dir.exists(), "the owner's directory goes with its last holder");
+    }
+
+    #[test]
+    fn planted_names_and_links_cannot_take_output_and_the_owner_cap_holds() {
+        let dir = std::env::temp_dir().join(format!("taskhost-output-plant-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let owner = OwnerSpill::create(dir.clone(), 10).unwrap();
+        // Planted: a file and a symlink under the names the writers want.
+        std::fs::write(dir.join("a.log"), "planted").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("b.log")).unwrap();
+        let mut a = SpillWriter::new(owner.clone(), "a".into(), 2, 100);
+        let mut b = SpillWriter::new(owner.clone(), "b".into(), 2, 100);
+        let fa = a.write(b"123456").unwrap().unwrap();
+        let fb = b.write(b"abcdefgh").unwrap().unwrap();
+        assert_eq!(fa.path(), dir.join("a-1.log"));
+        assert_eq!(fb.path(), dir.join("b-1.log"));
+        assert_eq!(std::fs::read_to_string(dir.join("a.log")).unwrap(), "planted");
+        assert_eq!(std::fs::read_to_string(fa.path()).unwrap(), "123456");
+        // 6 + 8 > 10: the second stream is cut at the owner's cap, and says so.
+        let text = std::fs::read_to_string(fb.path()).unwrap();
+        assert!(text.starts_with("abcd\n[spill file cut: this session's spill files hold 10 bytes"), "{text:?}");
+        assert_eq!(owner.used(), 10);
+        drop((fa, fb, a, b, owner));
+        assert!(!dir.exists());
     }
 }

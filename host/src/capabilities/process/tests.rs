@@ -262,7 +262,7 @@ async fn working_directory_follows_the_grant() {
 }
 
 fn require_pid_namespaces() {
-    if confine::support().pid_namespace.is_none() {
+    if !confine::support().pid_namespace {
         assert!(
             std::env::var_os("TASKHOST_ALLOW_NO_PIDNS").is_some(),
             "PID namespaces are unavailable here; set TASKHOST_ALLOW_NO_PIDNS=1 to accept that setsid \
@@ -275,7 +275,7 @@ fn require_pid_namespaces() {
 #[tokio::test]
 async fn no_leak_after_kill_including_setsid_and_double_fork() {
     require_pid_namespaces();
-    if confine::support().pid_namespace.is_none() {
+    if !confine::support().pid_namespace {
         return;
     }
     let host = host();
@@ -294,7 +294,7 @@ async fn no_leak_after_kill_including_setsid_and_double_fork() {
 #[tokio::test]
 async fn no_leak_after_drop_including_setsid_and_double_fork() {
     require_pid_namespaces();
-    if confine::support().pid_namespace.is_none() {
+    if !confine::support().pid_namespace {
         return;
     }
     let host = host();
@@ -309,7 +309,7 @@ async fn no_leak_after_drop_including_setsid_and_double_fork() {
 #[tokio::test]
 async fn no_leak_after_the_command_exits_on_its_own() {
     require_pid_namespaces();
-    if confine::support().pid_namespace.is_none() {
+    if !confine::support().pid_namespace {
         return;
     }
     let host = host();
@@ -370,28 +370,28 @@ async fn no_network_unless_granted() {
 }
 
 #[tokio::test]
-async fn landlock_confines_writes_to_the_granted_paths() {
-    if landlock::abi().is_none() {
-        return; // the probe logged it
-    }
+async fn writes_are_confined_to_the_workspace_and_the_granted_paths() {
     let host = host();
     let mark = marker("landlock");
-    let base = std::env::temp_dir().join(format!("taskhost-landlock-test-{}", std::process::id()));
-    let (inside, outside) = (base.join("rw"), base.join("other"));
-    std::fs::create_dir_all(&inside).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
+    // Outside /tmp: the tree's /tmp is private, a write there would never
+    // reach the host whatever the rules.
+    let base = std::path::PathBuf::from(format!("/var/tmp/taskhost-landlock-test-{}", std::process::id()));
+    let (work, extra, outside) = (base.join("work"), base.join("rw"), base.join("other"));
+    for dir in [&work, &extra, &outside] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
     let grant =
-        ProcessGrant { read_only_paths: vec!["/".into()], read_write_paths: vec![inside.clone()], ..bash_grant() };
+        ProcessGrant { working_dirs: vec![work.clone()], read_write_paths: vec![extra.clone()], ..bash_grant() };
     let script = format!(
-        "echo a > {}/ok && echo wrote-inside; echo b > {}/no 2>/dev/null || echo denied-outside; cat /etc/hostname >/dev/null && echo read-ok",
-        inside.display(),
+        "echo a > ws && echo a > {}/ok && echo wrote-inside; echo b > {}/no 2>/dev/null || echo denied-outside; \
+         cat /etc/hostname >/dev/null && echo read-ok",
+        extra.display(),
         outside.display()
     );
     let process = host.spawn(&grant, bash(&script, &mark), &tracing::Span::none()).await.unwrap();
-    assert!(process.confinement().landlock);
     let (out, _, _, _) = drain(&process).await;
     assert_eq!(String::from_utf8(out).unwrap(), "wrote-inside\ndenied-outside\nread-ok\n");
-    assert!(inside.join("ok").exists());
+    assert!(work.join("ws").exists() && extra.join("ok").exists());
     assert!(!outside.join("no").exists());
     std::fs::remove_dir_all(&base).unwrap();
 }
@@ -404,10 +404,11 @@ async fn landlock_confines_writes_to_the_granted_paths() {
 #[tokio::test]
 #[ignore = "helper process of no_leak_when_the_host_dies"]
 async fn helper_host_that_gets_killed() {
-    let Ok(value) = std::env::var("TASKHOST_HELPER_MARK") else {
+    let (Ok(value), Some(root)) = (std::env::var("TASKHOST_HELPER_MARK"), std::env::var_os("TASKHOST_HELPER_SPILL"))
+    else {
         return;
     };
-    let host = host();
+    let host = ProcessHost::new(&ProcessHostConfig { spill_root: Some(root.into()), ..Default::default() }).unwrap();
     let mark = ProcessMark::with_value(value);
     let _process = host.spawn(&bash_grant(), bash(ESCAPEES, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 4).await;
@@ -418,14 +419,17 @@ async fn helper_host_that_gets_killed() {
 #[tokio::test]
 async fn no_leak_when_the_host_dies() {
     require_pid_namespaces();
-    if confine::support().pid_namespace.is_none() {
+    if !confine::support().pid_namespace {
         return;
     }
     for signal in [libc::SIGKILL, libc::SIGTERM] {
         let mark = marker(&format!("host-dies-{signal}"));
+        let spill_root = std::env::temp_dir().join(format!("taskhost-host-dies-{}-{signal}", std::process::id()));
+        std::fs::create_dir_all(&spill_root).unwrap();
         let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
             .env("TASKHOST_HELPER_MARK", &mark.value)
+            .env("TASKHOST_HELPER_SPILL", &spill_root)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -439,13 +443,65 @@ async fn no_leak_when_the_host_dies() {
         // The dead host could not remove its spill directory; the next host does.
         let prefix = format!("taskhost-{helper_pid}-");
         let stale = || {
-            std::fs::read_dir(std::env::temp_dir())
+            std::fs::read_dir(&spill_root)
                 .unwrap()
                 .flatten()
                 .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         };
         assert!(stale(), "the killed helper left its spill directory");
-        drop(host());
+        // A spill root of its own: hosts of tests running alongside would
+        // clean up the dead helper's directory in the default one.
+        drop(
+            ProcessHost::new(&ProcessHostConfig { spill_root: Some(spill_root.clone()), ..Default::default() })
+                .unwrap(),
+        );
         assert!(!stale(), "a new host removes the spill directory of a dead one");
+        std::fs::remove_dir_all(&spill_root).unwrap();
     }
+}
+
+/// Spill files live in a private directory per owner: the owner's own trees
+/// read theirs (read-only), another owner's trees see nothing of them, and
+/// the directory goes with its last holder.
+#[tokio::test]
+async fn spill_files_are_private_to_their_owner() {
+    if !confine::support().mount_namespace {
+        return; // the probe logged it: trees see the host's files
+    }
+    let host = host();
+    let mark = marker("spill-owner");
+    let (alice, bob) = (host.owner_spill("alice").unwrap(), host.owner_spill("bob").unwrap());
+    assert_ne!(alice.dir(), bob.dir());
+    let grant = bash_grant();
+    let request = SpawnRequest { memory_cap: Some(100), ..bash("seq 1 1000", &mark) };
+    let process = host.spawn_for(&alice, &grant, request, &tracing::Span::none()).await.unwrap();
+    let (_, _, chunks, _) = drain(&process).await;
+    let spill = chunks.iter().find_map(|c| c.spill_path.clone()).expect("the output spilled");
+    assert!(spill.starts_with(alice.dir()));
+    let files = process.spill_files();
+    drop(process);
+    let run = |owner: &Arc<OwnerSpill>, script: String| {
+        let (host, grant, owner, mark) = (host.clone(), grant.clone(), owner.clone(), mark.clone());
+        async move {
+            let process = host.spawn_for(&owner, &grant, bash(&script, &mark), &tracing::Span::none()).await.unwrap();
+            let (out, _, _, _) = drain(&process).await;
+            String::from_utf8(out).unwrap()
+        }
+    };
+    let probe = format!(
+        "tail -n 1 {0} 2>/dev/null || echo unreadable; echo x >> {0} 2>/dev/null && echo wrote || echo read-only; \
+         ls {1} 2>/dev/null | wc -l",
+        spill.display(),
+        host.spill_dir().display()
+    );
+    // Alice's tree: her file, read-only; the spill directory shows only hers.
+    assert_eq!(run(&alice, probe.clone()).await, "1000\nread-only\n1\n");
+    // Bob's tree: nothing of Alice's.
+    assert_eq!(run(&bob, probe).await, "unreadable\nread-only\n1\n");
+    assert!(std::fs::read_to_string(&spill).unwrap().ends_with("1000\n"), "the file is untouched");
+    drop(files);
+    assert!(!spill.exists(), "the file goes with its last holder");
+    let dir = alice.dir().to_path_buf();
+    drop(alice);
+    assert!(!dir.exists(), "the owner's directory goes with its last holder");
 }

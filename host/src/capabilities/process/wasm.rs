@@ -45,6 +45,8 @@ pub struct ProcessCtx {
     /// The task has no record to keep spill files in (a foreground run):
     /// hand them to the host instead.
     spills_to_host: bool,
+    /// The owner session's spill directory (see [`ProcessCtx::set_owner`]).
+    owner: Option<Arc<super::OwnerSpill>>,
 }
 
 impl std::fmt::Debug for ProcessCtx {
@@ -64,6 +66,18 @@ impl ProcessCtx {
     pub fn set_capability(&mut self, capability: Option<ProcessCapability>, foreground: bool) {
         self.capability = capability;
         self.spills_to_host = foreground;
+    }
+
+    /// Spill files of this store's processes go to `owner`'s private
+    /// directory (an owner session's key), which only that owner's trees
+    /// can read. Without it, to the host-level directory.
+    pub fn set_owner(&mut self, owner: &str) {
+        if let Some(capability) = &self.capability {
+            match capability.host.owner_spill(owner) {
+                Ok(spill) => self.owner = Some(spill),
+                Err(error) => tracing::warn!(%error, "cannot create the owner's spill directory"),
+            }
+        }
     }
 
     /// Every spill file this store's processes created. Keep them as long as
@@ -156,7 +170,14 @@ impl wit::Host for StoreState {
             timeout: request.timeout_ms.map(Duration::from_millis),
         };
         let span = tracing::Span::current();
-        let process = match capability.host.spawn(&capability.grant, request, &span).await {
+        let owner = match ctx.owner.clone() {
+            Some(owner) => owner,
+            None => match capability.host.owner_spill("") {
+                Ok(owner) => owner,
+                Err(error) => return Ok(Err(format!("cannot create the spill directory: {error}"))),
+            },
+        };
+        let process = match capability.host.spawn_for(&owner, &capability.grant, request, &span).await {
             Ok(process) => process,
             Err(err @ SpawnError::Refused(_)) => {
                 tracing::debug!(plugin, error = %err, "process spawn refused");
