@@ -654,20 +654,27 @@ impl TaskRegistry {
             id,
             Settlement { status, detail: outcome.detail, output: outcome.output, forced: false, reported: true },
         );
-        let mut state = self.shared.lock();
-        let Some(record) = state.tasks.get_mut(id) else {
+        let state = self.shared.lock();
+        let snapshot = self.report_terminal(state, id).unwrap_or(
             // Dropped meanwhile (its owner was disposed): report what the read saw.
-            let snapshot =
-                TaskSnapshot { status, detail, finished_at: Some(SystemTime::now()), reported: true, ..before };
-            return TaskRead { text, snapshot };
-        };
+            TaskSnapshot { status, detail, finished_at: Some(SystemTime::now()), reported: true, ..before },
+        );
+        TaskRead { text, snapshot }
+    }
+
+    /// The caller's response reports the end of the terminal task `id`:
+    /// marks it reported (retracting an unread notice), lets the history
+    /// drop what that made droppable, and returns the reported snapshot
+    /// (`None` if the record is gone).
+    fn report_terminal(&self, mut state: MutexGuard<'_, State>, id: &TaskId) -> Option<TaskSnapshot> {
+        let record = state.tasks.get_mut(id)?;
         record.mark_reported();
         let snapshot = record.snapshot();
         let bucket = record.bucket_key();
         let dropped = prune_history(&mut state, &self.shared, bucket);
         drop(state);
         self.release_records(dropped);
-        TaskRead { text, snapshot }
+        Some(snapshot)
     }
 
     /// Requests cancellation. The producer's cancel runs first; if it fails,
@@ -683,12 +690,7 @@ impl TaskRegistry {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
             if record.status.is_terminal() {
-                record.mark_reported();
-                let snapshot = record.snapshot();
-                let bucket = record.bucket_key();
-                let dropped = prune_history(&mut state, &self.shared, bucket);
-                drop(state);
-                self.release_records(dropped);
+                let snapshot = self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
                 return Ok(KillResult::AlreadyTerminal(snapshot));
             }
             record.pending_reporters += 1;
@@ -751,8 +753,7 @@ impl TaskRegistry {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
             if record.status.is_terminal() {
-                record.mark_reported();
-                return Ok(record.snapshot());
+                return self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()));
             }
             record.pending_reporters += 1;
             record.settled_signal()
@@ -785,13 +786,7 @@ impl TaskRegistry {
         if !record.status.is_terminal() {
             return Ok(record.snapshot());
         }
-        record.mark_reported();
-        let snapshot = record.snapshot();
-        let bucket = record.bucket_key();
-        let dropped = prune_history(&mut state, &self.shared, bucket);
-        drop(state);
-        self.release_records(dropped);
-        Ok(snapshot)
+        self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()))
     }
 
     /// Registers a listener called once per settled task with its terminal
