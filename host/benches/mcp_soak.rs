@@ -126,48 +126,15 @@ async fn mcp_call(peer: &Peer<RoleClient>, tool: &str, arguments: Value, tally: 
     result.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default()
 }
 
-/// One client's loop over MCP until `deadline`.
-async fn mcp_client(peer: Peer<RoleClient>, mark: String, deadline: Instant) -> Tally {
-    let mut tally = Tally::default();
-    while Instant::now() < deadline {
-        let command = format!("{mark}seq 1 {LINES}");
-        let started = mcp_call(&peer, "bash", json!({"command": command, "run_in_background": true}), &mut tally).await;
-        let id = started.rsplit(' ').next().unwrap().to_string();
-        let mut collected = String::new();
-        loop {
-            let text = mcp_call(&peer, "task_output", json!({"task_id": id, "wait": true}), &mut tally).await;
-            let (body, status) = body_and_status(&text);
-            if !body.is_empty() {
-                collected.push_str(body);
-                collected.push('\n');
-            }
-            if !status.starts_with("[status: running") {
-                assert!(status.starts_with("[status: completed"), "task {id}: {status}");
-                break;
-            }
-        }
-        tally.lines += check_lines(&collected, &id);
-        tally.tasks += 1;
-    }
-    tally
-}
-
-/// The same loop through the library.
-async fn library_client(
-    host: taskhost::Host,
-    agent: taskhost::agents::Agent,
-    mark: String,
+/// One client's loop until `deadline`, whatever carries its calls: start a
+/// background `bash` printing `1..=LINES`, collect it with
+/// `task_output(wait: true)` until it settles, check every line.
+async fn client_loop(
+    mark: &str,
     deadline: Instant,
+    mut call: impl AsyncFnMut(&str, Value, &mut Tally) -> String,
 ) -> Tally {
-    let context = CallContext::for_agent(&agent);
     let mut tally = Tally::default();
-    let call = async |tool: &str, arguments: Value, tally: &mut Tally| {
-        let begun = Instant::now();
-        let output = host.call_tool(tool, arguments, &context).await.unwrap();
-        tally.latencies.push(begun.elapsed());
-        assert!(!output.is_error, "{tool}: {}", output.text);
-        output.text
-    };
     while Instant::now() < deadline {
         let command = format!("{mark}seq 1 {LINES}");
         let started = call("bash", json!({"command": command, "run_in_background": true}), &mut tally).await;
@@ -189,6 +156,32 @@ async fn library_client(
         tally.tasks += 1;
     }
     tally
+}
+
+/// One client's loop over MCP.
+async fn mcp_client(peer: Peer<RoleClient>, mark: String, deadline: Instant) -> Tally {
+    client_loop(&mark, deadline, async |tool: &str, arguments: Value, tally: &mut Tally| {
+        mcp_call(&peer, tool, arguments, tally).await
+    })
+    .await
+}
+
+/// The same loop through the library.
+async fn library_client(
+    host: taskhost::Host,
+    agent: taskhost::agents::Agent,
+    mark: String,
+    deadline: Instant,
+) -> Tally {
+    let context = CallContext::for_agent(&agent);
+    client_loop(&mark, deadline, async |tool: &str, arguments: Value, tally: &mut Tally| {
+        let begun = Instant::now();
+        let output = host.call_tool(tool, arguments, &context).await.unwrap();
+        tally.latencies.push(begun.elapsed());
+        assert!(!output.is_error, "{tool}: {}", output.text);
+        output.text
+    })
+    .await
 }
 
 struct Summary {
