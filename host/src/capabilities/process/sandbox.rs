@@ -190,14 +190,7 @@ impl MountPlan {
     pub(crate) unsafe fn apply_in_keeper(&self) {
         // SAFETY (whole body): plain syscalls on prepared C strings.
         unsafe {
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
+            if !make_mounts_private() {
                 fail(b"cannot make the mounts private");
             }
             let mut clones = [-1; MAX_RW_ROOTS];
@@ -565,20 +558,28 @@ fn fail(what: &[u8]) -> ! {
     unsafe { super::confine::fail(EXIT_SETUP_FAILED, what) }
 }
 
+/// Makes every mount below `/` private to this mount namespace, so nothing
+/// the tree mounts propagates to the host. Async-signal-safe.
+fn make_mounts_private() -> bool {
+    // SAFETY: a plain syscall on a static C string.
+    unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) == 0
+    }
+}
+
 /// The probe's test of the keeper's mount steps (in a fresh user and mount
 /// namespace): private mounts, a detached copy, a read-only tree, a `tmpfs`,
 /// and a copy moved back. Async-signal-safe.
 pub(crate) fn probe_mounts() -> bool {
     // SAFETY: plain syscalls on static C strings, in the probe's child.
     unsafe {
-        if libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
+        if !make_mounts_private() {
             return false;
         }
         let fd = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c"/tmp".as_ptr(), OPEN_TREE_CLONE | AT_RECURSIVE);
