@@ -20,6 +20,7 @@ pub use taskhost::builtin::{TICKER_PATH, TICKER_WASM};
 
 pub mod agent_calls;
 pub mod procfs;
+pub mod registry_fixture;
 
 /// Paths of the fixture plugins.
 pub mod fixtures {

@@ -9,11 +9,10 @@
 use std::time::Duration;
 
 use serde_json::json;
-use taskhost::agents::AgentRegistry;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
-use taskhost::producer::{Producer as _, RunMode};
-use taskhost::tasks::{RegistryConfig, TaskRegistry, TaskStart, TaskStatus};
+use taskhost::tasks::TaskStatus;
 use taskhost_tests::fixtures;
+use taskhost_tests::registry_fixture::OwnedRegistry;
 
 /// The window CPU time is measured over.
 const WINDOW: Duration = Duration::from_secs(2);
@@ -39,24 +38,10 @@ async fn a_task_that_is_always_ready_but_never_done_does_not_spin_a_core() {
     .unwrap();
     let version = engine.load_file(fixtures::MISBEHAVE_PATH).await.unwrap();
     let producer = WasmProducer::new(version, json!({})).await.unwrap();
-    let agents = AgentRegistry::new();
-    let agent = agents.create("agent", "session").unwrap();
-    let registry = TaskRegistry::new(
-        agents,
-        RegistryConfig { max_live_tasks_per_owner: 10, teardown_timeout: None, ..RegistryConfig::default() },
-    );
-    let _surface = registry.attach_surface("test");
-    let prepared = producer.prepare(json!({"fault": "busy"}), RunMode::Background).await.unwrap();
-    let id = registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: prepared.producer_info,
-            run: prepared.run,
-        })
-        .await
-        .unwrap();
+    let owned = OwnedRegistry::new();
+    let (registry, agent) = (&owned.registry, &owned.agent);
+    let prepared = OwnedRegistry::prepare(&producer, json!({"fault": "busy"})).await;
+    let id = owned.start(&producer, prepared).await;
 
     let before = cpu_ticks();
     tokio::time::sleep(WINDOW).await;
@@ -68,10 +53,10 @@ async fn a_task_that_is_always_ready_but_never_done_does_not_spin_a_core() {
         used * 10 < window_ticks,
         "the busy task used {used} ticks of CPU in a {window_ticks}-tick window (bound: a tenth of it)"
     );
-    assert_eq!(registry.get(&id, Some(&agent)).unwrap().status, TaskStatus::Running);
+    assert_eq!(registry.get(&id, Some(agent)).unwrap().status, TaskStatus::Running);
 
     // Backed off, it still answers a kill at once.
-    registry.kill(&id, Some(&agent), None).await.unwrap();
-    let snapshot = registry.wait(&id, Duration::from_secs(5), Some(&agent), None).await.unwrap();
+    registry.kill(&id, Some(agent), None).await.unwrap();
+    let snapshot = registry.wait(&id, Duration::from_secs(5), Some(agent), None).await.unwrap();
     assert_eq!(snapshot.status, TaskStatus::Killed, "{snapshot:?}");
 }

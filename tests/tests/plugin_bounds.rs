@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::json;
-use taskhost::agents::AgentRegistry;
 use taskhost::plugin::bounds::{
     MAX_CHUNK_BYTES, MAX_DESCRIPTION_BYTES, MAX_DETAIL_BYTES, MAX_LOG_LINE_BYTES, MAX_SCHEMA_BYTES,
 };
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
-use taskhost::producer::{Producer as _, RunMode};
-use taskhost::tasks::{RegistryConfig, TaskRegistry, TaskStart, TaskStatus};
+use taskhost::producer::Producer as _;
+use taskhost::tasks::TaskStatus;
 use taskhost_tests::fixtures;
+use taskhost_tests::registry_fixture::OwnedRegistry;
 
 /// Room for the truncation notice after a capped string.
 const NOTICE: usize = 200;
@@ -83,26 +83,12 @@ async fn a_flooding_task_has_its_label_output_detail_and_log_line_cut() {
     let engine = engine();
     let version = engine.load_file(fixtures::MISBEHAVE_PATH).await.unwrap();
     let producer = WasmProducer::new(version, json!({})).await.unwrap();
-    let agents = AgentRegistry::new();
-    let agent = agents.create("agent", "session").unwrap();
-    let registry = TaskRegistry::new(
-        agents,
-        RegistryConfig { max_live_tasks_per_owner: 10, teardown_timeout: None, ..RegistryConfig::default() },
-    );
-    let _surface = registry.attach_surface("test");
-    let prepared = producer.prepare(json!({"fault": "flood"}), RunMode::Background).await.unwrap();
+    let owned = OwnedRegistry::new();
+    let (registry, agent) = (&owned.registry, &owned.agent);
+    let prepared = OwnedRegistry::prepare(&producer, json!({"fault": "flood"})).await;
     assert_eq!(prepared.label.chars().count(), 200, "labels are one line of 200 characters at most");
-    let id = registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: prepared.producer_info,
-            run: prepared.run,
-        })
-        .await
-        .unwrap();
-    let snapshot = registry.wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
+    let id = owned.start(&producer, prepared).await;
+    let snapshot = registry.wait(&id, Duration::from_secs(10), Some(agent), None).await.unwrap();
     assert_eq!(snapshot.status, TaskStatus::Completed, "{snapshot:?}");
     let detail = snapshot.detail.expect("detail");
     assert!(detail.len() <= MAX_DETAIL_BYTES + NOTICE, "{} bytes", detail.len());
@@ -110,7 +96,7 @@ async fn a_flooding_task_has_its_label_output_detail_and_log_line_cut() {
 
     let mut output = String::new();
     loop {
-        let read = registry.read(&id, Some(&agent)).await.unwrap();
+        let read = registry.read(&id, Some(agent)).await.unwrap();
         output.push_str(&read.text);
         if read.text.is_empty() {
             break;
