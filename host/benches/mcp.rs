@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use taskhost::config::Config;
 use taskhost::tools::CallContext;
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/all/common.rs"]
 mod common;
 
 use common::BIN;
@@ -161,11 +161,11 @@ async fn floor_http() -> Stats {
 /// pair: the process boundary taken out.
 async fn surface_socket(config: &Config) -> Stats {
     let host = taskhost::setup::host_from_config(config, std::path::Path::new(".")).await.unwrap();
-    let server = taskhost::surfaces::mcp::McpServer::new(host.clone(), config.serve.clone());
+    let server = taskhost::mcp::McpServer::new(host.clone(), config.serve.clone());
     let (server_end, client_end) = tokio::net::UnixStream::pair().unwrap();
     let (read, write) = server_end.into_split();
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let serving = tokio::spawn(taskhost::surfaces::mcp::stdio::serve_connection(server, read, write, shutdown.clone()));
+    let serving = tokio::spawn(taskhost::mcp::stdio::serve_connection(server, read, write, shutdown.clone()));
     let client = ().serve(client_end).await.unwrap();
     let stats = round_trips(client.peer()).await;
     let _ = client.cancel().await;

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use taskhost::config::Config;
 use taskhost::tools::CallContext;
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/all/common.rs"]
 mod common;
 
 use common::BIN;

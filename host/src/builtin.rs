@@ -12,7 +12,7 @@
 //! [`TICKER_PATH`]; [`BUILTIN_PLUGINS`] lists them all.
 
 /// One plugin built into the binary.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BuiltinPlugin {
     /// The guest crate's name (`ticker`), which is how a configuration names it.
     pub name: &'static str,

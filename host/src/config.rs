@@ -11,8 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Deserialize;
 
-use crate::tasks::RegistryConfig;
-use crate::tools::control::ControlToolsConfig;
+pub use taskhost_core::settings::TasksSettings;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -33,10 +32,10 @@ pub struct Config {
     pub plugins: crate::plugin::PluginRuntimeConfig,
     /// `[process]`: host-wide settings of the process capability.
     #[serde(default)]
-    pub process: crate::capabilities::process::ProcessHostConfig,
+    pub process: taskhost_process::ProcessHostConfig,
     /// `[subagents]`: the backends child runs are started on.
     #[serde(default)]
-    pub subagents: crate::capabilities::subagents::SubagentsConfig,
+    pub subagents: crate::subagents::SubagentsConfig,
     /// The file this configuration was loaded from (absolute), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -264,57 +263,6 @@ fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// `[tasks]`: the registry and the control tools.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TasksSettings {
-    pub max_live_tasks_per_owner: usize,
-    /// 0 waits forever for a cancelled task during teardown.
-    pub teardown_timeout_ms: u64,
-    pub wait_timeout_ms: u64,
-    pub max_wait_timeout_ms: u64,
-    /// Finished tasks kept per owner; older reported ones are dropped.
-    pub max_finished_tasks_per_owner: usize,
-}
-
-impl Default for TasksSettings {
-    fn default() -> Self {
-        let registry = RegistryConfig::default();
-        let control = ControlToolsConfig::default();
-        Self {
-            max_live_tasks_per_owner: registry.max_live_tasks_per_owner,
-            teardown_timeout_ms: registry.teardown_timeout.map_or(0, |t| t.as_millis() as u64),
-            wait_timeout_ms: control.wait_timeout_ms,
-            max_wait_timeout_ms: control.max_wait_timeout_ms,
-            max_finished_tasks_per_owner: registry.max_finished_tasks_per_owner,
-        }
-    }
-}
-
-impl TasksSettings {
-    pub fn registry(&self) -> RegistryConfig {
-        RegistryConfig {
-            max_live_tasks_per_owner: self.max_live_tasks_per_owner,
-            teardown_timeout: (self.teardown_timeout_ms > 0).then(|| Duration::from_millis(self.teardown_timeout_ms)),
-            max_finished_tasks_per_owner: self.max_finished_tasks_per_owner,
-        }
-    }
-
-    pub fn control_tools(&self) -> ControlToolsConfig {
-        ControlToolsConfig { wait_timeout_ms: self.wait_timeout_ms, max_wait_timeout_ms: self.max_wait_timeout_ms }
-    }
-
-    pub fn validate(&self) -> anyhow::Result<()> {
-        self.control_tools().validate().map_err(|e| anyhow::anyhow!("[tasks] {e}"))?;
-        anyhow::ensure!(self.max_live_tasks_per_owner > 0, "[tasks] max_live_tasks_per_owner must be at least 1");
-        anyhow::ensure!(
-            self.max_finished_tasks_per_owner > 0,
-            "[tasks] max_finished_tasks_per_owner must be at least 1 (the finished tasks each owner keeps)"
-        );
-        Ok(())
-    }
-}
-
 /// `[[producer]]`: one producer tool instance.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -324,7 +272,7 @@ pub struct ProducerConfig {
     /// Where the producer comes from: `builtin:<name>` (a plugin embedded in
     /// the binary), `native:<name>` (an in-process Rust producer), or a path
     /// to a `.wasm` component (relative to the configuration file).
-    pub plugin: String,
+    pub plugin: ProducerSource,
     /// The instance's plugin configuration, passed to the producer as JSON.
     #[serde(default = "empty_table")]
     pub config: toml::Table,
@@ -340,12 +288,89 @@ pub struct ProducerConfig {
     pub grants: Grants,
 }
 
+/// The producers written in Rust that a configuration can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NativeProducer {
+    /// `native:ticker` ([`crate::native::ticker::TickerProducer`]).
+    Ticker,
+    /// `native:subagent` ([`crate::subagents::SubagentProducer`]).
+    Subagent,
+}
+
+impl NativeProducer {
+    /// Every native producer, in the order error messages list them.
+    pub const ALL: [NativeProducer; 2] = [NativeProducer::Ticker, NativeProducer::Subagent];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NativeProducer::Ticker => "ticker",
+            NativeProducer::Subagent => "subagent",
+        }
+    }
+}
+
+/// Where a `[[producer]]`'s code comes from: parsed once, when the
+/// configuration is read, so a typo is an error that lists what is supported
+/// and no other code parses `plugin` strings.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ProducerSource {
+    /// `native:<name>`: a producer written in Rust, run in process.
+    Native(NativeProducer),
+    /// `builtin:<name>`: a plugin embedded in the binary ([`crate::builtin`]).
+    Builtin(&'static crate::builtin::BuiltinPlugin),
+    /// A path to a `.wasm` component, relative to the configuration file.
+    File(PathBuf),
+}
+
+impl ProducerSource {
+    /// What a `plugin` value may be, for error messages.
+    pub fn supported() -> String {
+        let natives = NativeProducer::ALL.iter().map(|n| format!("native:{}", n.name()));
+        let builtins = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| format!("builtin:{}", p.name));
+        let names: Vec<String> = natives.chain(builtins).collect();
+        format!("{}, or a path to a .wasm component", names.join(", "))
+    }
+
+    /// True when the producer is a WebAssembly plugin (built in or a file).
+    pub fn is_wasm(&self) -> bool {
+        !matches!(self, ProducerSource::Native(_))
+    }
+}
+
+impl TryFrom<String> for ProducerSource {
+    type Error = String;
+
+    fn try_from(plugin: String) -> Result<Self, String> {
+        let unsupported = || format!("unsupported plugin {plugin:?}; supported: {}", Self::supported());
+        if let Some(name) = plugin.strip_prefix("native:") {
+            NativeProducer::ALL.into_iter().find(|n| n.name() == name).map(Self::Native).ok_or_else(unsupported)
+        } else if let Some(name) = plugin.strip_prefix("builtin:") {
+            crate::builtin::find(name).map(Self::Builtin).ok_or_else(unsupported)
+        } else if plugin.ends_with(".wasm") {
+            Ok(Self::File(PathBuf::from(plugin)))
+        } else {
+            Err(unsupported())
+        }
+    }
+}
+
+impl std::fmt::Display for ProducerSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProducerSource::Native(native) => write!(f, "native:{}", native.name()),
+            ProducerSource::Builtin(builtin) => write!(f, "builtin:{}", builtin.name),
+            ProducerSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
 /// `[producer.grants]`: what the host lets one producer instance do.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Grants {
     /// `[producer.grants.process]`: start processes (the `process` capability).
-    pub process: Option<crate::capabilities::process::ProcessGrant>,
+    pub process: Option<taskhost_process::ProcessGrant>,
 }
 
 fn empty_table() -> toml::Table {
@@ -433,9 +458,9 @@ impl Config {
     /// The producers served when the configuration lists none. The one
     /// place that decides what a bare `taskhost serve` offers.
     pub fn default_producers() -> Vec<ProducerConfig> {
-        let producer = |tool: &str, plugin: &str, grants: Grants| ProducerConfig {
+        let producer = |tool: &str, plugin: ProducerSource, grants: Grants| ProducerConfig {
             tool: tool.to_string(),
-            plugin: plugin.to_string(),
+            plugin,
             config: empty_table(),
             background: true,
             foreground_timeout_ms: default_foreground_timeout_ms(),
@@ -444,11 +469,14 @@ impl Config {
         // bash may start only bash, in the server's working directory and
         // below, with credentials scrubbed from its environment, no network,
         // and every tree in its own PID namespace.
-        let bash_grant =
-            crate::capabilities::process::ProcessGrant { programs: vec!["bash".to_string()], ..Default::default() };
+        let bash_grant = taskhost_process::ProcessGrant { programs: vec!["bash".to_string()], ..Default::default() };
         vec![
-            producer("bash", "builtin:bash", Grants { process: Some(bash_grant) }),
-            producer("ticker", "native:ticker", Grants::default()),
+            producer(
+                "bash",
+                ProducerSource::Builtin(crate::builtin::find("bash").expect("bash is built in")),
+                Grants { process: Some(bash_grant) },
+            ),
+            producer("ticker", ProducerSource::Native(NativeProducer::Ticker), Grants::default()),
         ]
     }
 
@@ -465,11 +493,11 @@ impl Config {
         for producer in &self.producers {
             anyhow::ensure!(
                 !producer.tool.trim().is_empty(),
-                "[[producer]] with plugin {:?} has an empty tool name",
+                "[[producer]] with plugin \"{}\" has an empty tool name",
                 producer.plugin
             );
             crate::tools::check_tool_name(&producer.tool)
-                .map_err(|error| anyhow::anyhow!("[[producer]] with plugin {:?}: {error}", producer.plugin))?;
+                .map_err(|error| anyhow::anyhow!("[[producer]] with plugin \"{}\": {error}", producer.plugin))?;
             anyhow::ensure!(
                 seen.insert(producer.tool.clone()),
                 "two [[producer]] entries are named {:?}; tool names must be unique",
@@ -569,8 +597,8 @@ mod tests {
         let config = Config::default();
         assert_eq!(config.effective_producers(), Config::default_producers());
         let defaults = Config::default_producers();
-        let plugins: Vec<(&str, &str)> = defaults.iter().map(|p| (p.tool.as_str(), p.plugin.as_str())).collect();
-        assert_eq!(plugins, [("bash", "builtin:bash"), ("ticker", "native:ticker")]);
+        let plugins: Vec<(&str, String)> = defaults.iter().map(|p| (p.tool.as_str(), p.plugin.to_string())).collect();
+        assert_eq!(plugins, [("bash", "builtin:bash".to_string()), ("ticker", "native:ticker".to_string())]);
         let grant = defaults[0].grants.process.as_ref().expect("bash has a process grant");
         assert_eq!(grant.programs, ["bash"]);
         assert!(!grant.network && grant.pid_namespace && grant.working_dirs.is_empty());

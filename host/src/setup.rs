@@ -1,60 +1,80 @@
 //! Building a [`Host`] from a [`Config`]: the one place that turns
 //! `[[producer]]` entries into served tools.
 //!
-//! Every `plugin` value a configuration may name is resolved in
-//! [`build_producer`]: `native:ticker` (in process), `builtin:<name>` (a
-//! WebAssembly plugin embedded in the binary) or a path to a `.wasm`
-//! component (relative to the configuration file). Anything else is an error
-//! that lists what is supported, so a typo never serves a half-configured
-//! host. The plugin engine is created only when a wasm producer is
+//! Every `plugin` value is parsed once, with the configuration, into a
+//! [`ProducerSource`] (`native:<name>`, `builtin:<name>`, or a path to a
+//! `.wasm` component); anything else is an error that lists what is
+//! supported, so a typo never serves a half-configured host.
+//! [`build_producer`] turns each source into a producer, and is where the
+//! capabilities a producer needs are wired in (the subagents service, the
+//! process host). The plugin engine is created only when a wasm producer is
 //! configured, and lives as long as the plugins loaded into it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use serde_json::json;
 
 use crate::Host;
-use crate::capabilities::process::{ProcessHost, ProcessHostConfig, wasm::ProcessCapability};
-use crate::capabilities::subagents::{Subagents, is_subagent_plugin, subagent_producer};
-use crate::config::{Config, ProducerConfig};
+use crate::config::{Config, NativeProducer, ProducerConfig, ProducerSource};
+use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::producer::Producer;
-
-/// The native producers this build can serve.
-pub const NATIVE_PRODUCERS: &[&str] = &["native:ticker", "native:subagent"];
-
-fn supported() -> String {
-    let builtins: Vec<String> = crate::builtin::BUILTIN_PLUGINS.iter().map(|p| format!("builtin:{}", p.name)).collect();
-    format!("{}, {}, or a path to a .wasm component", NATIVE_PRODUCERS.join(", "), builtins.join(", "))
-}
+use crate::subagents::{SubagentProducer, Subagents};
+use taskhost_process::{ProcessHost, ProcessHostConfig};
 
 /// Builds the producer a `[[producer]]` entry names. `base_dir` resolves
-/// relative `.wasm` paths; `engine` is created on the first wasm producer.
+/// relative `.wasm` paths; the runtimes are created on first use.
 pub async fn build_producer(
     config: &ProducerConfig,
     base_dir: &Path,
     runtime: &mut PluginRuntime,
     subagents: &Subagents,
 ) -> anyhow::Result<Arc<dyn Producer>> {
-    let plugin = config.plugin.as_str();
-    if is_subagent_plugin(plugin) {
-        let engine = if plugin == "builtin:subagent" { Some(runtime.engine()?) } else { None };
-        let producer = subagent_producer(config, subagents, engine).await?;
-        return producer.ok_or_else(|| anyhow::anyhow!("{plugin:?} is not a subagent plugin"));
+    match &config.plugin {
+        ProducerSource::Native(NativeProducer::Ticker) => {
+            anyhow::ensure!(
+                config.grants.process.is_none(),
+                "tool {:?}: the native ticker starts no processes; remove its process grant",
+                config.tool
+            );
+            Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?))
+        }
+        ProducerSource::Native(NativeProducer::Subagent) => {
+            let instance = subagent_instance_config(config)?;
+            Ok(Arc::new(SubagentProducer::new(subagents.clone(), &instance).with_context(|| tool_context(config))?))
+        }
+        ProducerSource::Builtin(_) | ProducerSource::File(_) => {
+            let wasm = build_wasm_producer(config, base_dir, runtime, Some(subagents)).await?;
+            Ok(wasm.expect("a wasm source builds a wasm producer").producer)
+        }
     }
-    if plugin == "native:ticker" {
-        anyhow::ensure!(
-            config.grants.process.is_none(),
-            "tool {:?}: the native ticker starts no processes; remove its process grant",
-            config.tool
-        );
-        return Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?));
+}
+
+fn tool_context(config: &ProducerConfig) -> String {
+    format!("[[producer]] {:?}", config.tool)
+}
+
+/// The instance config of a subagent producer (native or built-in): the
+/// entry's `background` flag is written into it as `background` (a
+/// conflicting explicit value is an error), so the producer describes
+/// background collection exactly when the host offers `run_in_background`.
+fn subagent_instance_config(entry: &ProducerConfig) -> anyhow::Result<serde_json::Value> {
+    let mut config = entry.config_json();
+    let object =
+        config.as_object_mut().ok_or_else(|| anyhow::anyhow!("{}: config must be a table", tool_context(entry)))?;
+    match object.get("background") {
+        Some(serde_json::Value::Bool(flag)) if *flag != entry.background => anyhow::bail!(
+            "{}: config.background = {flag} contradicts background = {}; set only the latter",
+            tool_context(entry),
+            entry.background
+        ),
+        _ => {
+            object.insert("background".into(), json!(entry.background));
+        }
     }
-    match build_wasm_producer(config, base_dir, runtime).await? {
-        Some(wasm) => Ok(wasm.producer),
-        None => anyhow::bail!("unsupported plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported()),
-    }
+    Ok(config)
 }
 
 /// A wasm plugin served from a `[[producer]]` entry, with its grants.
@@ -65,30 +85,31 @@ pub struct WasmEntry {
 }
 
 /// Builds the wasm producer of an entry whose plugin is `builtin:<name>` or
-/// a `.wasm` path, with the capabilities its grants name; `Ok(None)` for
-/// native and subagent plugins (see [`build_producer`]). Also what
-/// `taskhost dev` serves, so a plugin under development gets exactly the
-/// authority it will get in production.
+/// a `.wasm` path, with the capabilities its grants name (and, for
+/// `builtin:subagent`, the `subagents` service when one is given); `Ok(None)`
+/// for a native producer (see [`build_producer`]). Also what `taskhost dev`
+/// serves, so a plugin under development gets exactly the authority it will
+/// get in production.
 pub async fn build_wasm_producer(
     config: &ProducerConfig,
     base_dir: &Path,
     runtime: &mut PluginRuntime,
+    subagents: Option<&Subagents>,
 ) -> anyhow::Result<Option<WasmEntry>> {
-    let plugin = config.plugin.as_str();
-    let (version, file) = if is_subagent_plugin(plugin) || plugin.starts_with("native:") {
-        return Ok(None);
-    } else if let Some(name) = plugin.strip_prefix("builtin:") {
-        let Some(builtin) = crate::builtin::find(name) else {
-            anyhow::bail!("unknown built-in plugin {plugin:?} for tool {:?}; supported: {}", config.tool, supported());
-        };
-        (runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?, None)
-    } else if plugin.ends_with(".wasm") {
-        let file = base_dir.join(plugin);
-        (runtime.engine()?.load_file(&file).await?, Some(file))
-    } else {
-        return Ok(None);
+    let (version, file) = match &config.plugin {
+        ProducerSource::Native(_) => return Ok(None),
+        ProducerSource::Builtin(builtin) => (runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?, None),
+        ProducerSource::File(path) => {
+            let file = base_dir.join(path);
+            (runtime.engine()?.load_file(&file).await?, Some(file))
+        }
     };
-    let mut producer = WasmProducer::new(version, config.config_json()).await?;
+    let is_subagent = matches!(&config.plugin, ProducerSource::Builtin(builtin) if builtin.name == "subagent");
+    let instance_config = if is_subagent { subagent_instance_config(config)? } else { config.config_json() };
+    let mut producer = WasmProducer::new(version, instance_config).await.with_context(|| tool_context(config))?;
+    if let (true, Some(subagents)) = (is_subagent, subagents) {
+        producer = producer.with_subagents(subagents.clone());
+    }
     if let Some(grant) = &config.grants.process {
         // Programs are resolved now, once: a grant that names a program found
         // through a directory process trees could write refuses to load.
@@ -141,7 +162,7 @@ impl PluginRuntime {
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
     let host = Host::new(&config.tasks)?;
     let mut runtime = PluginRuntime::new(config);
-    let subagents = Subagents::new(&host, &config.subagents)?;
+    let subagents = Subagents::for_host(&host, &config.subagents)?;
     for producer in config.effective_producers() {
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents)
             .await
@@ -162,13 +183,17 @@ mod tests {
         assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
     }
 
-    #[tokio::test]
-    async fn an_unknown_plugin_names_what_is_supported() {
+    #[test]
+    fn an_unknown_plugin_names_what_is_supported() {
         for plugin in ["native:nope", "builtin:nope", "nope"] {
-            let config = Config::parse(&format!("[[producer]]\ntool = \"x\"\nplugin = \"{plugin}\"\n")).unwrap();
-            let error = format!("{:#}", host_from_config(&config, Path::new(".")).await.err().unwrap());
-            assert!(error.contains(&format!("plugin \"{plugin}\" for tool \"x\"")), "{error}");
-            assert!(error.contains("native:ticker, native:subagent, builtin:ticker"), "{error}");
+            let error = Config::parse(&format!("[[producer]]\ntool = \"x\"\nplugin = \"{plugin}\"\n")).unwrap_err();
+            let error = format!("{error:#}");
+            assert!(error.contains(&format!("unsupported plugin \"{plugin}\"")), "{error}");
+            assert!(error.contains("plugin = "), "the error points at the entry: {error}");
+            assert!(
+                error.contains("native:ticker, native:subagent, builtin:ticker, builtin:bash, builtin:subagent"),
+                "{error}"
+            );
         }
     }
 

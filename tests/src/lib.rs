@@ -19,7 +19,7 @@
 pub use taskhost::builtin::{TICKER_PATH, TICKER_WASM};
 
 pub mod agent_calls;
-pub mod procfs;
+pub use taskhost_process::testing::procfs;
 pub mod registry_fixture;
 
 /// Paths of the fixture plugins.

@@ -181,13 +181,13 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
 async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
     let entry =
         Config::default_producers().into_iter().find(|p| p.tool == "bash").context("bash is a default producer")?;
-    let wasm = build_wasm_producer(&entry, std::path::Path::new("."), runtime)
+    let wasm = build_wasm_producer(&entry, std::path::Path::new("."), runtime, None)
         .await?
         .context("the default bash is a wasm plugin")?;
     demo.host.add_producer(wasm.producer, entry.tool_options())?;
     demo.say(&format!(
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
-        crate::capabilities::process::confine::support().describe()
+        taskhost_process::confine::support().describe()
     ));
     let id = started_id(
         &demo
@@ -225,6 +225,6 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
     demo.call("task_kill", json!({"task_id": id})).await?;
     let text = demo.call("task_output", json!({"task_id": id, "wait": true, "timeout_ms": 10000})).await?;
     ensure!(text.ends_with("[status: killed, signal: SIGTERM]"), "{id} was not killed: {text}");
-    println!("  (its PID namespace ended with it; process trees left: {})", crate::capabilities::process::live_count());
+    println!("  (its PID namespace ended with it; process trees left: {})", taskhost_process::live_count());
     Ok(())
 }

@@ -26,7 +26,6 @@ use tokio::sync::mpsc;
 
 use crate::Host;
 use crate::agents::Agent;
-use crate::capabilities::process::ProcessGrant;
 use crate::config::{Config, Grants, ProducerConfig};
 use crate::plugin::ServingVersion;
 use crate::producer::Producer as _;
@@ -34,6 +33,7 @@ use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
 use crate::setup::{PluginRuntime, build_wasm_producer};
 use crate::tools::producer_tool::RUN_IN_BACKGROUND;
 use crate::tools::{CallContext, ToolOutput};
+use taskhost_process::ProcessGrant;
 
 #[derive(Debug, clap::Args)]
 pub struct DevArgs {
@@ -102,7 +102,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut runtime = PluginRuntime::new(&config);
     let mut served = Vec::new();
     for entry in &config.producers {
-        let Some(wasm) = build_wasm_producer(entry, &base_dir, &mut runtime)
+        let Some(wasm) = build_wasm_producer(entry, &base_dir, &mut runtime, None)
             .await
             .with_context(|| format!("[[producer]] {:?}", entry.tool))?
         else {
@@ -190,7 +190,7 @@ fn target_config(args: &DevArgs) -> anyhow::Result<(Config, PathBuf)> {
         .then(|| ProcessGrant { programs: args.programs.clone(), ..ProcessGrant::default() });
     let entry = ProducerConfig {
         tool: args.tool.clone().unwrap_or_default(),
-        plugin: args.target.display().to_string(),
+        plugin: crate::config::ProducerSource::File(args.target.clone()),
         config: table,
         background: true,
         foreground_timeout_ms: crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,

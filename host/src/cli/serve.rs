@@ -14,8 +14,8 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::mcp::{McpServer, http, stdio};
 use crate::setup::host_from_config;
-use crate::surfaces::mcp::{McpServer, http, stdio};
 
 /// The configuration file used when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "taskhost.toml";
@@ -78,7 +78,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     host.dispose().await;
     // Backstop: disposal awaited every task, but a producer that broke its
     // contract may have left a process tree; none may outlive the host.
-    let stragglers = crate::capabilities::process::kill_all();
+    let stragglers = taskhost_process::kill_all();
     if stragglers > 0 {
         tracing::warn!(stragglers, "killed process trees left after disposal");
     }

@@ -17,8 +17,8 @@ wasmtime::component::bindgen!({
     with: {
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
-        "taskhost:producer/process.process": crate::capabilities::process::wasm::ProcessResource,
-        "taskhost:producer/subagents.run": crate::capabilities::subagents::wasm::RunResource,
+        "taskhost:producer/process.process": crate::plugin::resources::ProcessResource,
+        "taskhost:producer/subagents.run": crate::plugin::resources::RunResource,
     },
     require_store_data_send: true,
 });

@@ -30,7 +30,7 @@
 //! swapped for another (even a valid one: the key is in the digest). A writer
 //! running as the server's own uid with access to the directory could forge
 //! both; that is why the directory is among the paths no process tree may
-//! read or write ([`crate::capabilities::process::ProcessHostConfig::protected_paths`]).
+//! read or write ([`taskhost_process::ProcessHostConfig::protected_paths`]).
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};

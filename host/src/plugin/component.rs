@@ -37,7 +37,7 @@ use super::bindings::exports::taskhost::producer::producer::{Descriptor, Outcome
 use super::cache::Lookup;
 use super::engine::PluginEngine;
 use super::fault;
-use super::state::{self, StoreState, StoreTag};
+use super::state::{StoreState, StoreTag};
 
 /// The export every plugin must provide.
 pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.1.0";
@@ -178,12 +178,12 @@ impl PluginEngine {
 
         let imports =
             component.component_type().imports(self.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
-        let linker = state::host_linker(self)?;
+        let linker = super::host::linker(self)?;
         let instance_pre = linker.instantiate_pre(&component).map_err(|err| {
             anyhow!(
                 "the component imports something taskhost does not provide: {err:#}. \
                  taskhost provides {}",
-                state::PROVIDED_IMPORTS
+                super::host::PROVIDED_IMPORTS
             )
         })?;
         check_export_names(self, &component)?;

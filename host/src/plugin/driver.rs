@@ -53,8 +53,8 @@ use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitS
 use super::bounds;
 use super::fault::{self, Fault};
 use super::state::StoreState;
-use crate::capabilities::process::SpillFile;
 use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
+use taskhost_process::SpillFile;
 
 enum Request {
     Read(oneshot::Sender<ReadReply>),

@@ -14,8 +14,9 @@
 //! Submodules: [`engine`] (engine, config, epoch ticker), [`cache`] (the
 //! verified compile cache), [`bounds`] (caps on plugin strings, the spin
 //! back-off), [`bindings`]
-//! (generated from `wit/`), [`state`] (store data, sandboxed WASI, host
-//! imports), [`component`] (load, validate, cache), [`fault`] (deadlines and
+//! (generated from `wit/`), [`state`] (store data, sandboxed WASI), [`host`] (the
+//! host imports, one module per capability, on views of the store),
+//! [`resources`] (per-store capability state and guest-held resources), [`component`] (load, validate, cache), [`fault`] (deadlines and
 //! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
 //! loop), [`check`] (`taskhost check`).
 
@@ -27,7 +28,9 @@ pub mod component;
 mod driver;
 pub mod engine;
 pub mod fault;
+pub mod host;
 pub mod producer;
+pub mod resources;
 pub mod state;
 
 pub use check::{CheckReport, check_plugin, check_plugin_with};

@@ -11,24 +11,24 @@
 //!   lookup). Guest stdout/stderr become `tracing` debug events tagged with the
 //!   plugin, and the tail of stderr is kept to explain a trap. Each
 //!   `host-log` message is cut to `bounds::MAX_LOG_LINE_BYTES` with a notice.
-//! - Every host import a plugin can see is added in [`host_linker`]; a
-//!   capability (process, subagents) adds itself there and keeps its per-store
-//!   state in [`StoreState`].
+//! - Every host import a plugin can see is added in
+//!   [`super::host::linker`]; a capability (process, subagents) keeps its
+//!   per-store state in [`StoreState`] and is implemented on a view of it.
 //! - Memory growth beyond the cap is refused (the guest sees an allocation
 //!   failure) and remembered, so the resulting fault names the limit.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::taskhost::producer::{host_log, process};
 use super::engine::PluginEngine;
-use crate::capabilities::process::ProcessCtx;
+use super::resources::ProcessCtx;
+use crate::subagents::Subagents;
 
 /// Names a store in logs and fault details.
 #[derive(Clone, Debug)]
@@ -45,18 +45,18 @@ pub struct StoreTag {
 /// The data of one store.
 pub struct StoreState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(super) table: ResourceTable,
     limiter: TaskLimiter,
-    tag: StoreTag,
+    pub(super) tag: StoreTag,
     /// When the call in progress must end; checked at every epoch tick.
     pub(crate) call_deadline_at: Instant,
     /// Set when a call was interrupted by its deadline.
     pub(crate) deadline_hit: bool,
     stderr_tail: Arc<Mutex<TailBuffer>>,
     /// The `process` capability of this store (denied unless granted).
-    process: ProcessCtx,
+    pub(super) process: ProcessCtx,
     /// The `subagents` grant: None refuses `subagents.start`.
-    pub(crate) subagents: Option<crate::capabilities::subagents::Subagents>,
+    pub(super) subagents: Option<Subagents>,
 }
 
 impl StoreState {
@@ -114,9 +114,9 @@ impl StoreState {
         &mut self.process
     }
 
-    /// The process state, the table its resources live in, and the plugin name.
-    pub(crate) fn process_parts(&mut self) -> (&mut ProcessCtx, &mut ResourceTable, &str) {
-        (&mut self.process, &mut self.table, &self.tag.plugin)
+    /// Grants this store the `subagents` capability.
+    pub fn grant_subagents(&mut self, subagents: Subagents) {
+        self.subagents = Some(subagents);
     }
 
     /// The store's resource table (where guest-returned pollables live).
@@ -145,50 +145,6 @@ impl WasiView for StoreState {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
-
-impl host_log::Host for StoreState {
-    async fn log(&mut self, level: host_log::Level, message: String) -> wasmtime::Result<()> {
-        let message = super::bounds::cap(message, super::bounds::MAX_LOG_LINE_BYTES, "log line");
-        let tag = &self.tag;
-        let (plugin, version, purpose) = (&*tag.plugin, &*tag.version, &*tag.purpose);
-        match level {
-            host_log::Level::Trace => {
-                tracing::trace!(target: "taskhost::plugin::guest", plugin, version, store = purpose, "{message}")
-            }
-            host_log::Level::Debug => {
-                tracing::debug!(target: "taskhost::plugin::guest", plugin, version, store = purpose, "{message}")
-            }
-            host_log::Level::Info => {
-                tracing::info!(target: "taskhost::plugin::guest", plugin, version, store = purpose, "{message}")
-            }
-            host_log::Level::Warn => {
-                tracing::warn!(target: "taskhost::plugin::guest", plugin, version, store = purpose, "{message}")
-            }
-            host_log::Level::Error => {
-                tracing::error!(target: "taskhost::plugin::guest", plugin, version, store = purpose, "{message}")
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Assembles every host import a plugin may use: WASI 0.2 (sandboxed by the
-/// context in [`StoreState`]), `taskhost:producer/host-log` and the
-/// `subagents` capability (refused unless the store was granted it). Capabilities
-/// add their interfaces here.
-pub fn host_linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> {
-    let mut linker = Linker::new(engine.engine());
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-    host_log::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
-    process::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
-    crate::capabilities::subagents::wasm::add_to_linker(&mut linker)?;
-    Ok(linker)
-}
-
-/// The interfaces [`host_linker`] provides, for error messages.
-pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.1.0, \
-     taskhost:producer/process@0.1.0 and taskhost:producer/subagents@0.1.0 (both refused unless granted)";
 
 /// The memory cap of a store, remembering whether it was hit.
 struct TaskLimiter {

@@ -1,0 +1,212 @@
+//! Registry benchmark: start → read → settle for the native ticker kind.
+//!
+//! Run: `cargo bench -p taskhost --bench registry`
+//!
+//! Measures, in one run so the ratios are fair on a noisy machine:
+//! - starts/s of 10 000 background ticker tasks through `TaskRegistry::start`,
+//!   against a bare baseline (a mutex-guarded map insert plus a spawned timer
+//!   per task), and through the whole tool path (`Host::call_tool`);
+//! - start cost at 1 000, 10 000 and 50 000 live tasks (flat = O(1));
+//! - RSS per live task with 10 000 live tasks, registry vs baseline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use taskhost_core::Host;
+use taskhost_core::agents::AgentRegistry;
+use taskhost_core::native::ticker::TickerProducer;
+use taskhost_core::producer::runner;
+use taskhost_core::settings::TasksSettings;
+use taskhost_core::tasks::{RegistryConfig, TaskControl, TaskHooks, TaskOutcome, TaskRegistry, TaskStart};
+use taskhost_core::tools::CallContext;
+
+const N: usize = 10_000;
+
+fn rss_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn registry() -> (TaskRegistry, taskhost_core::tasks::SurfaceGuard) {
+    let registry = TaskRegistry::new(
+        AgentRegistry::new(),
+        RegistryConfig { max_live_tasks_per_owner: usize::MAX, ..Default::default() },
+    );
+    let surface = registry.attach_surface("bench");
+    (registry, surface)
+}
+
+/// The trivial native kind: a timer that completes after `interval`.
+struct Timer(tokio::sync::Notify);
+
+#[async_trait::async_trait]
+impl TaskControl for Timer {
+    async fn cancel(&self, _reason: Option<&str>) -> anyhow::Result<()> {
+        self.0.notify_one();
+        Ok(())
+    }
+
+    fn streams_output(&self) -> bool {
+        false
+    }
+}
+
+fn timer_start(interval: Duration) -> TaskStart {
+    let run = runner(async move {
+        let timer = Arc::new(Timer(tokio::sync::Notify::new()));
+        let control = timer.clone();
+        let done = async move {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => Ok(TaskOutcome::completed(None)),
+                _ = timer.0.notified() => Ok(TaskOutcome::killed(None)),
+            }
+        };
+        Ok(TaskHooks { control, done: Box::pin(done) })
+    });
+    TaskStart { kind: "timer".into(), label: "timer".into(), owner: None, producer_info: None, run }
+}
+
+/// Starts `n` timer tasks settling after `interval_ms`; returns starts/s.
+async fn registry_starts(
+    registry: &TaskRegistry,
+    n: usize,
+    interval_ms: u64,
+) -> (f64, Vec<taskhost_core::ids::TaskId>) {
+    let mut ids = Vec::with_capacity(n);
+    let interval = Duration::from_millis(interval_ms);
+    let started = Instant::now();
+    for _ in 0..n {
+        ids.push(registry.start(timer_start(interval)).await.unwrap());
+    }
+    (n as f64 / started.elapsed().as_secs_f64(), ids)
+}
+
+/// The bare baseline: what any registry must do at least — a map insert and a timer.
+struct Baseline {
+    map: Arc<Mutex<HashMap<u64, (String, bool)>>>,
+}
+
+impl Baseline {
+    fn start(&self, id: u64, interval: Duration) {
+        self.map.lock().unwrap().insert(id, (format!("ticker-{id}"), false));
+        let map = self.map.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(interval).await;
+            if let Some(entry) = map.lock().unwrap().get_mut(&id) {
+                entry.1 = true;
+            }
+        });
+    }
+}
+
+fn baseline_starts(n: usize, interval: Duration) -> (f64, Baseline) {
+    let baseline = Baseline { map: Arc::new(Mutex::new(HashMap::new())) };
+    let started = Instant::now();
+    for id in 0..n as u64 {
+        baseline.start(id, interval);
+    }
+    (n as f64 / started.elapsed().as_secs_f64(), baseline)
+}
+
+async fn wait_all_settled(registry: &TaskRegistry, ids: &[taskhost_core::ids::TaskId]) {
+    for id in ids {
+        registry.wait(id, Duration::from_secs(60), None, None).await.unwrap();
+        registry.read(id, None).await.unwrap();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(pos) = args.iter().position(|a| a == "--memory") {
+        return memory_probe(&args[pos + 1]).await;
+    }
+    // Run on a worker thread, as tool calls do in a server: spawns go to the
+    // worker's local queue instead of waking the runtime from outside.
+    tokio::spawn(run_benchmarks()).await.unwrap();
+}
+
+async fn run_benchmarks() {
+    let rounds = 5;
+    println!("registry benchmark: {N} tasks per round, {rounds} rounds, median reported");
+
+    // Throughput: registry vs baseline vs full tool path, interleaved per round.
+    let (mut reg, mut base, mut tool, mut cycle) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let (registry, _surface) = registry();
+        let started = Instant::now();
+        let (rate, ids) = registry_starts(&registry, N, 1).await;
+        wait_all_settled(&registry, &ids).await;
+        cycle.push(N as f64 / started.elapsed().as_secs_f64());
+        reg.push(rate);
+        registry.dispose().await;
+
+        let (rate, baseline) = baseline_starts(N, Duration::from_millis(1));
+        base.push(rate);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(baseline);
+
+        let host = Host::new(&TasksSettings { max_live_tasks_per_owner: usize::MAX, ..Default::default() }).unwrap();
+        host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()))
+            .expect("tool name is valid");
+        let context = CallContext::default();
+        let args = json!({"count": 1, "interval_ms": 1, "run_in_background": true});
+        let started = Instant::now();
+        for _ in 0..N {
+            host.call_tool("ticker", args.clone(), &context).await.unwrap();
+        }
+        tool.push(N as f64 / started.elapsed().as_secs_f64());
+        host.dispose().await;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (reg, base, tool, cycle) = (median(&mut reg), median(&mut base), median(&mut tool), median(&mut cycle));
+    println!("starts/s  registry.start          {reg:>10.0}");
+    println!("starts/s  baseline map + timer    {base:>10.0}");
+    println!("starts/s  Host::call_tool (full)  {tool:>10.0}");
+    println!("tasks/s   start → read → settle   {cycle:>10.0}");
+    println!("ratio     registry / baseline     {:>10.2}", reg / base);
+    println!("ratio     tool path / baseline    {:>10.2}", tool / base);
+
+    // O(1) start: cost per start with many tasks already live.
+    for live in [1_000usize, 10_000, 50_000] {
+        let (registry, _surface) = registry();
+        registry_starts(&registry, live, 600_000).await;
+        let (rate, _) = registry_starts(&registry, 2_000, 600_000).await;
+        println!("start cost with {live:>6} live: {:>7.2} µs", 1e6 / rate);
+        registry.dispose().await;
+    }
+
+    // Memory per live task, each measured in a fresh process so freed memory
+    // of earlier phases cannot hide growth.
+    let measure = |what: &str| -> usize {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--memory", what])
+            .output()
+            .expect("run the memory probe");
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("probe prints bytes per task")
+    };
+    let (reg_bytes, base_bytes) = (measure("registry"), measure("baseline"));
+    println!("RSS per live task  registry {reg_bytes} B, baseline {base_bytes} B");
+}
+
+/// `--memory registry|baseline`: prints RSS bytes per live task for N live tasks.
+async fn memory_probe(what: &str) {
+    // Warm the runtime and allocator so the delta is the tasks alone.
+    let (registry, _surface) = registry();
+    registry_starts(&registry, 100, 1).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = rss_bytes();
+    let keep: Box<dyn std::any::Any> = match what {
+        "registry" => Box::new(registry_starts(&registry, N, 600_000).await),
+        _ => Box::new(baseline_starts(N, Duration::from_secs(600)).1),
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    println!("{}", rss_bytes().saturating_sub(before) / N);
+    drop(keep);
+}

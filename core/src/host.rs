@@ -1,0 +1,102 @@
+//! The library facade: one object that owns the agents, the task registry,
+//! the control tools and the producer tools.
+//!
+//! Dropping order matters only at [`Host::dispose`]: agents first (each
+//! awaits its tasks' quiescence), then the registry (unowned tasks), so no
+//! task outlives the host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::agents::{Agent, AgentError, AgentRegistry};
+use crate::ids::{AgentId, SessionId};
+use crate::producer::Producer;
+use crate::settings::TasksSettings;
+use crate::tasks::TaskRegistry;
+use crate::tools::control::ControlTools;
+use crate::tools::producer_tool::{DEFAULT_FOREGROUND_TIMEOUT_MS, ProducerTool, ProducerToolOptions};
+use crate::tools::{CallContext, ToolDefinition, ToolError, ToolNameError, ToolOutput, Toolbox};
+
+/// A running taskhost.
+#[derive(Clone)]
+pub struct Host {
+    agents: AgentRegistry,
+    registry: TaskRegistry,
+    toolbox: Toolbox,
+    _control: Arc<ControlTools>,
+}
+
+impl Host {
+    /// A host with the control tools attached and no producers yet.
+    pub fn new(settings: &TasksSettings) -> anyhow::Result<Self> {
+        settings.validate()?;
+        let agents = AgentRegistry::new();
+        let registry = TaskRegistry::new(agents.clone(), settings.registry());
+        let toolbox = Toolbox::new();
+        let control = ControlTools::attach(&registry, settings.control_tools()).map_err(anyhow::Error::msg)?;
+        control.install(&toolbox);
+        Ok(Self { agents, registry, toolbox, _control: control })
+    }
+
+    pub fn agents(&self) -> &AgentRegistry {
+        &self.agents
+    }
+
+    pub fn registry(&self) -> &TaskRegistry {
+        &self.registry
+    }
+
+    pub fn toolbox(&self) -> &Toolbox {
+        &self.toolbox
+    }
+
+    /// Registers a new agent (an owner session).
+    pub fn create_agent(&self, id: impl Into<AgentId>, session: impl Into<SessionId>) -> Result<Agent, AgentError> {
+        self.agents.create(id, session)
+    }
+
+    /// Serves a producer as a tool (replacing a producer tool of the same
+    /// name). Refuses names that break the tool-name rule or belong to the
+    /// control tools.
+    pub fn add_producer(&self, producer: Arc<dyn Producer>, options: ProducerToolOptions) -> Result<(), ToolNameError> {
+        self.toolbox.insert(Arc::new(ProducerTool::new(producer, options, self.registry.clone())))
+    }
+
+    /// Serves a producer under `name` with background runs on and the default
+    /// foreground timeout.
+    pub fn add_producer_named(&self, name: &str, producer: Arc<dyn Producer>) -> Result<(), ToolNameError> {
+        self.add_producer(
+            producer,
+            ProducerToolOptions {
+                name: name.to_string(),
+                background: true,
+                foreground_timeout: Duration::from_millis(DEFAULT_FOREGROUND_TIMEOUT_MS),
+            },
+        )
+    }
+
+    pub fn tool_definitions(&self) -> Vec<ToolDefinition> {
+        self.toolbox.definitions()
+    }
+
+    /// Calls a tool as `context.caller`.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        args: serde_json::Value,
+        context: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        self.toolbox.call(name, args, context).await
+    }
+
+    /// The system-prompt section that teaches the background-task habit.
+    pub fn system_prompt_section(&self) -> &'static str {
+        crate::prompt::BACKGROUND_TASKS_SECTION
+    }
+
+    /// Disposes every agent (awaiting their tasks), then every unowned task.
+    pub async fn dispose(&self) {
+        self.agents.dispose_all().await;
+        self.registry.dispose().await;
+    }
+}

@@ -1,0 +1,92 @@
+//! The producer contract: how a kind of background work plugs into taskhost.
+//!
+//! A [`Producer`] describes one model-facing tool (its kind, description and
+//! argument schema) and prepares invocations of it. Two implementations
+//! exist: native Rust producers ([`crate::native`]) and WebAssembly plugins
+//! ([`crate::plugin`]); the tool adapter ([`crate::tools::producer_tool`])
+//! treats them alike. Preparing never starts work: it validates what only the
+//! producer can validate and computes the label. Starting happens in the
+//! returned [`PreparedRun::run`], which the registry calls exactly once, after
+//! its own preflight.
+
+use std::sync::Arc;
+
+use crate::ids::TaskId;
+use crate::tasks::{TaskHooks, TaskRunner};
+
+/// What the model sees of a producer's tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Task kind and id prefix.
+    pub kind: String,
+    /// Model-facing tool description.
+    pub description: String,
+    /// JSON Schema of the arguments, without `run_in_background`.
+    pub parameters: serde_json::Value,
+    /// True: output is read as a consuming stream; false: final output only.
+    pub streams_output: bool,
+}
+
+/// Whether a call waits for its task (foreground) or returns its id (background).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    Foreground,
+    Background,
+}
+
+/// An invocation that passed the producer's own checks and is ready to start.
+pub struct PreparedRun {
+    /// The task's one-line model-facing label.
+    pub label: String,
+    /// Facts for hosts, not the model (the plugin version a wasm task runs on).
+    pub producer_info: Option<String>,
+    /// Starts the work. Dropping a `PreparedRun` without calling it starts nothing.
+    pub run: TaskRunner,
+}
+
+/// A kind of background work.
+#[async_trait::async_trait]
+pub trait Producer: Send + Sync + 'static {
+    /// The current tool description. May change over the producer's life
+    /// (a plugin reload can change the schema); callers must not cache it.
+    fn descriptor(&self) -> Arc<Descriptor>;
+
+    /// Prepares one invocation. `args` already passed the descriptor's JSON
+    /// Schema and no longer holds `run_in_background`. An error refuses the
+    /// call with a message for the model; nothing was started.
+    async fn prepare(&self, args: serde_json::Value, mode: RunMode) -> anyhow::Result<PreparedRun>;
+
+    /// The reply to a background start, for the model:
+    /// `started background subagent task subagent-1` unless the producer
+    /// words it otherwise (the bash plugin keeps the reference harness's
+    /// `started background task bash-1`).
+    fn start_reply(&self, descriptor: &Descriptor, id: &TaskId) -> String {
+        format!("started background {} task {id}", descriptor.kind)
+    }
+}
+
+tokio::task_local! {
+    /// The owner session (its key) a [`Producer::prepare`] runs for, set by
+    /// the tool adapter around every call. Producers that keep per-owner
+    /// state (the process capability's private spill directory) read it with
+    /// [`preparing_for`]; it is unset outside a tool call.
+    static PREPARING_FOR: String;
+}
+
+/// The owner session the current [`Producer::prepare`] runs for, if any.
+pub fn preparing_for() -> Option<String> {
+    PREPARING_FOR.try_with(Clone::clone).ok()
+}
+
+/// Runs `prepare` as a prepare for `owner` (see [`preparing_for`]).
+pub async fn prepare_for<F: std::future::Future>(owner: String, prepare: F) -> F::Output {
+    PREPARING_FOR.scope(owner, prepare).await
+}
+
+/// Wraps a future that starts work into a [`TaskRunner`].
+pub fn runner<F>(start: F) -> TaskRunner
+where
+    F: std::future::Future<Output = anyhow::Result<TaskHooks>> + Send + 'static,
+{
+    Box::new(move || Box::pin(start))
+}

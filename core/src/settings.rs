@@ -1,0 +1,63 @@
+//! `[tasks]`: the settings of the registry and the control tools, as the
+//! configuration file spells them (milliseconds, 0 for "none").
+//!
+//! Invariant: [`TasksSettings::validate`] accepts exactly the settings
+//! [`crate::Host::new`] can run with; every refusal names the key.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::tasks::RegistryConfig;
+use crate::tools::control::ControlToolsConfig;
+
+/// `[tasks]`: the registry and the control tools.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksSettings {
+    pub max_live_tasks_per_owner: usize,
+    /// 0 waits forever for a cancelled task during teardown.
+    pub teardown_timeout_ms: u64,
+    pub wait_timeout_ms: u64,
+    pub max_wait_timeout_ms: u64,
+    /// Finished tasks kept per owner; older reported ones are dropped.
+    pub max_finished_tasks_per_owner: usize,
+}
+
+impl Default for TasksSettings {
+    fn default() -> Self {
+        let registry = RegistryConfig::default();
+        let control = ControlToolsConfig::default();
+        Self {
+            max_live_tasks_per_owner: registry.max_live_tasks_per_owner,
+            teardown_timeout_ms: registry.teardown_timeout.map_or(0, |t| t.as_millis() as u64),
+            wait_timeout_ms: control.wait_timeout_ms,
+            max_wait_timeout_ms: control.max_wait_timeout_ms,
+            max_finished_tasks_per_owner: registry.max_finished_tasks_per_owner,
+        }
+    }
+}
+
+impl TasksSettings {
+    pub fn registry(&self) -> RegistryConfig {
+        RegistryConfig {
+            max_live_tasks_per_owner: self.max_live_tasks_per_owner,
+            teardown_timeout: (self.teardown_timeout_ms > 0).then(|| Duration::from_millis(self.teardown_timeout_ms)),
+            max_finished_tasks_per_owner: self.max_finished_tasks_per_owner,
+        }
+    }
+
+    pub fn control_tools(&self) -> ControlToolsConfig {
+        ControlToolsConfig { wait_timeout_ms: self.wait_timeout_ms, max_wait_timeout_ms: self.max_wait_timeout_ms }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.control_tools().validate().map_err(|e| anyhow::anyhow!("[tasks] {e}"))?;
+        anyhow::ensure!(self.max_live_tasks_per_owner > 0, "[tasks] max_live_tasks_per_owner must be at least 1");
+        anyhow::ensure!(
+            self.max_finished_tasks_per_owner > 0,
+            "[tasks] max_finished_tasks_per_owner must be at least 1 (the finished tasks each owner keeps)"
+        );
+        Ok(())
+    }
+}

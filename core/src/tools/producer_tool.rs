@@ -1,0 +1,256 @@
+//! The tool adapter: one model-facing tool per producer instance.
+//!
+//! `run_in_background` belongs to the host, not the producer: the adapter
+//! adds it to the schema when the instance allows background runs, omits it
+//! otherwise, and refuses a forced `run_in_background: true` on a disabled
+//! instance (the omission advertises; the refusal enforces). Arguments are
+//! validated against the producer's JSON Schema before anything is prepared.
+//! Background calls go through the registry and return a task id; foreground
+//! calls run the task directly, bounded by the instance's timeout and the
+//! caller's cancellation, and return its output with the status line.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use serde_json::{Value, json};
+
+use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, json_kind};
+use crate::panics::panic_message;
+use crate::producer::{Descriptor, Producer, RunMode};
+use crate::tasks::{
+    ReadEndedTask, TaskControl, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
+};
+
+/// The host's flag on producer tools.
+pub const RUN_IN_BACKGROUND: &str = "run_in_background";
+
+/// How long a foreground call may run, unless the instance says otherwise.
+pub const DEFAULT_FOREGROUND_TIMEOUT_MS: u64 = 600_000;
+
+/// Per-instance settings of a producer tool.
+#[derive(Clone, Debug)]
+pub struct ProducerToolOptions {
+    /// The model-facing tool name.
+    pub name: String,
+    /// Offer `run_in_background`.
+    pub background: bool,
+    /// A foreground call is cancelled when it runs longer than this.
+    pub foreground_timeout: Duration,
+}
+
+/// A producer served as a tool.
+pub struct ProducerTool {
+    producer: Arc<dyn Producer>,
+    options: ProducerToolOptions,
+    registry: TaskRegistry,
+    /// The validator of the last descriptor seen; rebuilt when a reload
+    /// changes the descriptor.
+    validator: Mutex<Option<(Arc<Descriptor>, Arc<jsonschema::Validator>)>>,
+}
+
+impl ProducerTool {
+    pub fn new(producer: Arc<dyn Producer>, options: ProducerToolOptions, registry: TaskRegistry) -> Self {
+        Self { producer, options, registry, validator: Mutex::new(None) }
+    }
+
+    pub fn producer(&self) -> &Arc<dyn Producer> {
+        &self.producer
+    }
+
+    fn validator(&self, descriptor: &Arc<Descriptor>) -> Result<Arc<jsonschema::Validator>, ToolError> {
+        let mut cached = self.validator.lock().expect("validator cache poisoned");
+        if let Some((seen, validator)) = cached.as_ref()
+            && (Arc::ptr_eq(seen, descriptor) || **seen == **descriptor)
+        {
+            return Ok(validator.clone());
+        }
+        let validator =
+            Arc::new(jsonschema::validator_for(&descriptor.parameters).map_err(|error| ToolError::Failed {
+                tool: self.options.name.clone(),
+                message: format!("the producer's argument schema is not a valid JSON Schema: {error}"),
+            })?);
+        *cached = Some((descriptor.clone(), validator.clone()));
+        Ok(validator)
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> ToolError {
+        ToolError::InvalidArguments { tool: self.options.name.clone(), message: message.into() }
+    }
+
+    async fn run_foreground(
+        &self,
+        prepared: crate::producer::PreparedRun,
+        context: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let name = &self.options.name;
+        // A foreground run is contained like a background one: a panic in
+        // the producer fails the call (or the task), never the caller.
+        let hooks = AssertUnwindSafe((prepared.run)())
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
+            .map_err(|error| ToolError::Failed { tool: name.clone(), message: format!("{error:#}") })?;
+        let control = hooks.control;
+        let mut done = AssertUnwindSafe(hooks.done)
+            .catch_unwind()
+            .map(|finished| {
+                finished.unwrap_or_else(|panic| {
+                    Ok(TaskOutcome::failed(format!("producer panicked: {}", panic_message(panic))))
+                })
+            })
+            .boxed();
+        let timeout = self.options.foreground_timeout;
+        let stopped_because = tokio::select! {
+            outcome = &mut done => return Ok(foreground_result(&*control, outcome, None).await),
+            _ = tokio::time::sleep(timeout) => format!("timed out after {} ms", timeout.as_millis()),
+            _ = context.cancel.cancelled() => "the call was cancelled".to_string(),
+        };
+        tracing::info!(tool = %name, reason = %stopped_because, "stopping a foreground task");
+        let cancelled = AssertUnwindSafe(control.cancel(Some(&stopped_because)))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        if let Err(error) = cancelled {
+            control.abandon();
+            return Err(ToolError::Failed {
+                tool: name.clone(),
+                message: format!("{stopped_because}, and cancelling it failed: {error:#}"),
+            });
+        }
+        // A cancelled task must settle; bound the wait anyway so a broken
+        // producer cannot hold the call forever.
+        match tokio::time::timeout(self.registry.config().teardown_timeout.unwrap_or(Duration::MAX), done).await {
+            Ok(outcome) => Ok(foreground_result(&*control, outcome, Some(&stopped_because)).await),
+            Err(_) => {
+                control.abandon();
+                Err(ToolError::Failed {
+                    tool: name.clone(),
+                    message: format!("{stopped_because}, and the task did not stop after cancellation"),
+                })
+            }
+        }
+    }
+}
+
+/// The foreground result: everything the task produced, then its status line.
+async fn foreground_result(
+    control: &dyn TaskControl,
+    outcome: anyhow::Result<TaskOutcome>,
+    stopped_because: Option<&str>,
+) -> ToolOutput {
+    let outcome = outcome.unwrap_or_else(|error| TaskOutcome::failed(format!("producer error: {error:#}")));
+    let mut text = String::new();
+    if control.streams_output() {
+        match AssertUnwindSafe(control.read_output()).catch_unwind().await {
+            Ok(Ok(output)) => text.push_str(&output),
+            Ok(Err(error)) => match error.downcast::<ReadEndedTask>() {
+                Ok(ended) => text.push_str(&ended.text),
+                Err(error) => text.push_str(&format!("[reading the output failed: {error:#}]\n")),
+            },
+            Err(panic) => text
+                .push_str(&format!("[reading the output failed: the producer panicked: {}]\n", panic_message(panic))),
+        }
+    }
+    if let Some(output) = &outcome.output {
+        text.push_str(output);
+    }
+    let mut detail = outcome.detail.clone();
+    if let Some(reason) = stopped_because {
+        detail = Some(match detail {
+            Some(detail) => format!("{detail}, {reason}"),
+            None => reason.to_string(),
+        });
+    }
+    let status = TaskStatus::from(outcome.status);
+    let status_line = TaskSnapshot::status_line_of(status, detail.as_deref());
+    let body = if text.is_empty() { "(no output)" } else { text.trim_end_matches('\n') };
+    ToolOutput { text: format!("{body}\n{status_line}"), is_error: outcome.status != TerminalStatus::Completed }
+}
+
+#[async_trait::async_trait]
+impl Tool for ProducerTool {
+    fn definition(&self) -> ToolDefinition {
+        let descriptor = self.producer.descriptor();
+        let mut schema = descriptor.parameters.clone();
+        if self.options.background
+            && let Some(properties) =
+                schema.as_object_mut().and_then(|s| s.entry("properties").or_insert_with(|| json!({})).as_object_mut())
+        {
+            properties.insert(
+                RUN_IN_BACKGROUND.to_string(),
+                json!({
+                    "type": "boolean",
+                    "description": "Run in the background: the call returns a task id at once. Collect the output \
+                                    later with task_output and stop the task with task_kill. Default false."
+                }),
+            );
+        }
+        ToolDefinition {
+            name: self.options.name.clone(),
+            description: descriptor.description.clone(),
+            input_schema: schema,
+        }
+    }
+
+    async fn call(&self, args: Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
+        let mut args = if args.is_null() { json!({}) } else { args };
+        let Some(object) = args.as_object_mut() else {
+            return Err(self.invalid(format!("expected a JSON object, got {}", json_kind(&args))));
+        };
+        let background = match object.remove(RUN_IN_BACKGROUND) {
+            None => false,
+            Some(Value::Bool(flag)) => flag,
+            Some(other) => {
+                return Err(self.invalid(format!("{RUN_IN_BACKGROUND} must be a boolean, got {}", json_kind(&other))));
+            }
+        };
+        if background && !self.options.background {
+            return Err(self.invalid(format!(
+                "{RUN_IN_BACKGROUND} is disabled for the {} tool in this deployment; call it without {RUN_IN_BACKGROUND}",
+                self.options.name
+            )));
+        }
+        let descriptor = self.producer.descriptor();
+        let validator = self.validator(&descriptor)?;
+        let problems: Vec<String> = validator
+            .iter_errors(&args)
+            .map(|error| {
+                let at = error.instance_path().to_string();
+                if at.is_empty() { error.to_string() } else { format!("at {at}: {error}") }
+            })
+            .collect();
+        if !problems.is_empty() {
+            return Err(self.invalid(problems.join("; ")));
+        }
+
+        let mode = if background { RunMode::Background } else { RunMode::Foreground };
+        if background && context.cancel.is_cancelled() {
+            return Err(ToolError::Cancelled(self.options.name.clone()));
+        }
+        // The caller's session owns the spill files of the run's processes.
+        let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
+        let prepared = AssertUnwindSafe(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
+            .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
+        if !background {
+            return self.run_foreground(prepared, context).await;
+        }
+        // After the id is returned the call's cancellation is no longer wired
+        // to the task: only task_kill and owner disposal stop it.
+        let id = self
+            .registry
+            .start(TaskStart {
+                kind: descriptor.kind.clone(),
+                label: prepared.label,
+                owner: context.caller.clone(),
+                producer_info: prepared.producer_info,
+                run: prepared.run,
+            })
+            .await?;
+        Ok(ToolOutput::ok(self.producer.start_reply(&descriptor, &id)))
+    }
+}

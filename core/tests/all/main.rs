@@ -1,0 +1,6 @@
+//! The integration tests of `taskhost-core`: one binary, one module per
+//! suite (as wasmtime's `tests/all`). They link no plugin runtime, so they
+//! build in seconds.
+
+mod registry;
+mod stress;

@@ -1,0 +1,163 @@
+//! The per-store state and the guest-held resources of every capability:
+//! what a task store keeps, and what the generated bindings map the WIT
+//! resources to. The WIT glue that hands them out is [`super::host::process`] and
+//! [`super::host::subagents`]; this module does not depend on the bindings, so the
+//! bindings can name these types.
+//!
+//! ## process
+//! Model: each store holds a [`ProcessCtx`]: the grant of its plugin
+//! instance (or none), a count of the processes the guest holds, and the
+//! spill files of processes it dropped. A guest `process` is a
+//! [`ProcessResource`] in the store's `ResourceTable`; its pollables are
+//! children of it (`subscribe`: ready on news; `subscribe-exit`: ready when
+//! finished, through an owned [`ExitWatch`] the pollable removes on drop).
+//!
+//! Invariants:
+//! - Refusals are values (`result::err` with the reason), never traps.
+//! - A process dies with its resource: the guest dropping it, a trap, or the
+//!   store being dropped for any reason (its table goes, and with it every
+//!   [`Process`], which kills its tree on drop).
+//! - Spill files outlive the processes that wrote them: the store keeps
+//!   them, and [`ProcessCtx::take_spill_files`] hands them to whoever keeps
+//!   the task's record, so a notice never points at a missing file.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use taskhost_process::{OwnerSpill, Process, ProcessGrant, ProcessHost, ProcessWatch, SpillFile};
+
+use crate::subagents::{RunGuard, SubagentRun};
+
+/// The process capability of one plugin instance: the host side and the grant.
+#[derive(Clone, Debug)]
+pub struct ProcessCapability {
+    pub host: Arc<ProcessHost>,
+    pub grant: Arc<ProcessGrant>,
+}
+
+/// The per-store state of the process capability.
+#[derive(Default)]
+pub struct ProcessCtx {
+    pub(crate) capability: Option<ProcessCapability>,
+    pub(crate) held: Arc<AtomicUsize>,
+    /// Processes the guest holds, by resource rep, for their spill files.
+    pub(crate) watches: Vec<(u32, ProcessWatch)>,
+    pub(crate) retained: Vec<Arc<SpillFile>>,
+    /// The task has no record to keep spill files in (a foreground run):
+    /// hand them to the host instead.
+    spills_to_host: bool,
+    /// The owner session's spill directory (see [`ProcessCtx::set_owner`]).
+    pub(crate) owner: Option<Arc<OwnerSpill>>,
+}
+
+impl std::fmt::Debug for ProcessCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessCtx")
+            .field("granted", &self.capability.is_some())
+            .field("held", &self.held.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ProcessCtx {
+    /// Grants (or, with `None`, denies) the capability to this store.
+    /// `foreground`: the task will have no record, so its spill files are
+    /// handed to the host ([`ProcessHost::retain_spill_files`]) rather than
+    /// returned by [`take_spill_files`](Self::take_spill_files).
+    pub fn set_capability(&mut self, capability: Option<ProcessCapability>, foreground: bool) {
+        self.capability = capability;
+        self.spills_to_host = foreground;
+    }
+
+    /// Spill files of this store's processes go to `owner`'s private
+    /// directory (an owner session's key), which only that owner's trees
+    /// can read. Without it, to the host-level directory.
+    pub fn set_owner(&mut self, owner: &str) {
+        if let Some(capability) = &self.capability {
+            match capability.host.owner_spill(owner) {
+                Ok(spill) => self.owner = Some(spill),
+                Err(error) => tracing::warn!(%error, "cannot create the owner's spill directory"),
+            }
+        }
+    }
+
+    /// Every spill file this store's processes created. Keep them as long as
+    /// the task's output may be read: they are deleted when the last holder
+    /// drops them. Foreground stores hand them to the host and return none.
+    pub fn take_spill_files(&mut self) -> Vec<Arc<SpillFile>> {
+        let mut files = std::mem::take(&mut self.retained);
+        for (_, watch) in &self.watches {
+            files.extend(watch.spill_files());
+        }
+        match &self.capability {
+            Some(capability) if self.spills_to_host => {
+                capability.host.retain_spill_files(files);
+                Vec::new()
+            }
+            _ => files,
+        }
+    }
+}
+
+/// A guest-held process.
+pub struct ProcessResource {
+    pub(crate) process: Process,
+    pub(crate) _held: Held,
+}
+
+/// Counts a process against the grant's `max_live_processes` while it is held.
+pub(crate) struct Held(pub(crate) Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for ProcessResource {
+    async fn ready(&mut self) {
+        self.process.ready().await;
+    }
+}
+
+/// The target of a `subscribe-exit` pollable.
+pub struct ExitWatch(pub(crate) ProcessWatch);
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for ExitWatch {
+    async fn ready(&mut self) {
+        self.0.finished().await;
+    }
+}
+
+/// A child run held by a plugin task (`taskhost:producer/subagents.run`).
+///
+/// A run lives in exactly one store. Dropping its handle (the guest drops
+/// it, or the store itself is dropped after the task settled, faulted or was
+/// abandoned) drops the guard, which starts disposal: no child outlives its
+/// task's store.
+pub struct RunResource {
+    pub(crate) run: RunGuard,
+}
+
+impl RunResource {
+    pub fn run(&self) -> &SubagentRun {
+        &self.run
+    }
+}
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for RunResource {
+    async fn ready(&mut self) {
+        if self.run.is_disposing() {
+            self.run.released().await;
+        } else {
+            tokio::select! {
+                _ = self.run.wait_result() => {}
+                // `dispose` may be called while a pollable made before it waits.
+                () = self.run.released() => {}
+            }
+        }
+    }
+}

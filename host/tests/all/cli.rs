@@ -1,0 +1,55 @@
+//! The `taskhost` binary's own modes: the demo (the README's first command)
+//! and the process-keeper mode (see `capabilities::process::keeper`), whose
+//! working path the MCP and dev suites cover end to end (their bash tasks
+//! all start through it).
+
+use crate::common;
+
+use std::process::Command;
+
+/// Started with unusable keeper arguments, the binary says so and exits 126
+/// (a shell's "cannot execute") instead of running as the CLI.
+#[test]
+fn the_keeper_mode_refuses_unusable_arguments_clearly() {
+    for args in
+        [&["--taskhost-process-keeper"][..], &["--taskhost-process-keeper", "x", "0", "0", "3", "-1", "/", "/bin/true"]]
+    {
+        let output = Command::new(env!("CARGO_BIN_EXE_taskhost")).args(args).output().expect("run taskhost");
+        assert_eq!(output.status.code(), Some(126), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.starts_with("taskhost: the process keeper cannot start: bad keeper argument"), "{stderr}");
+        assert!(output.stdout.is_empty(), "the keeper never writes to the command's stdout");
+    }
+    // A descriptor that was not inherited is named.
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["--taskhost-process-keeper", "0", "0", "777", "-1", "0", "-1", "/", "/bin/true", "--", "true"])
+        .output()
+        .expect("run taskhost");
+    assert_eq!(output.status.code(), Some(126));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("descriptor 777 was not inherited"), "{output:?}");
+}
+
+/// The demo checks each step it narrates and fails loudly otherwise; here it
+/// runs in its debug build from a clean directory.
+#[test]
+fn the_demo_runs_its_whole_story() {
+    let dir = common::temp_dir("demo");
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .arg("demo")
+        .current_dir(&dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .expect("run taskhost demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    for line in [
+        "reloaded ticker: v2 serving new starts; 2 tasks still on v1",
+        "| my pid in my namespace: 2",
+        "| [status: killed, signal: SIGTERM]",
+        "notice → background task ticker-3",
+        "Done: every task ended the way its owner asked",
+    ] {
+        assert!(stdout.contains(line), "the demo did not say {line:?}:\n{stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

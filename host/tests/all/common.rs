@@ -1,0 +1,189 @@
+//! Helpers for the MCP end-to-end tests: the real `taskhost` binary in a
+//! private temporary directory, driven by rmcp's own client.
+#![allow(dead_code)] // the benches include this file by path and use a subset
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::Value;
+
+#[allow(unused_imports)] // the mcp bench uses no process helper
+pub use taskhost_process::testing::procfs;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
+
+/// A fresh private directory (the server's working directory and config home).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "taskhost-{tag}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A new `<dir>/stderr.log` for the server's logs.
+pub fn log_file(dir: &std::path::Path) -> Stdio {
+    Stdio::from(std::fs::File::create(dir.join("stderr.log")).unwrap())
+}
+
+/// `taskhost serve` over stdio, optionally with a configuration; the caller
+/// wires its stdio.
+pub fn serve_command(dir: &std::path::Path, config: Option<&str>) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(BIN);
+    command.arg("serve").current_dir(dir).env("RUST_LOG", "info,taskhost=debug");
+    if let Some(config) = config {
+        let path = dir.join("test.toml");
+        std::fs::write(&path, config).unwrap();
+        command.arg("--config").arg(path);
+    }
+    command
+}
+
+/// Spawns `command` (a `taskhost serve --http 127.0.0.1:0 …`) and waits up
+/// to 20 s for the address it prints on stderr. The rest of its stderr is
+/// kept in the file `log` when given (rewritten as lines arrive), drained
+/// otherwise.
+pub async fn spawn_http_server(
+    mut command: tokio::process::Command,
+    log: Option<PathBuf>,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn taskhost serve --http");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    // Everything before the address line too: start-up warnings are there.
+    let mut text = String::new();
+    let url = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("the server printed its address");
+            text.push_str(&line);
+            text.push('\n');
+            if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {
+                return url.to_string();
+            }
+        }
+    })
+    .await
+    .expect("the server starts within 20 s");
+    if let Some(log) = &log {
+        let _ = std::fs::write(log, &text);
+    }
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(log) = &log {
+                text.push_str(&line);
+                text.push('\n');
+                let _ = std::fs::write(log, &text);
+            }
+        }
+    });
+    (child, url)
+}
+
+/// `taskhost serve` over stdio in `dir` (optionally with a configuration):
+/// stdin and stdout piped for the test, stderr into `<dir>/stderr.log`.
+pub fn spawn_stdio_server(dir: &std::path::Path, config: Option<&str>) -> tokio::process::Child {
+    serve_command(dir, config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve")
+}
+
+pub type Client = RunningService<RoleClient, ()>;
+
+/// A fresh `taskhost serve` over stdio and an rmcp client on its pipes.
+/// The test owns the process: closing the client closes the server's stdin
+/// and nothing else, which is how a disconnect looks to the server.
+pub struct StdioServer {
+    pub client: Client,
+    pub child: tokio::process::Child,
+    pub dir: PathBuf,
+}
+
+impl StdioServer {
+    pub async fn start(tag: &str, config: Option<&str>) -> Self {
+        let dir = temp_dir(tag);
+        let mut child = spawn_stdio_server(&dir, config);
+        let stdout = child.stdout.take().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+        Self { client, child, dir }
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("stderr.log")
+    }
+
+    /// Disconnects (closes the server's stdin) and waits for it to exit.
+    pub async fn disconnect(mut self) -> (std::process::ExitStatus, String) {
+        let _ = self.client.cancel().await;
+        let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("the server exits within 20 s of its client leaving")
+            .unwrap();
+        let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap();
+        (status, log)
+    }
+}
+
+pub fn args(value: Value) -> JsonObject {
+    match value {
+        Value::Object(object) => object,
+        other => panic!("arguments must be an object, got {other}"),
+    }
+}
+
+/// Calls a tool; the result must be a tool result (not a protocol error).
+pub async fn call(client: &rmcp::service::Peer<RoleClient>, tool: &str, arguments: Value) -> CallToolResult {
+    let mut params = CallToolRequestParams::new(tool.to_string());
+    if !arguments.is_null() {
+        params = params.with_arguments(args(arguments));
+    }
+    tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+        .await
+        .unwrap_or_else(|_| panic!("{tool} did not answer within 30 s"))
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
+}
+
+/// The text blocks of a result.
+pub fn texts(result: &CallToolResult) -> Vec<String> {
+    result.content.iter().map(|block| block.as_text().expect("text content").text.clone()).collect()
+}
+
+pub fn is_error(result: &CallToolResult) -> bool {
+    result.is_error == Some(true)
+}
+
+/// The one text block of a result with no notices.
+pub fn only_text(result: &CallToolResult) -> String {
+    let texts = texts(result);
+    assert_eq!(texts.len(), 1, "expected a single block, got {texts:?}");
+    texts.into_iter().next().unwrap()
+}
+
+/// Reads a file until `needle` appears (logs are written asynchronously).
+pub async fn wait_for_text(path: &std::path::Path, needle: &str, within: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("{needle:?} did not appear in {} within {within:?}; it holds:\n{text}", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,13 @@
+//! The integration tests of the `taskhost` crate that drive its binary
+//! (`taskhost serve`, `dev`, the CLI) as a client would: one binary, one
+//! module per suite. Everything else end to end lives in `tests/`.
+
+mod cli;
+mod common;
+mod dev_watch;
+mod mcp_ext_tasks;
+mod mcp_http;
+mod mcp_python;
+mod mcp_stdio;
+mod mcp_tasks;
+mod sandbox_attacks;

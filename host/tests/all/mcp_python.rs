@@ -1,0 +1,90 @@
+//! The MCP scenario driven by an independent client: the Python `mcp` SDK
+//! (pinned `mcp==2.3.0`, installed by `.ci/run`) in both of its protocol
+//! negotiation modes — `legacy` (the initialize handshake) and `auto`
+//! (probe `server/discover`, adopt the newest common version, 2026-07-28
+//! here) — over stdio, and over streamable HTTP with a bearer token.
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const PINNED: &str = "2.3.0";
+const TOKEN: &str = "python-token-0123456789abcdef";
+
+/// Whether the pinned client is installed; outside CI a missing one skips.
+fn python_client_ready() -> bool {
+    let output =
+        Command::new("python3").args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"]).output();
+    let why = match output {
+        Ok(output) if output.status.success() => {
+            let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+            assert_eq!(version, PINNED, "the Python client must be mcp=={PINNED}");
+            return true;
+        }
+        Ok(output) => format!("python package mcp missing: {}", String::from_utf8_lossy(&output.stderr).trim()),
+        Err(error) => format!("python3 not runnable: {error}"),
+    };
+    // CI installs the client, so there a missing one is a failure.
+    assert!(std::env::var_os("CI").is_none(), "{why}; .ci/run must run `python3 -m pip install mcp=={PINNED}`");
+    eprintln!("SKIPPED: {why}; install it with `python3 -m pip install mcp=={PINNED}`");
+    false
+}
+
+fn run_script(mode: &str, http: Option<&str>) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/mcp_scenario.py");
+    let work = common::temp_dir(&format!("python-{mode}"));
+    let mut command = Command::new("python3");
+    command.arg(&script).arg(common::BIN).arg(mode).arg(&work);
+    if let Some(url) = http {
+        command.arg(url).arg(TOKEN);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "python scenario ({mode}) failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let transport = if http.is_some() { "http" } else { "stdio" };
+    assert!(stdout.contains(&format!("mode={mode} transport={transport}: ok")), "stdout:\n{stdout}");
+    println!("{stdout}");
+}
+
+/// Runs the scenario against a fresh `taskhost serve --http`.
+async fn run_over_http(mode: &str) {
+    let dir = common::temp_dir(&format!("python-http-{mode}"));
+    let config =
+        format!("[serve]\nprogress_interval_ms = 100\n\n[[serve.http.tokens]]\nname = \"py\"\ntoken = \"{TOKEN}\"\n");
+    let mut command = common::serve_command(&dir, Some(&config));
+    command.args(["--http", "127.0.0.1:0"]);
+    let (mut child, url) = common::spawn_http_server(command, None).await;
+    let mode = mode.to_string();
+    tokio::task::spawn_blocking(move || run_script(&mode, Some(&url))).await.unwrap();
+    child.kill().await.unwrap();
+}
+
+#[test]
+fn python_client_legacy_mode_over_stdio() {
+    if python_client_ready() {
+        run_script("legacy", None);
+    }
+}
+
+#[test]
+fn python_client_auto_mode_over_stdio() {
+    if python_client_ready() {
+        run_script("auto", None);
+    }
+}
+
+#[tokio::test]
+async fn python_client_legacy_mode_over_http() {
+    if python_client_ready() {
+        run_over_http("legacy").await;
+    }
+}
+
+#[tokio::test]
+async fn python_client_auto_mode_over_http() {
+    if python_client_ready() {
+        run_over_http("auto").await;
+    }
+}

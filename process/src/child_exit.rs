@@ -1,0 +1,35 @@
+//! How a tree's set-up code ends when it cannot go on: the exit codes shells
+//! use, and a `taskhost: <what>: errno <n>` line on the tree's own stderr,
+//! so the plugin and the model see why.
+//!
+//! Invariant: everything here is async-signal-safe (no allocation, no
+//! locks), because it runs in forked children between `fork` and `exec`.
+
+/// Exit code when confining the tree failed (the message is on stderr).
+pub(crate) const EXIT_SETUP_FAILED: i32 = 126;
+/// Exit code when the command could not be executed (as shells use).
+pub(crate) const EXIT_EXEC_FAILED: i32 = 127;
+
+/// Writes `taskhost: <what>: errno <n>` to stderr (the process's own stderr
+/// pipe, so the plugin and the model see it) and exits with `code`.
+pub(crate) unsafe fn fail(code: i32, what: &[u8]) -> ! {
+    // SAFETY: reads errno and writes a stack buffer to fd 2, then _exit: async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let mut digits = [0u8; 12];
+        let mut at = digits.len();
+        let mut n = errno.unsigned_abs();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for part in [b"taskhost: ".as_slice(), what, b": errno ", &digits[at..], b"\n"] {
+            libc::write(2, part.as_ptr().cast(), part.len());
+        }
+        libc::_exit(code)
+    }
+}

@@ -1,0 +1,854 @@
+//! Confinement of a process tree: what runs between `fork` and `exec`.
+//!
+//! ## Decision
+//! We confine with namespaces of our own, set up in the forked child before
+//! `exec` (no external helper), and Landlock through raw syscalls:
+//!
+//! ```text
+//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, process-group leader)
+//!                 │ unshare(NEWPID [| NEWNET] [| NEWUSER]), Landlock
+//!                 └─fork─▶ I "init" (PID 1 of the new namespace)
+//!                           └─fork─▶ C the command (PID 2) ──exec──▶ argv
+//! ```
+//! - The task's process group is K's. `kill` signals the group: C and every
+//!   descendant that stayed in it get SIGTERM; K ignores it and I, as a
+//!   namespace init without handlers, is immune to it. So a command can still
+//!   clean up during the grace period.
+//! - When C exits, I reports C's wait status to K through a pipe and exits;
+//!   the kernel then kills everything left in the namespace, including
+//!   descendants that called `setsid`, `nohup` or double-forked, and K
+//!   reproduces C's status (same exit code, or death by the same signal), so
+//!   the host sees the command's own status.
+//! - SIGKILL to the group after the grace kills K; I has `PR_SET_PDEATHSIG`
+//!   = SIGKILL on K, so the namespace dies with it.
+//! - If the host dies (even by SIGKILL), K notices: it holds the read end of
+//!   a host-wide "lifeline" pipe whose write end only the host holds, and
+//!   polls it with C's pidfd. On hang-up it SIGKILLs its own group (and so,
+//!   through I's death signal, the namespace). Not `PR_SET_PDEATHSIG` on K:
+//!   that fires when the *thread* that forked K exits (a tokio blocking
+//!   thread idling out, a test thread ending), not when the host does.
+//! - Network: without a grant, the tree gets its own network namespace with
+//!   only loopback (brought up, so local servers work).
+//! - Landlock: the grant's read-only / read-write paths, applied in K before
+//!   it forks, so the whole tree is bound by them.
+//!
+//! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
+//! itself in keeper mode instead of forking: `fork` copies every mapping of
+//! the host, thousands once wasmtime's pool exists. K then runs the same code
+//! below, from a fresh process.
+//!
+//! Why not bubblewrap: `bwrap --unshare-pid --die-with-parent` works, but a
+//! SIGTERM to the process group kills the outer `bwrap`, whose death SIGKILLs
+//! the sandbox at once: the command gets no grace. It also reports signals as
+//! `128 + n` exit codes, its `--die-with-parent` has the thread problem
+//! above, and it adds a package dependency. Our keeper avoids all of that
+//! for ~200 lines of async-signal-safe code.
+//!
+//! Degrading: [`support`] probes these at start-up (as root without a user
+//! namespace first, then with one) and logs what is active. Without PID
+//! namespaces K forks C directly: the group still dies as a whole when C
+//! exits, is killed, or the host dies, but a descendant that leaves the group
+//! (`setsid`) can outlive its task, and the log says so.
+//!
+//! Invariants: code that runs in the forked children allocates nothing and
+//! calls only async-signal-safe functions (everything it needs, down to the
+//! `execve` arguments, is prepared in [`ChildPlan`] before the fork). The
+//! spawn returns right after the fork (the tree sets itself up concurrently;
+//! failures after that point reach the process's stderr and exit code
+//! 126/127, not the spawn call). K closes every inherited descriptor, and K
+//! and I hold no output pipe, so the pipes close when the tree is gone.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use super::child_exit::{EXIT_EXEC_FAILED, EXIT_SETUP_FAILED, fail};
+use super::fs_policy::TreePolicy;
+use super::landlock;
+use super::sandbox::{self, MountPlan, SeccompPrograms};
+
+/// Exit code of an init whose keeper died before the init was armed.
+const EXIT_PARENT_GONE: i32 = 125;
+
+/// What the kernel allows here, probed once per host process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfinementSupport {
+    /// Trees get a user namespace of their own (also as root).
+    pub user_namespace: bool,
+    /// PID namespaces work.
+    pub pid_namespace: bool,
+    /// Network namespaces work.
+    pub net_namespace: bool,
+    /// Mount namespaces with the whole set-up of [`super::sandbox`] work:
+    /// read-only host, private `/tmp`, deny-read paths hidden.
+    pub mount_namespace: bool,
+    /// A fresh `/proc` of the tree's PID namespace can be mounted.
+    pub fresh_proc: bool,
+    /// The seccomp filter can be installed.
+    pub seccomp: bool,
+    /// The Landlock ABI version, when Landlock is enabled.
+    pub landlock_abi: Option<u32>,
+}
+
+impl ConfinementSupport {
+    /// True when every layer is on.
+    pub fn complete(&self) -> bool {
+        self.user_namespace
+            && self.pid_namespace
+            && self.net_namespace
+            && self.mount_namespace
+            && self.fresh_proc
+            && self.seccomp
+            && self.landlock_abi.is_some()
+    }
+
+    /// A one-line summary for logs and `taskhost check`.
+    pub fn describe(&self) -> String {
+        let on = |yes: bool, what: &str, off: &str| {
+            if yes { format!("{what}: on") } else { format!("{what}: UNAVAILABLE ({off})") }
+        };
+        let fs = match self.landlock_abi {
+            Some(abi) => format!("Landlock: ABI {abi}"),
+            None => {
+                "Landlock: UNAVAILABLE (writes outside the workspace rest on the read-only mounts alone)".to_string()
+            }
+        };
+        [
+            on(self.user_namespace, "user namespaces", "a root server's trees keep root's uid without capabilities"),
+            on(self.pid_namespace, "PID namespaces", "process groups only: setsid escapees can outlive their task"),
+            on(self.net_namespace, "network isolation", "processes keep the host network"),
+            on(
+                self.mount_namespace,
+                "mount namespaces",
+                "NO read-only host, private /tmp or hidden credentials: trees see the host's files",
+            ),
+            on(self.fresh_proc, "private /proc", "trees see the host's processes in /proc"),
+            on(self.seccomp, "seccomp", "ptrace, mount, bpf and the like are refused only by missing capabilities"),
+            fs,
+        ]
+        .join("; ")
+    }
+}
+
+/// Probes (once) and logs what confinement the kernel allows.
+pub fn support() -> &'static ConfinementSupport {
+    static SUPPORT: OnceLock<ConfinementSupport> = OnceLock::new();
+    SUPPORT.get_or_init(|| {
+        let support = probe();
+        if support.complete() {
+            tracing::info!(confinement = %support.describe(), "process confinement probed");
+        } else {
+            tracing::warn!(confinement = %support.describe(), "process confinement is degraded");
+        }
+        support
+    })
+}
+
+/// Starts [`support`]'s probe on a background thread, once per process:
+/// probing forks a few children that try namespaces (~10 ms), which need not
+/// delay start-up. The first spawn waits for it if it has to.
+pub(crate) fn probe_in_background() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new().name("taskhost-confinement-probe".into()).spawn(|| {
+            support();
+        });
+    });
+}
+
+fn probe() -> ConfinementSupport {
+    let landlock_abi = landlock::abi();
+    let seccomp = seccomp_programs().is_some();
+    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+    let mask = probe_unshare(full, true, seccomp);
+    if mask == PROBE_ALL {
+        return ConfinementSupport {
+            user_namespace: true,
+            pid_namespace: true,
+            net_namespace: true,
+            mount_namespace: true,
+            fresh_proc: true,
+            seccomp,
+            landlock_abi,
+        };
+    }
+    // Something is missing: find out what, layer by layer.
+    let user_namespace = probe_unshare(libc::CLONE_NEWUSER, true, false) & PROBE_NS != 0;
+    let user = if user_namespace { libc::CLONE_NEWUSER } else { 0 };
+    let pid_namespace = probe_unshare(user | libc::CLONE_NEWPID, user_namespace, false) & PROBE_NS != 0;
+    let pid = if pid_namespace { libc::CLONE_NEWPID } else { 0 };
+    let net_namespace = probe_unshare(user | pid | libc::CLONE_NEWNET, user_namespace, false) & PROBE_NS != 0;
+    let mounts = probe_unshare(user | pid | libc::CLONE_NEWNS, user_namespace, false);
+    let seccomp = seccomp && probe_unshare(user, user_namespace, true) & PROBE_SECCOMP != 0;
+    ConfinementSupport {
+        user_namespace,
+        pid_namespace,
+        net_namespace,
+        mount_namespace: mounts & PROBE_MOUNTS != 0,
+        fresh_proc: pid_namespace && mounts & PROBE_PROC != 0,
+        seccomp,
+        landlock_abi,
+    }
+}
+
+const PROBE_NS: i32 = 1;
+const PROBE_MOUNTS: i32 = 2;
+const PROBE_PROC: i32 = 4;
+const PROBE_SECCOMP: i32 = 8;
+const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP;
+
+/// Forks a child that tries the unshare (and a first process in the new PID
+/// namespace), the mount set-up when `flags` has a mount namespace, a fresh
+/// `/proc` when it also has a PID namespace, and the seccomp filter when
+/// `seccomp`; returns the `PROBE_*` bits of what worked.
+fn probe_unshare(flags: libc::c_int, userns: bool, seccomp: bool) -> i32 {
+    let maps = IdMaps::current();
+    let programs = if seccomp { seccomp_programs() } else { None };
+    let mounts = flags & libc::CLONE_NEWNS != 0;
+    let proc = mounts && flags & libc::CLONE_NEWPID != 0;
+    // SAFETY: the child calls only async-signal-safe functions on data
+    // prepared before the fork, then `_exit`s.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return 0;
+        }
+        if pid == 0 {
+            // The probe's own set-up must not print: silence stderr.
+            if let Ok(null) = devnull() {
+                libc::dup2(null, 2);
+            }
+            if flags != 0 && libc::unshare(flags) != 0 {
+                libc::_exit(0);
+            }
+            if userns && maps.write().is_err() {
+                libc::_exit(0);
+            }
+            let mut bits = PROBE_NS;
+            if mounts && super::sandbox::probe_mounts() {
+                bits |= PROBE_MOUNTS;
+            }
+            let child = libc::fork();
+            if child < 0 {
+                libc::_exit(0);
+            }
+            if child == 0 {
+                let mut bits = 0;
+                if proc && super::sandbox::probe_proc() {
+                    bits |= PROBE_PROC;
+                }
+                if let Some(programs) = programs
+                    && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && programs.install().is_ok()
+                    // The filter answers: a refused call fails with EPERM.
+                    && libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) < 0
+                    && *libc::__errno_location() == libc::EPERM
+                {
+                    bits |= PROBE_SECCOMP;
+                }
+                libc::_exit(bits | 0x40);
+            }
+            let mut status = 0;
+            if libc::waitpid(child, &mut status, 0) != child
+                || !libc::WIFEXITED(status)
+                || libc::WEXITSTATUS(status) & 0x40 == 0
+            {
+                libc::_exit(0);
+            }
+            libc::_exit(bits | (libc::WEXITSTATUS(status) & !0x40));
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return 0;
+            }
+        }
+        if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 0 }
+    }
+}
+
+/// The seccomp filter, built once per host process.
+pub(crate) fn seccomp_programs() -> Option<&'static super::sandbox::SeccompPrograms> {
+    static PROGRAMS: OnceLock<Option<super::sandbox::SeccompPrograms>> = OnceLock::new();
+    PROGRAMS.get_or_init(super::sandbox::SeccompPrograms::build).as_ref()
+}
+
+/// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
+/// so files keep their owners and the command has no capabilities after exec.
+#[derive(Clone, Debug)]
+pub(super) struct IdMaps {
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+impl IdMaps {
+    fn current() -> Self {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
+    }
+
+    /// Async-signal-safe: writes this process's maps.
+    fn write(&self) -> io::Result<()> {
+        write_file(c"/proc/self/setgroups", b"deny")?;
+        write_file(c"/proc/self/uid_map", &self.uid_map)?;
+        write_file(c"/proc/self/gid_map", &self.gid_map)
+    }
+}
+
+fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
+    // SAFETY: plain syscalls on a valid C string and buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if n != data.len() as isize {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The `execve` of the command, prepared before the fork (no allocation after).
+pub(crate) struct ExecPlan {
+    pub(super) path: CString,
+    pub(super) argv: Vec<CString>,
+    _envp: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    pub(super) envp_ptrs: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into the CStrings owned by the same struct,
+// which are never mutated; the struct is only read (in the forked child).
+unsafe impl Send for ExecPlan {}
+// SAFETY: as for `Send` above: the pointed-to CStrings are owned and never mutated.
+unsafe impl Sync for ExecPlan {}
+
+impl ExecPlan {
+    pub(crate) fn new(
+        path: &std::path::Path,
+        argv: &[String],
+        env: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+    ) -> io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let nul = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} holds a NUL byte"));
+        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
+        let argv = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("an argument")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| {
+                let mut entry = k.as_bytes().to_vec();
+                entry.push(b'=');
+                entry.extend_from_slice(v.as_bytes());
+                CString::new(entry).map_err(|_| nul("an environment value"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+        let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
+        Ok(Self { path, argv, _envp: envp, argv_ptrs, envp_ptrs })
+    }
+
+    /// Replaces the calling process with the command; never returns.
+    unsafe fn exec(&self) -> ! {
+        // SAFETY: the caller is a child about to become the command; every pointer comes from CStrings
+        // this plan owns, NUL-terminated arrays built in `new`.
+        unsafe {
+            libc::execve(self.path.as_ptr(), self.argv_ptrs.as_ptr(), self.envp_ptrs.as_ptr());
+            fail(EXIT_EXEC_FAILED, b"cannot execute the program")
+        }
+    }
+}
+
+/// The read end of the host-wide lifeline pipe. Nobody ever writes to it;
+/// both ends stay open for the life of the host process, so the read end
+/// hangs up exactly when the host process is gone.
+fn lifeline() -> io::Result<RawFd> {
+    static LIFELINE: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
+    if let Some((read, _)) = LIFELINE.get() {
+        return Ok(read.as_raw_fd());
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fresh descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned here.
+    let ends = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // A racing initialiser may win; ours is then dropped (closed).
+    Ok(LIFELINE.get_or_init(|| ends).0.as_raw_fd())
+}
+
+/// `/dev/null`, opened once for the life of the host process.
+fn devnull() -> io::Result<RawFd> {
+    static DEVNULL: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = DEVNULL.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd: OwnedFd = std::fs::File::options().read(true).write(true).open("/dev/null")?.into();
+    Ok(DEVNULL.get_or_init(|| fd).as_raw_fd())
+}
+
+/// Everything the forked child needs, prepared before the fork.
+/// (Fields are visible to [`super::keeper`], which hands them to an exec'd K.)
+pub(crate) struct ChildPlan {
+    /// `unshare` flags; 0: no namespaces (K forks the command directly).
+    pub(super) ns_flags: libc::c_int,
+    pub(super) maps: Option<IdMaps>,
+    pub(super) loopback_up: bool,
+    /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
+    pub(super) mounts: Option<MountPlan>,
+    pub(super) landlock: Option<OwnedFd>,
+    /// The rights of a read-write Landlock rule on this kernel.
+    pub(super) landlock_rights: u64,
+    pub(super) seccomp: Option<&'static SeccompPrograms>,
+    pub(super) devnull: RawFd,
+    pub(super) lifeline: RawFd,
+    pub(super) cwd: CString,
+    pub(super) exec: ExecPlan,
+}
+
+/// A freshly forked tree: K's pid and the read ends of its output pipes.
+pub(crate) struct Forked {
+    pub pid: libc::pid_t,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fresh descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh and owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The spill directories a tree's mount namespace arranges: the host's
+/// (hidden) and its owner's (shown read-only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpillView<'a> {
+    pub hidden: &'a std::path::Path,
+    pub owner: &'a std::path::Path,
+}
+
+/// What confinement one spawn gets, after the grant and the probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub user_namespace: bool,
+    pub pid_namespace: bool,
+    pub net_namespace: bool,
+    pub mount_namespace: bool,
+    pub fresh_proc: bool,
+    pub seccomp: bool,
+    pub landlock: bool,
+}
+
+impl ChildPlan {
+    /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
+    /// (when the kernel supports it); `policy` the tree's filesystem policy.
+    pub(crate) fn new(
+        want_pid_ns: bool,
+        want_net_ns: bool,
+        landlock: Option<OwnedFd>,
+        policy: &TreePolicy,
+        spill: SpillView<'_>,
+        cwd: &std::path::Path,
+        exec: ExecPlan,
+    ) -> io::Result<(Self, Applied)> {
+        use std::os::unix::ffi::OsStrExt;
+        let support = support();
+        let userns = support.user_namespace;
+        let pid_ns = want_pid_ns && support.pid_namespace;
+        let net_ns = want_net_ns && support.net_namespace;
+        let mount_ns = support.mount_namespace;
+        let fresh_proc = pid_ns && mount_ns && support.fresh_proc;
+        let mut ns_flags = 0;
+        for (on, flag) in [
+            (userns, libc::CLONE_NEWUSER),
+            (pid_ns, libc::CLONE_NEWPID),
+            (net_ns, libc::CLONE_NEWNET),
+            (mount_ns, libc::CLONE_NEWNS),
+        ] {
+            if on {
+                ns_flags |= flag;
+            }
+        }
+        let mounts = if mount_ns {
+            let spill = Some((spill.hidden, spill.owner));
+            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, spill, fresh_proc)?)
+        } else {
+            None
+        };
+        let seccomp = if support.seccomp { seccomp_programs() } else { None };
+        let devnull = devnull()?;
+        let applied = Applied {
+            user_namespace: userns,
+            pid_namespace: pid_ns,
+            net_namespace: net_ns,
+            mount_namespace: mount_ns,
+            fresh_proc,
+            seccomp: seccomp.is_some(),
+            landlock: landlock.is_some(),
+        };
+        let plan = Self {
+            ns_flags,
+            maps: userns.then(IdMaps::current),
+            loopback_up: net_ns,
+            mounts,
+            landlock,
+            landlock_rights: landlock::handled_bits(),
+            seccomp,
+            devnull,
+            lifeline: lifeline()?,
+            cwd: CString::new(cwd.as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
+            exec,
+        };
+        Ok((plan, applied))
+    }
+
+    /// The plan of a keeper started by [`super::keeper::spawn`], rebuilt
+    /// from its arguments in the fresh process.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn for_keeper(
+        ns_flags: libc::c_int,
+        loopback_up: bool,
+        mounts: Option<MountPlan>,
+        landlock: Option<OwnedFd>,
+        seccomp: bool,
+        lifeline: RawFd,
+        cwd: &[u8],
+        exec: ExecPlan,
+    ) -> io::Result<Self> {
+        let seccomp = if seccomp {
+            Some(seccomp_programs().ok_or_else(|| io::Error::other("the seccomp filter cannot be built here"))?)
+        } else {
+            None
+        };
+        Ok(Self {
+            ns_flags,
+            maps: (ns_flags & libc::CLONE_NEWUSER != 0).then(IdMaps::current),
+            loopback_up,
+            mounts,
+            landlock,
+            landlock_rights: landlock::handled_bits(),
+            seccomp,
+            devnull: devnull()?,
+            lifeline,
+            cwd: CString::new(cwd)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
+            exec,
+        })
+    }
+
+    /// Forks K from this process. Not `std::process::Command`: it would
+    /// block until the command's `exec`, i.e. until the whole set-up ran, on
+    /// a scheduler that may be busy.
+    pub(crate) fn fork(&self) -> io::Result<Forked> {
+        let (stdout, stdout_w) = pipe()?;
+        let (stderr, stderr_w) = pipe()?;
+        // SAFETY: the child runs only `in_child`, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: a freshly forked child.
+            unsafe { self.in_child(stdout_w.as_raw_fd(), stderr_w.as_raw_fd()) }
+        }
+        // Also from this side (as shells do), so the group exists as soon as
+        // this returns and a kill cannot miss it.
+        // SAFETY: plain syscall on our own child.
+        unsafe { libc::setpgid(pid, pid) };
+        Ok(Forked { pid, stdout, stderr })
+    }
+
+    /// Runs in the forked child K and never returns: every path ends in the
+    /// command's `execve` or in `_exit`.
+    ///
+    /// # Safety
+    /// Must be called only in a freshly forked child.
+    pub(crate) unsafe fn in_child(&self, stdout: RawFd, stderr: RawFd) -> ! {
+        // SAFETY: only in a freshly forked child (the caller's contract); async-signal-safe syscalls
+        // on data prepared before the fork (see the module invariants).
+        unsafe {
+            // stdin is /dev/null; dup2 clears close-on-exec on 0, 1 and 2.
+            libc::dup2(self.devnull, 0);
+            libc::dup2(stdout, 1);
+            libc::dup2(stderr, 2);
+            libc::setpgid(0, 0);
+            // A clean signal state for the command: the host's thread may
+            // block signals, and Rust programs ignore SIGPIPE (an ignored
+            // disposition survives exec; `yes | head` needs the default).
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            // K and I never exec: they must not run the host's SIGCHLD
+            // handler (tokio's), and waitpid needs the default disposition.
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+            let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+            close_from(3, &[self.devnull, landlock, self.lifeline]);
+            let namespaces = self.ns_flags & libc::CLONE_NEWPID != 0;
+            if self.ns_flags != 0 {
+                if libc::unshare(self.ns_flags) != 0 {
+                    fail(EXIT_SETUP_FAILED, b"cannot create the namespaces");
+                }
+                if let Some(maps) = &self.maps
+                    && maps.write().is_err()
+                {
+                    fail(EXIT_SETUP_FAILED, b"cannot map user ids in the user namespace");
+                }
+                if self.loopback_up && loopback_up().is_err() {
+                    fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
+                }
+                if let Some(mounts) = &self.mounts {
+                    mounts.apply_in_keeper();
+                    mounts.allow_private_dirs(landlock, self.landlock_rights);
+                }
+            }
+            // After the mounts: the working directory may be a read-write
+            // root that was just mounted again on top of itself.
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot enter the working directory");
+            }
+            let mut status_pipe = [-1; 2];
+            if namespaces && libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
+            }
+            let [status_read, status_write] = status_pipe;
+            match libc::fork() {
+                -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
+                0 if namespaces => self.init(status_read, status_write),
+                0 => {
+                    self.lock_down();
+                    self.exec_command()
+                }
+                child => self.keeper(child, status_read, status_write),
+            }
+        }
+    }
+
+    /// The tree's last set-up step, in I or (without a PID namespace) in
+    /// the command's process: see [`sandbox::lock_down`].
+    unsafe fn lock_down(&self) {
+        let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+        // SAFETY: forwarded from in_child.
+        unsafe { sandbox::lock_down(landlock, self.seccomp) }
+    }
+
+    /// Closes every descriptor but stdio (the keeper's lifeline, the
+    /// Landlock ruleset and the like are the host's, not the command's),
+    /// then execs the command.
+    unsafe fn exec_command(&self) -> ! {
+        // SAFETY: forwarded from in_child.
+        unsafe {
+            close_from(3, &[]);
+            self.exec.exec()
+        }
+    }
+
+    /// K: waits for its child (I, or C without namespaces) while watching the
+    /// lifeline, then dies the way the command died.
+    unsafe fn keeper(&self, child: libc::pid_t, status_read: RawFd, status_write: RawFd) -> ! {
+        // SAFETY: in K after the fork; async-signal-safe syscalls on descriptors and pids this plan prepared.
+        unsafe {
+            if status_write >= 0 {
+                libc::close(status_write);
+            }
+            self.release_fds(&[status_read, self.lifeline]);
+            // The group's SIGTERM is for the command; K leaves only when the
+            // tree is gone (or by the group's SIGKILL).
+            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+            let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
+            if pidfd >= 0 {
+                loop {
+                    let mut fds = [
+                        libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: self.lifeline, events: libc::POLLIN, revents: 0 },
+                    ];
+                    if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                        if *libc::__errno_location() == libc::EINTR {
+                            continue;
+                        }
+                        break;
+                    }
+                    if fds[1].revents != 0 {
+                        // The host is gone: so is everything it started.
+                        libc::kill(0, libc::SIGKILL);
+                    }
+                    if fds[0].revents != 0 {
+                        break;
+                    }
+                }
+            }
+            let mut child_status = 0;
+            while libc::waitpid(child, &mut child_status, 0) < 0 {
+                if *libc::__errno_location() != libc::EINTR {
+                    libc::_exit(EXIT_SETUP_FAILED);
+                }
+            }
+            let mut bytes = [0u8; 4];
+            let status = if status_read >= 0 && libc::read(status_read, bytes.as_mut_ptr().cast(), 4) == 4 {
+                i32::from_ne_bytes(bytes)
+            } else {
+                child_status
+            };
+            reproduce(status)
+        }
+    }
+
+    /// I: PID 1 of the namespace: starts the command, reaps orphans, and
+    /// reports the command's status.
+    unsafe fn init(&self, status_read: RawFd, status_write: RawFd) -> ! {
+        // SAFETY: in I after the fork; async-signal-safe syscalls on data prepared before the fork.
+        unsafe {
+            libc::close(status_read);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            // K may have died before the death signal was armed: K holds the
+            // pipe's read end, so a broken pipe tells.
+            let mut poll = libc::pollfd { fd: status_write, events: libc::POLLOUT, revents: 0 };
+            if libc::poll(&mut poll, 1, 0) < 0 || poll.revents & libc::POLLERR != 0 {
+                libc::_exit(EXIT_PARENT_GONE);
+            }
+            if let Some(mounts) = &self.mounts {
+                mounts.apply_in_init();
+            }
+            self.lock_down();
+            let command = libc::fork();
+            if command == 0 {
+                self.exec_command();
+            }
+            if command < 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot fork the command");
+            }
+            self.release_fds(&[status_write]);
+            loop {
+                let mut status = 0;
+                let pid = libc::waitpid(-1, &mut status, 0);
+                if pid == command {
+                    let bytes = status.to_ne_bytes();
+                    libc::write(status_write, bytes.as_ptr().cast(), 4);
+                    // Exiting kills whatever the command left behind.
+                    libc::_exit(0);
+                }
+                if pid < 0 && *libc::__errno_location() != libc::EINTR {
+                    libc::_exit(EXIT_SETUP_FAILED);
+                }
+            }
+        }
+    }
+
+    /// Points stdio at /dev/null and closes every other descriptor but
+    /// `keep`, so K and I do not hold the output pipes.
+    unsafe fn release_fds(&self, keep: &[RawFd]) {
+        // SAFETY: in K or I after the fork; dup2/close on descriptor numbers only.
+        unsafe {
+            let devnull = self.devnull;
+            for fd in 0..3 {
+                libc::dup2(devnull, fd);
+            }
+            close_from(3, keep);
+        }
+    }
+}
+
+/// Closes every descriptor `>= low` except those in `keep` (negative
+/// entries are ignored).
+unsafe fn close_from(low: RawFd, keep: &[RawFd]) {
+    // SAFETY: closes descriptor numbers only, with a stack array; async-signal-safe.
+    unsafe {
+        let mut sorted = [-1; 4];
+        let mut n = 0;
+        for &fd in keep.iter().filter(|&&fd| fd >= low) {
+            if n < sorted.len() {
+                sorted[n] = fd;
+                n += 1;
+            }
+        }
+        let sorted = &mut sorted[..n];
+        sorted.sort_unstable();
+        let mut first = low as u32;
+        for &fd in sorted.iter() {
+            close_range(first, fd as u32 - 1);
+            first = fd as u32 + 1;
+        }
+        close_range(first, u32::MAX);
+    }
+}
+
+unsafe fn close_range(first: u32, last: u32) {
+    if first > last {
+        return;
+    }
+    // SAFETY: close_range / close on descriptor numbers only.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, first, last, 0) != 0 {
+            // Kernels before 5.9: close what could be open.
+            let max = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 65_536) as u32;
+            for fd in first..=last.min(max) {
+                libc::close(fd as RawFd);
+            }
+        }
+    }
+}
+
+/// Exits with `status` (a `waitpid` status): the same code, or death by the
+/// same signal (without a core dump).
+unsafe fn reproduce(status: libc::c_int) -> ! {
+    // SAFETY: signal, sigaction and _exit on this process only: async-signal-safe.
+    unsafe {
+        if libc::WIFSIGNALED(status) {
+            let signal = libc::WTERMSIG(status);
+            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::signal(signal, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), signal);
+            libc::_exit(128 + signal);
+        }
+        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { EXIT_SETUP_FAILED })
+    }
+}
+
+/// Brings `lo` up in a fresh network namespace (it starts down).
+unsafe fn loopback_up() -> io::Result<()> {
+    // SAFETY: a socket and an ioctl on stack-allocated `ifreq` in this (forked) process; the socket is
+    // closed on every path.
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        let mut result = Ok(());
+        if libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            result = Err(io::Error::last_os_error());
+        } else {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) < 0 {
+                result = Err(io::Error::last_os_error());
+            }
+        }
+        libc::close(sock);
+        result
+    }
+}

@@ -1,0 +1,33 @@
+//! How a tree's keeper K comes to exist: the one place that chooses between
+//! re-running this binary as a keeper ([`crate::keeper`]) and forking K from
+//! the host ([`crate::confine`]).
+//!
+//! Model: a binary that opted in ([`crate::keeper::run_if_keeper`]) is
+//! started again as K, which spares the host a `fork` of its (large) address
+//! space; any other binary forks K. Both run the same set-up code
+//! ([`ChildPlan`]), so the tree and its guarantees are the same.
+//!
+//! Invariant: the choice degrades once and says so: when the binary cannot be
+//! run again (a noexec mount, a sandbox that forbids exec of it), every later
+//! start forks.
+
+use std::io;
+
+use crate::confine::{ChildPlan, Forked};
+use crate::keeper;
+
+/// Starts the tree described by `plan` and returns as soon as K exists: the
+/// tree sets itself up concurrently, and failures from then on reach the
+/// process's stderr and exit code 126 (set-up) or 127 (exec), as shells do.
+pub(crate) fn start(plan: &ChildPlan) -> io::Result<Forked> {
+    if !keeper::exec_keeper_available() {
+        return plan.fork();
+    }
+    match keeper::spawn(plan) {
+        Err(error) if keeper::cannot_exec(&error) => {
+            keeper::disable_exec_keeper(&error);
+            plan.fork()
+        }
+        other => other,
+    }
+}

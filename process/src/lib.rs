@@ -1,0 +1,365 @@
+//! taskhost-process: the `process` capability, confined process trees for
+//! plugins.
+//!
+//! Model: a [`ProcessHost`] (one per host) checks each [`SpawnRequest`]
+//! against the plugin's [`ProcessGrant`], builds the environment, confines
+//! the tree ([`confine`]: its own process group always; its own PID and
+//! network namespaces and Landlock rules where the kernel allows), and
+//! returns a [`Process`]: consuming, non-blocking reads of stdout and stderr
+//! into bounded buffers that spill to files in the host's private spill
+//! directory, a readiness future, the exit status, and kill (SIGTERM to the
+//! group, SIGKILL after the grace).
+//!
+//! Invariants:
+//! - Nothing starts that the grant does not allow; refusals say why.
+//! - stdin is `/dev/null`; the environment is rebuilt, never inherited as is
+//!   ([`env`]).
+//! - No task process outlives its [`Process`], its task, or the host: the
+//!   handle kills on drop; with PID namespaces, the tree dies with its
+//!   command; a death signal ties every tree to the host process.
+//! - Spill files live in a 0700 directory of this host and are removed when
+//!   their last holder (the process, or whoever took
+//!   [`Process::spill_files`]) drops them, and with the directory when the
+//!   [`ProcessHost`] drops.
+
+mod child_exit;
+pub mod confine;
+pub mod env;
+pub mod fs_policy;
+pub mod grant;
+mod handle;
+pub mod keeper;
+mod landlock;
+mod launch;
+pub mod output;
+mod sandbox;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+#[cfg(test)]
+mod tests;
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use confine::{Applied, ConfinementSupport};
+pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
+pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
+pub use output::{OwnerSpill, SpillFile, StreamChunk};
+
+/// One process to start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpawnRequest {
+    /// Program and arguments; `argv[0]` is checked against the grant.
+    pub argv: Vec<String>,
+    /// Working directory (relative to the grant's default); `None`: the default.
+    pub cwd: Option<String>,
+    /// Explicit variables; they win over every other layer.
+    pub env: Vec<(String, String)>,
+    /// Unread bytes kept in memory per stream (at most the grant's limit).
+    pub memory_cap: Option<usize>,
+    /// Spill file cap per stream (at most the grant's limit).
+    pub spill_cap: Option<u64>,
+    /// Grace between SIGTERM and SIGKILL (at most the grant's limit).
+    pub kill_grace: Option<Duration>,
+    /// Kill the tree (as [`Process::kill`]) when it runs longer than this.
+    pub timeout: Option<Duration>,
+}
+
+/// Why a spawn did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("could not start {program}: {source}")]
+    Failed {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Host-wide settings of the process capability.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProcessHostConfig {
+    /// Where the private spill directory is created; default: the system's
+    /// temporary directory.
+    pub spill_root: Option<PathBuf>,
+    /// Paths no process tree may read (nor write): taskhost's own state.
+    /// The host fills it when it builds the process host (the configuration
+    /// file, HTTP token files, the compile cache directory, the spill root;
+    /// see `setup::PluginRuntime`); a configuration may add more.
+    /// `~/.cache/taskhost` is always among them; `~/` is the server's home.
+    pub protected_paths: Vec<PathBuf>,
+    /// Bytes the spill files of one owner session may hold together
+    /// (default 256 MiB); output beyond it is cut with a notice in the file.
+    pub spill_bytes_per_owner: u64,
+}
+
+impl Default for ProcessHostConfig {
+    fn default() -> Self {
+        Self { spill_root: None, protected_paths: Vec::new(), spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER }
+    }
+}
+
+/// Default of [`ProcessHostConfig::spill_bytes_per_owner`] (256 MiB).
+pub const DEFAULT_SPILL_BYTES_PER_OWNER: u64 = 256 << 20;
+
+/// The host side of the `process` capability.
+pub struct ProcessHost {
+    spill_dir: PathBuf,
+    /// The configured protected paths.
+    protected: Vec<PathBuf>,
+    /// The spill directory of each owner session that has one, by owner key.
+    owners: std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<OwnerSpill>>>,
+    next_owner: AtomicU64,
+    spill_bytes_per_owner: u64,
+    next_id: AtomicU64,
+    /// Spill files with no task record to live in (foreground runs), newest last.
+    retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
+}
+
+/// How many spill files of foreground runs the host keeps (the oldest go first).
+pub const RETAINED_FOREGROUND_SPILLS: usize = 64;
+
+impl std::fmt::Debug for ProcessHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessHost").field("spill_dir", &self.spill_dir).finish()
+    }
+}
+
+impl ProcessHost {
+    /// Probes confinement (logged once per host process) and creates the
+    /// private spill directory.
+    pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
+        confine::probe_in_background();
+        let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
+        remove_orphaned_dirs(&root);
+        let spill_dir = create_private_dir(&root)?;
+        tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
+        Ok(Arc::new(Self {
+            spill_dir,
+            protected: config.protected_paths.clone(),
+            owners: Default::default(),
+            next_owner: AtomicU64::new(1),
+            spill_bytes_per_owner: config.spill_bytes_per_owner,
+            next_id: AtomicU64::new(1),
+            retained: Default::default(),
+        }))
+    }
+
+    /// What confinement the kernel allows here.
+    pub fn support(&self) -> &'static ConfinementSupport {
+        confine::support()
+    }
+
+    /// Keeps spill files that no task record holds (a foreground run's output
+    /// may name them) for as long as this host lives, up to
+    /// [`RETAINED_FOREGROUND_SPILLS`] files: the oldest are deleted first.
+    pub fn retain_spill_files(&self, files: Vec<Arc<SpillFile>>) {
+        let mut retained = self.retained.lock().unwrap_or_else(|e| e.into_inner());
+        retained.extend(files);
+        while retained.len() > RETAINED_FOREGROUND_SPILLS {
+            retained.pop_front();
+        }
+    }
+
+    /// The private directory spill files are written to.
+    pub fn spill_dir(&self) -> &Path {
+        &self.spill_dir
+    }
+
+    /// The private spill directory of `owner` (an owner session's key; `""`
+    /// for host-level callers), created on first use (mode 0700, below this
+    /// host's spill directory). It lives while anything holds it: the
+    /// owner's stores and spill files.
+    pub fn owner_spill(&self, owner: &str) -> std::io::Result<Arc<OwnerSpill>> {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = owners.get(owner).and_then(std::sync::Weak::upgrade) {
+            return Ok(live);
+        }
+        owners.retain(|_, weak| weak.strong_count() > 0);
+        let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
+        let spill = OwnerSpill::create(self.spill_dir.join(format!("owner-{n}")), self.spill_bytes_per_owner)?;
+        owners.insert(owner.to_string(), Arc::downgrade(&spill));
+        Ok(spill)
+    }
+
+    /// [`Self::spawn_for`] a host-level caller (no owner session).
+    pub async fn spawn(
+        &self,
+        grant: &ProcessGrant,
+        request: SpawnRequest,
+        parent: &tracing::Span,
+    ) -> Result<Process, SpawnError> {
+        let owner = self.owner_spill("").map_err(|source| SpawnError::Failed {
+            program: request.argv.first().cloned().unwrap_or_default(),
+            source,
+        })?;
+        self.spawn_for(&owner, grant, request, parent).await
+    }
+
+    /// Checks `request` against `grant` and starts it. Needs a tokio runtime.
+    /// `parent` is the caller's span (plugin, task); the process's span is
+    /// its child. Spill files go to `owner`'s directory, which the tree may
+    /// read (read-only); other owners' directories it cannot see.
+    pub async fn spawn_for(
+        &self,
+        owner: &Arc<OwnerSpill>,
+        grant: &ProcessGrant,
+        request: SpawnRequest,
+        parent: &tracing::Span,
+    ) -> Result<Process, SpawnError> {
+        let argv0 = request.argv.first().ok_or(Refusal::EmptyArgv)?.clone();
+        let cwd = grant.check_cwd(request.cwd.as_deref())?;
+        let program = grant.check_program(&argv0, &cwd)?;
+        for (name, _) in &request.env {
+            ProcessGrant::check_env_name(name.as_ref())?;
+        }
+        let failed = |source: std::io::Error| SpawnError::Failed { program: argv0.clone(), source };
+        let limits = &grant.limits;
+        let memory_cap = request.memory_cap.map_or(limits.memory_cap_bytes, |c| c.min(limits.memory_cap_bytes)).max(1);
+        let spill_cap = request.spill_cap.map_or(limits.spill_cap_bytes, |c| c.min(limits.spill_cap_bytes));
+        let max_grace = Duration::from_millis(limits.kill_grace_ms);
+        let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
+
+        let policy = fs_policy::TreePolicy::new(
+            &grant.working_roots(),
+            &grant.read_write_paths,
+            &grant.read_only_paths,
+            &grant.filesystem,
+            &self.protected,
+        );
+        let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
+        let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
+        let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
+        let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
+        let (plan, applied) =
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec)
+                .map_err(failed)?;
+
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Starting here, on the caller's thread, is safe: nothing in the tree
+        // depends on this thread living on (see `confine`, the lifeline).
+        let forked = launch::start(&plan).map_err(failed)?;
+        let pid = forked.pid as u32;
+        let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
+        let pidfd = match pidfd_open(pid) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Without a pidfd we cannot supervise: do not leave it running.
+                // SAFETY: our unreaped child's group, then our child.
+                unsafe {
+                    libc::kill(-forked.pid, libc::SIGKILL);
+                    libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+                }
+                return Err(failed(e));
+            }
+        };
+        let (stdout, stderr) = (forked.stdout, forked.stderr);
+        // A larger pipe lets a chatty command run ahead of the reader.
+        // SAFETY: fcntl on a descriptor we own; failure only costs throughput.
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&stdout), libc::F_SETPIPE_SZ, 1 << 20) };
+        {
+            let _enter = span.enter();
+            tracing::debug!(
+                cwd = %cwd.display(),
+                user_namespace = applied.user_namespace,
+                pid_namespace = applied.pid_namespace,
+                net_namespace = applied.net_namespace,
+                mount_namespace = applied.mount_namespace,
+                fresh_proc = applied.fresh_proc,
+                seccomp = applied.seccomp,
+                landlock = applied.landlock,
+                "process started"
+            );
+        }
+        let started = handle::Process::start(handle::Started {
+            id,
+            pid: forked.pid,
+            pidfd,
+            stdout,
+            stderr,
+            memory_cap,
+            spill_cap,
+            spill_owner: owner.clone(),
+            grace,
+            timeout: request.timeout,
+            applied,
+            span,
+        });
+        started.map_err(|e| {
+            // Unsupervised, it must not run on.
+            // SAFETY: our unreaped child's group, then our child.
+            unsafe {
+                libc::kill(-forked.pid, libc::SIGKILL);
+                libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+            }
+            failed(e)
+        })
+    }
+}
+
+impl Drop for ProcessHost {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.spill_dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.spill_dir.display(), error = %e, "could not remove the spill directory");
+        }
+    }
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own (pidfds are close-on-exec).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Removes spill directories (`taskhost-<pid>-<n>`) whose host process is
+/// gone: a host killed by a signal cannot remove its own. A directory whose
+/// pid is alive is left alone, even if that pid now names another process.
+fn remove_orphaned_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("taskhost-")) else { continue };
+        let Some((pid, n)) = rest.split_once('-') else { continue };
+        if pid.parse::<u32>().is_err() || n.parse::<u64>().is_err() {
+            continue;
+        }
+        if Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => tracing::debug!(dir = %path.display(), "removed the spill directory of a dead host"),
+            Err(e) => tracing::debug!(dir = %path.display(), error = %e, "cannot remove a stale spill directory"),
+        }
+    }
+}
+
+/// Creates `<root>/taskhost-<pid>-<n>` with mode 0700.
+fn create_private_dir(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    for attempt in 0..100u32 {
+        let dir = root.join(format!("taskhost-{}-{}", std::process::id(), nanos.wrapping_add(attempt)));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(std::io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())));
+            }
+        }
+    }
+    Err(std::io::Error::other(format!("cannot create a spill directory under {}", root.display())))
+}

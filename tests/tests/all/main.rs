@@ -1,0 +1,19 @@
+//! taskhost end to end with its real built plugins and the misbehaving
+//! fixture plugins: one binary, one module per suite (as wasmtime's
+//! `crates/wasi/tests/all`), so wasmtime is linked once.
+
+mod architecture;
+mod artifacts;
+mod bash;
+mod bash_env;
+mod busy_guest;
+mod compile_cache;
+mod control_tools;
+mod grant_programs;
+mod plugin_bounds;
+mod reload;
+mod subagent_plugin;
+mod subagents;
+mod subagents_acp;
+mod subagents_openai;
+mod wasm_runtime;
