@@ -58,7 +58,7 @@ pub trait Producer: Send + Sync + 'static {
 
     /// The reply to a background start, for the model:
     /// `started background subagent task subagent-1` unless the producer
-    /// words it otherwise (the bash plugin keeps the reference harness's
+    /// words it otherwise (the bash plugin keeps the behaviour contract's
     /// `started background task bash-1`).
     fn start_reply(&self, descriptor: &Descriptor, id: &TaskId) -> String {
         format!("started background {} task {id}", descriptor.kind)

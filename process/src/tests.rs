@@ -424,7 +424,7 @@ async fn no_leak_when_the_host_dies() {
         let spill_root = std::env::temp_dir().join(format!("taskhost-host-dies-{}-{signal}", std::process::id()));
         std::fs::create_dir_all(&spill_root).unwrap();
         let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "capabilities::process::tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
+            .args(["--exact", "tests::helper_host_that_gets_killed", "--ignored", "--nocapture"])
             .env("TASKHOST_HELPER_MARK", &mark.value)
             .env("TASKHOST_HELPER_SPILL", &spill_root)
             .stdout(std::process::Stdio::piped())

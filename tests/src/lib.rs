@@ -19,6 +19,7 @@
 pub use taskhost::builtin::{TICKER_PATH, TICKER_WASM};
 
 pub mod agent_calls;
+pub mod logs;
 pub use taskhost_process::testing::procfs;
 pub mod registry_fixture;
 

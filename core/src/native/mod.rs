@@ -3,7 +3,7 @@
 //! WebAssembly plugins, so embedders can mix the two and benchmarks can
 //! compare them.
 //!
-//! - [`ticker`]: the twin of the reference `ticker` plugin (same semantics).
+//! - [`ticker`]: the twin of the `ticker` plugin in `plugins/ticker` (same semantics).
 //! - [`scripted`]: a kind whose every move a test or a demo controls.
 
 #[cfg(any(test, feature = "testing"))]

@@ -1,4 +1,4 @@
-//! The task registry (the seeds' `TaskService`).
+//! The task registry: every background task, its owner, output and end.
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
@@ -60,7 +60,7 @@ pub struct RegistryConfig {
     pub max_live_tasks_per_owner: usize,
     /// How long teardown (owner or registry disposal) waits for a cancelled
     /// task to settle before force-failing its record. `None` waits forever,
-    /// as the seeds do; a bound keeps a broken producer from hanging disposal.
+    /// as the behaviour contract allows; a bound keeps a broken producer from hanging disposal.
     pub teardown_timeout: Option<Duration>,
     /// Finished records kept per owner (and for unowned tasks). Older ones
     /// are dropped once reported or noticed; see the module invariants.

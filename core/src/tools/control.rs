@@ -2,8 +2,8 @@
 //!
 //! They are the registry's control surface: constructing [`ControlTools`]
 //! attaches the surface fence and starts completion notices; dropping it
-//! detaches both. Their texts are the reference harness's, kept exact so
-//! transcripts compare.
+//! detaches both. Their texts are the behaviour contract's (README,
+//! "Model-facing texts"), kept exact so transcripts compare.
 
 use std::sync::Arc;
 use std::time::Duration;

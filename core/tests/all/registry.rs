@@ -1,4 +1,4 @@
-//! The registry's behaviour through its public API (the seeds' Testing list).
+//! The registry's behaviour through its public API (the behaviour contract: see ARCHITECTURE.md, Words).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -582,7 +582,7 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
 }
 
 // ---------------------------------------------------------------------------
-// Registry semantics found by embedders and the reference test port.
+// Registry semantics found by embedders and by porting the contract's test list.
 
 /// A producer whose every step can be told to panic with a message.
 fn panicking_start(kind: &str, owner: Option<&Agent>, in_run: bool) -> TaskStart {

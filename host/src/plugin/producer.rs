@@ -314,7 +314,7 @@ impl Producer for WasmProducer {
         self.active().descriptor.clone()
     }
 
-    /// A `bash` kind keeps the reference harness's wording
+    /// A `bash` kind keeps the behaviour contract's wording
     /// (`started background task bash-1`), which clients written against it
     /// match on; every other kind names itself.
     fn start_reply(&self, descriptor: &Descriptor, id: &crate::ids::TaskId) -> String {

@@ -1,5 +1,5 @@
 //! The MCP scenario driven by an independent client: the Python `mcp` SDK
-//! (pinned `mcp==2.3.0`, installed by `.ci/run`) in both of its protocol
+//! (pinned `mcp==2.3.0`, installed by `.ci/setup`) in both of its protocol
 //! negotiation modes — `legacy` (the initialize handshake) and `auto`
 //! (probe `server/discover`, adopt the newest common version, 2026-07-28
 //! here) — over stdio, and over streamable HTTP with a bearer token.
@@ -12,23 +12,22 @@ use std::process::Command;
 const PINNED: &str = "2.3.0";
 const TOKEN: &str = "python-token-0123456789abcdef";
 
-/// Whether the pinned client is installed; outside CI a missing one skips.
-fn python_client_ready() -> bool {
+/// Fails, saying how to fix it, unless the pinned client is installed (the
+/// README's test command installs it through `.ci/setup`): a missing client
+/// is never a silent pass.
+fn require_python_client() {
     let output =
         Command::new("python3").args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"]).output();
     let why = match output {
         Ok(output) if output.status.success() => {
             let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
-            assert_eq!(version, PINNED, "the Python client must be mcp=={PINNED}");
-            return true;
+            assert_eq!(version, PINNED, "the Python client must be mcp=={PINNED}: run `bash .ci/setup`");
+            return;
         }
         Ok(output) => format!("python package mcp missing: {}", String::from_utf8_lossy(&output.stderr).trim()),
         Err(error) => format!("python3 not runnable: {error}"),
     };
-    // CI installs the client, so there a missing one is a failure.
-    assert!(std::env::var_os("CI").is_none(), "{why}; .ci/run must run `python3 -m pip install mcp=={PINNED}`");
-    eprintln!("SKIPPED: {why}; install it with `python3 -m pip install mcp=={PINNED}`");
-    false
+    panic!("{why}; run `bash .ci/setup` (it installs mcp=={PINNED})");
 }
 
 fn run_script(mode: &str, http: Option<&str>) {
@@ -63,28 +62,24 @@ async fn run_over_http(mode: &str) {
 
 #[test]
 fn python_client_legacy_mode_over_stdio() {
-    if python_client_ready() {
-        run_script("legacy", None);
-    }
+    require_python_client();
+    run_script("legacy", None);
 }
 
 #[test]
 fn python_client_auto_mode_over_stdio() {
-    if python_client_ready() {
-        run_script("auto", None);
-    }
+    require_python_client();
+    run_script("auto", None);
 }
 
 #[tokio::test]
 async fn python_client_legacy_mode_over_http() {
-    if python_client_ready() {
-        run_over_http("legacy").await;
-    }
+    require_python_client();
+    run_over_http("legacy").await;
 }
 
 #[tokio::test]
 async fn python_client_auto_mode_over_http() {
-    if python_client_ready() {
-        run_over_http("auto").await;
-    }
+    require_python_client();
+    run_over_http("auto").await;
 }

@@ -35,7 +35,7 @@ struct Fixture {
 }
 
 fn engine() -> PluginEngine {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bash-test-cache-{}", std::process::id()))),
         ..PluginRuntimeConfig::default()

@@ -23,7 +23,7 @@ fn fresh_dir(name: &str) -> PathBuf {
 }
 
 fn engine_with(dir: &Path, cache_max_bytes: u64) -> PluginEngine {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         cache_dir: Some(dir.to_path_buf()),
         cache_max_bytes,

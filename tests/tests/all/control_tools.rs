@@ -101,9 +101,16 @@ async fn wait_kill_and_notices() {
     let killed = call(&host, &context, "task_output", json!({"task_id": "ticker-2", "wait": true})).await;
     assert_eq!(killed, "(no new output)\n[status: killed, after 0 ticks]");
 
-    // Unreported completion: the owner gets exactly one notice.
+    // Unreported completion: the owner gets exactly one notice, delivered
+    // before the registry announces the settlement.
+    let mut events = host.registry().subscribe();
     call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 1, "run_in_background": true})).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    loop {
+        match events.recv().await.expect("the registry outlives the test") {
+            taskhost::tasks::TaskEvent::Settled { task } if task.id.as_str() == "ticker-3" => break,
+            _ => {}
+        }
+    }
     let log: Vec<String> = agent.take_unread().into_iter().map(|m| m.text).collect();
     assert_eq!(
         log,
@@ -248,6 +255,7 @@ async fn a_pre_cancelled_background_call_starts_nothing() {
     let started = host.call_tool("job", json!({"label": "x", "run_in_background": true}), &context).await.unwrap();
     assert_eq!(started.text, "started background job task job-1");
     context.cancel.cancel();
+    // A window for a wrongly wired cancellation to arrive (a negative check).
     tokio::time::sleep(Duration::from_millis(20)).await;
     let task = &scripted.started()[0];
     assert!(task.cancel_requests().is_empty());

@@ -3,7 +3,6 @@
 //! description, a 100 KiB schema, a 100 KiB label, a 100 KiB log line, one
 //! 3 MiB `read-output` result and a 100 KiB outcome detail.
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::json;
@@ -19,37 +18,8 @@ use taskhost_tests::registry_fixture::OwnedRegistry;
 /// Room for the truncation notice after a capped string.
 const NOTICE: usize = 200;
 
-/// Everything this binary logs, for the log-line bound.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        tracing_subscriber::fmt()
-            .with_env_filter("warn")
-            .with_ansi(false)
-            .with_writer(move || Capture(sink.clone()))
-            .init();
-        logs
-    })
-    .clone()
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Capture {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().write_all(bytes)?;
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn engine() -> PluginEngine {
-    captured_logs();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bounds-cache-{}", std::process::id()))),
         pooling: false,
@@ -112,7 +82,7 @@ async fn a_flooding_task_has_its_label_output_detail_and_log_line_cut() {
         &output[output.len().saturating_sub(NOTICE)..]
     );
 
-    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
+    let logs = taskhost_tests::logs::captured();
     let line = logs.lines().find(|l| l.contains("ggggg")).expect("the flooding log line was logged");
     assert!(line.len() <= MAX_LOG_LINE_BYTES + 2 * NOTICE, "a log line of {} bytes", line.len());
     assert!(line.contains("[taskhost: log line truncated to 8192 of 102400 bytes"), "{}", &line[line.len() - NOTICE..]);

@@ -33,7 +33,7 @@ const STARTERS: usize = 4;
 const STEPS: usize = 7;
 
 fn engine() -> PluginEngine {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         max_live_stores: 2048,
         // Generous: two busy cores and a debug host.

@@ -70,7 +70,7 @@ replies = [
 );
 
 fn engine() -> PluginEngine {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         cache_dir: Some(std::env::temp_dir().join(format!("taskhost-subagent-cache-{}", std::process::id()))),
         ..PluginRuntimeConfig::default()

@@ -65,7 +65,7 @@ async fn host_from(text: &str) -> Host {
 }
 
 #[test]
-fn stop_reason_mapping_is_the_seeds_run_outcome() {
+fn stop_reason_mapping_is_the_contracts_run_outcome() {
     let completed = outcome_of(&RunResult::completed("the answer"));
     assert_eq!((completed.status, completed.output.as_deref()), (TerminalStatus::Completed, Some("the answer")));
     let aborted = outcome_of(&RunResult::aborted(Some("task_kill".into())));

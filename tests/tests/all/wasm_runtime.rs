@@ -29,7 +29,7 @@ fn cache_dir() -> PathBuf {
 }
 
 fn engine() -> PluginEngine {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    taskhost_tests::logs::init();
     PluginEngine::new(PluginRuntimeConfig {
         call_deadline_ms: CALL_DEADLINE_MS,
         max_live_stores: 64,
