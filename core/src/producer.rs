@@ -3,7 +3,7 @@
 //! A [`Producer`] describes one model-facing tool (its kind, description and
 //! argument schema) and prepares invocations of it. Two implementations
 //! exist: native Rust producers ([`crate::native`]) and WebAssembly plugins
-//! ([`crate::plugin`]); the tool adapter ([`crate::tools::producer_tool`])
+//! (`taskhost::plugin`); the tool adapter ([`crate::tools::producer_tool`])
 //! treats them alike. Preparing never starts work: it validates what only the
 //! producer can validate and computes the label. Starting happens in the
 //! returned [`PreparedRun::run`], which the registry calls exactly once, after
