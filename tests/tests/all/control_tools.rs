@@ -209,7 +209,9 @@ async fn wait_timeouts_are_clamped_and_configurable() {
     assert!(format!("{typo:#}").contains("unknown field `wait_timeout`"), "{typo:#}");
 }
 
-#[tokio::test]
+// Paused time: the ticks, the timeout and the cancel land at exact instants
+// however loaded the machine is.
+#[tokio::test(start_paused = true)]
 async fn foreground_runs_return_output_and_honour_timeouts() {
     let host = host();
     let context = CallContext::default();
