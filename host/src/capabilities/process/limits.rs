@@ -34,6 +34,9 @@
 //!   retried at the next spawn and at shutdown. The base goes with the
 //!   [`TreeLimiter`]; bases of dead servers are swept at start-up.
 //! - Killing a tree with SIGKILL also kills everything in its cgroup.
+//! - A spawn does not wait for the kernel to create a cgroup: the limiter
+//!   keeps one made ahead (on a blocking thread, after each spawn) and hands
+//!   it out; only when two spawns race does one create its own.
 
 use std::ffi::CString;
 use std::io;
@@ -123,6 +126,8 @@ pub(crate) struct TreeLimiter {
     next: AtomicU64,
     /// Tree cgroups whose removal failed (a process was still exiting).
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
+    /// A tree cgroup made ahead, limits set, for the next spawn.
+    ready: Mutex<Option<TreeCgroup>>,
 }
 
 impl TreeLimiter {
@@ -153,7 +158,14 @@ impl TreeLimiter {
                 "process tree limits"
             ),
         });
-        Self { limits, backend, mechanism, next: AtomicU64::new(1), leftovers: Default::default() }
+        Self {
+            limits,
+            backend,
+            mechanism,
+            next: AtomicU64::new(1),
+            leftovers: Default::default(),
+            ready: Mutex::new(None),
+        }
     }
 
     pub(crate) fn mechanism(&self) -> &Mechanism {
@@ -173,9 +185,47 @@ impl TreeLimiter {
         }
     }
 
-    /// Creates the cgroup(s) of a new tree, limits set; `None` when trees get
-    /// no cgroup.
-    pub(crate) fn tree(&self) -> io::Result<Option<TreeCgroup>> {
+    /// The cgroup(s) of a new tree, limits set (the one made ahead, else a
+    /// fresh one), and a new one made ahead on a blocking thread of the
+    /// current tokio runtime; `None` when trees get no cgroup.
+    pub(crate) fn tree(self: &Arc<Self>) -> io::Result<Option<TreeCgroup>> {
+        if matches!(self.backend, Backend::None | Backend::Rlimits) {
+            return Ok(None);
+        }
+        let ahead = self.ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let tree = match ahead {
+            Some(tree) => tree,
+            None => match self.create()? {
+                Some(tree) => tree,
+                None => return Ok(None),
+            },
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let limiter = self.clone();
+            runtime.spawn_blocking(move || limiter.make_ahead());
+        }
+        Ok(Some(tree))
+    }
+
+    /// Fills the slot of the cgroup made ahead, if it is empty.
+    fn make_ahead(&self) {
+        if self.ready.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        match self.create() {
+            Ok(tree) => {
+                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+                if ready.is_none() {
+                    *ready = tree;
+                }
+                // Else another thread won; ours drops (removed).
+            }
+            Err(error) => tracing::debug!(%error, "cannot make a tree cgroup ahead"),
+        }
+    }
+
+    /// Creates the cgroup(s) of a new tree, limits set.
+    fn create(&self) -> io::Result<Option<TreeCgroup>> {
         self.retry_leftovers();
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("tree-{n}");
@@ -242,6 +292,7 @@ impl TreeLimiter {
 
 impl Drop for TreeLimiter {
     fn drop(&mut self) {
+        drop(self.ready.lock().unwrap_or_else(|e| e.into_inner()).take());
         self.retry_leftovers();
         for base in self.bases() {
             remove_base(base);

@@ -154,7 +154,7 @@ pub struct ProcessHost {
     /// Spill files with no task record to live in (foreground runs), newest last.
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
     /// Every tree's pids and memory limits.
-    limiter: limits::TreeLimiter,
+    limiter: Arc<limits::TreeLimiter>,
 }
 
 /// How many spill files of foreground runs the host keeps (the oldest go first).
@@ -184,7 +184,7 @@ impl ProcessHost {
             spill_bytes_per_owner: config.spill_bytes_per_owner,
             next_id: AtomicU64::new(1),
             retained: Default::default(),
-            limiter: limits::TreeLimiter::new(config.tree_limits()),
+            limiter: Arc::new(limits::TreeLimiter::new(config.tree_limits())),
         }))
     }
 
