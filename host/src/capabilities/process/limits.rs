@@ -186,8 +186,7 @@ impl TreeLimiter {
     }
 
     /// The cgroup(s) of a new tree, limits set (the one made ahead, else a
-    /// fresh one), and a new one made ahead on a blocking thread of the
-    /// current tokio runtime; `None` when trees get no cgroup.
+    /// fresh one); `None` when trees get no cgroup.
     pub(crate) fn tree(self: &Arc<Self>) -> io::Result<Option<TreeCgroup>> {
         if matches!(self.backend, Backend::None | Backend::Rlimits) {
             return Ok(None);
@@ -200,11 +199,20 @@ impl TreeLimiter {
                 None => return Ok(None),
             },
         };
+        Ok(Some(tree))
+    }
+
+    /// Makes the next tree's cgroup on a blocking thread of the current
+    /// tokio runtime. Called once the tree started: creating a cgroup while
+    /// the keeper is being spawned slows the spawn.
+    pub(crate) fn make_ahead_in_background(self: &Arc<Self>) {
+        if matches!(self.backend, Backend::None | Backend::Rlimits) {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let limiter = self.clone();
             runtime.spawn_blocking(move || limiter.make_ahead());
         }
-        Ok(Some(tree))
     }
 
     /// Fills the slot of the cgroup made ahead, if it is empty.

@@ -299,6 +299,7 @@ impl ProcessHost {
         // Starting here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
         let forked = plan.start().map_err(failed)?;
+        self.limiter.make_ahead_in_background();
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
