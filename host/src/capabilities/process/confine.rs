@@ -31,6 +31,11 @@
 //!   only loopback (brought up, so local servers work).
 //! - Landlock: the grant's read-only / read-write paths, applied in K before
 //!   it forks, so the whole tree is bound by them.
+//! - Limits ([`super::limits`]): K first writes itself into the tree's
+//!   cgroups (pids, memory), before it unshares or forks, so every process
+//!   of the tree starts in them; in the rlimit fallback it sets
+//!   `RLIMIT_NPROC` and `RLIMIT_DATA` right after entering its user
+//!   namespace.
 //!
 //! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
 //! itself in keeper mode instead of forking: `fork` copies every mapping of
