@@ -651,11 +651,14 @@ mod tests {
     }
 
     #[test]
-    fn the_configuration_refuses_a_tiny_limit_by_name() {
-        let error = crate::config::Config::parse("[process]\nmax_pids_per_tree = 2\n").unwrap_err();
-        assert!(error.to_string().contains("max_pids_per_tree = 2 is too small"), "{error}");
-        let config = crate::config::Config::parse("[process]\nmax_memory_bytes_per_tree = 0\n").unwrap();
-        assert_eq!(config.process.tree_limits(), TreeLimits { max_pids: 512, max_memory_bytes: 0 });
+    fn the_host_configuration_refuses_a_tiny_limit_by_name() {
+        // `super::super`: the process capability's root, whatever the crate layout.
+        use super::super::ProcessHostConfig;
+        let error = ProcessHostConfig { max_pids_per_tree: 2, ..Default::default() }.validate().unwrap_err();
+        assert!(error.contains("max_pids_per_tree = 2 is too small"), "{error}");
+        let config = ProcessHostConfig { max_memory_bytes_per_tree: 0, ..Default::default() };
+        assert!(config.validate().is_ok());
+        assert_eq!(config.tree_limits(), TreeLimits { max_pids: 512, max_memory_bytes: 0 });
     }
 
     #[test]
