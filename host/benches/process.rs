@@ -5,7 +5,9 @@
 //!
 //! 1. Start latency: `bash -c true` from the spawn call until a handle is
 //!    returned (the moment a task id can be registered), through
-//!    `ProcessHost::spawn` (confined: PID + network namespaces), vs
+//!    `ProcessHost::spawn` (fully confined, with the default tree limits in
+//!    a cgroup where the host can create one; the same without limits; PID
+//!    namespace only; process group only), vs
 //!    `tokio::process::Command::spawn` of the same command, interleaved in
 //!    one run; p50 and p90 over the iterations. Then the anchor a user
 //!    would otherwise pick: `bwrap --unshare-all --die-with-parent
@@ -98,18 +100,26 @@ fn main() {
 async fn run() {
     let quick = std::env::args().any(|a| a == "--quick");
     let host = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
+    let unlimited_host = ProcessHost::new(&ProcessHostConfig {
+        max_pids_per_tree: 0,
+        max_memory_bytes_per_tree: 0,
+        ..ProcessHostConfig::default()
+    })
+    .unwrap();
     let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };
     let plain = ProcessGrant { pid_namespace: false, network: true, ..grant.clone() };
     let span = tracing::Span::none();
     println!("confinement: {}", host.support().describe());
+    println!("tree limits: {:?} by {}", host.tree_limits(), host.limit_mechanism());
 
     // 1. start latency
     let pid_only = ProcessGrant { network: true, ..grant.clone() };
-    let variants: [(&str, Option<&ProcessGrant>); 4] = [
+    let variants: [(&str, Option<(&ProcessHost, &ProcessGrant)>); 5] = [
         ("tokio::process", None),
-        ("process cap, full confinement", Some(&grant)),
-        ("process cap, PID namespace", Some(&pid_only)),
-        ("process cap, process group only", Some(&plain)),
+        ("process cap, full confinement", Some((&host, &grant))),
+        ("  same, no tree limits", Some((&unlimited_host, &grant))),
+        ("process cap, PID namespace", Some((&host, &pid_only))),
+        ("process cap, process group only", Some((&host, &plain))),
     ];
     let iterations = if quick { 60 } else { 300 };
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
@@ -128,8 +138,8 @@ async fn run() {
         for &v in &order {
             let t = Instant::now();
             let elapsed = match variants[v].1 {
-                Some(g) => {
-                    let process = host.spawn(g, request(&["bash", "-c", "true"]), &span).await.unwrap();
+                Some((h, g)) => {
+                    let process = h.spawn(g, request(&["bash", "-c", "true"]), &span).await.unwrap();
                     let elapsed = t.elapsed();
                     process.finished().await;
                     elapsed

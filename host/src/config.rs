@@ -489,6 +489,7 @@ impl Config {
         self.tasks.validate()?;
         self.serve.validate()?;
         self.subagents.validate()?;
+        self.process.validate().map_err(anyhow::Error::msg)?;
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(

@@ -31,6 +31,11 @@
 //!   only loopback (brought up, so local servers work).
 //! - Landlock: the grant's read-only / read-write paths, applied in K before
 //!   it forks, so the whole tree is bound by them.
+//! - Limits ([`super::limits`]): K first writes itself into the tree's
+//!   cgroups (pids, memory), before it unshares or forks, so every process
+//!   of the tree starts in them; in the rlimit fallback it sets
+//!   `RLIMIT_NPROC` and `RLIMIT_DATA` right after entering its user
+//!   namespace.
 //!
 //! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
 //! itself in keeper mode instead of forking: `fork` copies every mapping of
@@ -413,6 +418,53 @@ pub(crate) struct ChildPlan {
     pub(super) lifeline: RawFd,
     pub(super) cwd: CString,
     pub(super) exec: ExecPlan,
+    /// The tree's limits (see [`super::limits`]).
+    pub(super) bounds: Bounds,
+}
+
+/// The limits a tree's keeper applies to itself before anything else runs:
+/// the cgroups it joins, and the rlimits of the fallback (0: none).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Bounds {
+    /// `cgroup.procs` files K writes itself into, first thing.
+    pub cgroup_procs: Vec<CString>,
+    /// `RLIMIT_NPROC`, set right after K entered its user namespace.
+    pub nproc: u64,
+    /// `RLIMIT_DATA`.
+    pub data: u64,
+}
+
+impl Bounds {
+    /// Async-signal-safe: K joins its cgroups.
+    unsafe fn join_cgroups(&self) {
+        for file in &self.cgroup_procs {
+            // SAFETY: plain syscalls on a prepared C string.
+            unsafe {
+                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                // "0" is the writing process itself.
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    fail(EXIT_SETUP_FAILED, b"cannot join the tree's cgroup");
+                }
+                libc::close(fd);
+            }
+        }
+    }
+
+    /// Async-signal-safe: the fallback rlimits, soft and hard, so no
+    /// process of the tree can raise them.
+    unsafe fn set_rlimits(&self) {
+        for (resource, value) in [(libc::RLIMIT_NPROC, self.nproc), (libc::RLIMIT_DATA, self.data)] {
+            if value == 0 {
+                continue;
+            }
+            let limit = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
+            // SAFETY: plain syscall.
+            if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+                // SAFETY: forwarded.
+                unsafe { fail(EXIT_SETUP_FAILED, b"cannot set the tree's rlimits") };
+            }
+        }
+    }
 }
 
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
@@ -455,7 +507,9 @@ pub struct Applied {
 
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
-    /// (when the kernel supports it); `policy` the tree's filesystem policy.
+    /// (when the kernel supports it); `policy` the tree's filesystem policy;
+    /// `bounds` the tree's limits.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
         want_net_ns: bool,
@@ -464,6 +518,7 @@ impl ChildPlan {
         spill: SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
+        bounds: Bounds,
     ) -> io::Result<(Self, Applied)> {
         use std::os::unix::ffi::OsStrExt;
         let support = support();
@@ -513,6 +568,7 @@ impl ChildPlan {
             cwd: CString::new(cwd.as_os_str().as_bytes())
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
+            bounds,
         };
         Ok((plan, applied))
     }
@@ -529,6 +585,7 @@ impl ChildPlan {
         lifeline: RawFd,
         cwd: &[u8],
         exec: ExecPlan,
+        bounds: Bounds,
     ) -> io::Result<Self> {
         let seccomp = if seccomp {
             Some(seccomp_programs().ok_or_else(|| io::Error::other("the seccomp filter cannot be built here"))?)
@@ -548,6 +605,7 @@ impl ChildPlan {
             cwd: CString::new(cwd)
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
+            bounds,
         })
     }
 
@@ -599,6 +657,9 @@ impl ChildPlan {
             libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
             close_from(3, &[self.devnull, landlock, self.lifeline]);
+            // Before anything forks: every process of the tree starts in
+            // its cgroups.
+            self.bounds.join_cgroups();
             let namespaces = self.ns_flags & libc::CLONE_NEWPID != 0;
             if self.ns_flags != 0 {
                 if libc::unshare(self.ns_flags) != 0 {
@@ -617,6 +678,9 @@ impl ChildPlan {
                     mounts.allow_private_dirs(landlock, self.landlock_rights);
                 }
             }
+            // After the user namespace: RLIMIT_NPROC then counts this
+            // tree's processes alone (it counts per user namespace).
+            self.bounds.set_rlimits();
             // After the mounts: the working directory may be a read-write
             // root that was just mounted again on top of itself.
             if libc::chdir(self.cwd.as_ptr()) != 0 {

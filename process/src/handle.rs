@@ -33,6 +33,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::confine::Applied;
+use super::limits::TreeCgroup;
 use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
 
 /// How long output may stay open after the leader exited before the readers
@@ -134,6 +135,8 @@ pub(crate) struct Shared {
     /// When set, the supervisor SIGKILLs the group at this instant.
     kill_deadline: watch::Sender<Option<Instant>>,
     exited: watch::Sender<bool>,
+    /// The tree's cgroup(s), until the tree is reaped (then removed).
+    cgroup: Mutex<Option<TreeCgroup>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,6 +157,13 @@ impl Shared {
         let life = lock(&self.life);
         if life.reaped {
             return false;
+        }
+        if signal == libc::SIGKILL
+            && let Some(cgroup) = lock(&self.cgroup).as_ref()
+        {
+            // Also what left the group (without a PID namespace): the cgroup
+            // holds every process of the tree.
+            cgroup.kill();
         }
         // SAFETY: plain syscall; the group is pinned by the unreaped leader.
         unsafe { libc::kill(-self.pid, signal) == 0 }
@@ -228,6 +238,7 @@ pub(crate) struct Started {
     pub grace: Duration,
     pub timeout: Option<Duration>,
     pub applied: Applied,
+    pub cgroup: Option<TreeCgroup>,
     pub span: tracing::Span,
 }
 
@@ -254,6 +265,7 @@ impl Process {
             drained: Notify::new(),
             kill_deadline,
             exited,
+            cgroup: Mutex::new(s.cgroup),
         });
         lock(live()).insert(s.id, Arc::downgrade(&shared));
         let names = [format!("process-{}-stdout", s.id), format!("process-{}-stderr", s.id)];
@@ -408,6 +420,9 @@ async fn supervise(
                     0 => continue,
                     pid if pid == shared.pid => {
                         let status = ExitStatus::from_wait(raw);
+                        // Before the status is visible, so the one read after
+                        // it carries the note.
+                        report_limits(&shared);
                         life.reaped = true;
                         life.status = Some(status);
                         break status;
@@ -444,6 +459,22 @@ async fn supervise(
     lock(live()).remove(&shared.id);
     shared.exited.send_replace(true);
     shared.notify.notify_waiters();
+}
+
+/// Says on the tree's stderr which limit it ran into, then removes its
+/// cgroup (killing whatever is still in it).
+fn report_limits(shared: &Shared) {
+    let Some(cgroup) = lock(&shared.cgroup).take() else { return };
+    let notes = cgroup.limits_reached();
+    drop(cgroup);
+    if notes.is_empty() {
+        return;
+    }
+    tracing::debug!(pid = shared.pid, ?notes, "the tree reached a limit");
+    let mut stderr = lock(&shared.stderr);
+    for note in notes {
+        stderr.push(format!("\n{note}\n").as_bytes());
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -22,7 +22,9 @@
 //!
 //! ## Protocol (private to one binary, so no versioning)
 //! `argv`: `[exe, KEEPER_ARG, ns_flags, loopback(0|1), lifeline_fd,
-//! landlock_fd(-1: none), seccomp(0|1), mounts(-1: no mount namespace, else
+//! landlock_fd(-1: none), seccomp(0|1), rlimit_nproc(0: none),
+//! rlimit_data(0: none), cgroups(the number of `cgroup.procs` paths that
+//! follow), paths..., mounts(-1: no mount namespace, else
 //! the number of entries that follow), mount entries..., cwd, program, "--",
 //! argv...]` (mount entries as [`super::sandbox::MountPlan::to_args`]); the
 //! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null),
@@ -38,7 +40,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::confine::{ChildPlan, ExecPlan, Forked};
+use super::confine::{Bounds, ChildPlan, ExecPlan, Forked};
 use super::sandbox::MountPlan;
 
 /// The first argument that makes a binary that called [`run_if_keeper`] a
@@ -103,8 +105,17 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     let lifeline = number(2)?;
     let landlock = number(3)?;
     let seccomp = number(4)? == 1;
-    let n_mounts = number(5)?;
-    let mut at = 6;
+    let limit = |i: usize| text(i)?.parse::<u64>().map_err(|_| bad("not a limit"));
+    let (nproc, data) = (limit(5)?, limit(6)?);
+    let n_cgroups = number(7)?.max(0) as usize;
+    let cgroups = args.get(8..8 + n_cgroups).ok_or_else(|| bad("fewer cgroups than announced"))?;
+    let cgroup_procs = cgroups
+        .iter()
+        .map(|a| std::ffi::CString::new(a.as_bytes()).map_err(|_| bad("a cgroup path holds a NUL byte")))
+        .collect::<io::Result<Vec<_>>>()?;
+    let bounds = Bounds { cgroup_procs, nproc, data };
+    let n_mounts = number(8 + n_cgroups)?;
+    let mut at = 9 + n_cgroups;
     let mounts = if n_mounts >= 0 {
         let n = n_mounts as usize;
         let entries = args.get(at..at + n).ok_or_else(|| bad("fewer mount entries than announced"))?;
@@ -129,7 +140,7 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     }
     // SAFETY: the spawner passed these descriptors to us; nothing else owns them.
     let landlock = (landlock >= 0).then(|| unsafe { OwnedFd::from_raw_fd(landlock) });
-    ChildPlan::for_keeper(ns_flags, loopback_up, mounts, landlock, seccomp, lifeline, cwd.as_bytes(), exec)
+    ChildPlan::for_keeper(ns_flags, loopback_up, mounts, landlock, seccomp, lifeline, cwd.as_bytes(), exec, bounds)
 }
 
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
@@ -153,10 +164,14 @@ pub(crate) fn spawn(plan: &ChildPlan) -> io::Result<Forked> {
         lifeline_target.to_string(),
         landlock_target.to_string(),
         u8::from(plan.seccomp.is_some()).to_string(),
-        mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string(),
+        plan.bounds.nproc.to_string(),
+        plan.bounds.data.to_string(),
+        plan.bounds.cgroup_procs.len().to_string(),
     ];
     let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
     argv.extend(numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")));
+    argv.extend(plan.bounds.cgroup_procs.iter().cloned());
+    argv.push(CString::new(mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string()).expect("digits"));
     argv.extend(mount_args.into_iter().flatten());
     argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
     argv.extend(plan.exec.argv.iter().cloned());

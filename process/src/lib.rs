@@ -7,7 +7,7 @@
 //! network namespaces and Landlock rules where the kernel allows), and
 //! returns a [`Process`]: consuming, non-blocking reads of stdout and stderr
 //! into bounded buffers that spill to files in the host's private spill
-//! directory, a readiness future, the exit status, and kill (SIGTERM to the
+//! directory, within per-tree pids and memory limits ([`limits`]), a readiness future, the exit status, and kill (SIGTERM to the
 //! group, SIGKILL after the grace).
 //!
 //! Invariants:
@@ -31,6 +31,7 @@ mod handle;
 pub mod keeper;
 mod landlock;
 mod launch;
+pub mod limits;
 pub mod output;
 mod sandbox;
 #[cfg(any(test, feature = "testing"))]
@@ -48,6 +49,7 @@ use std::time::Duration;
 pub use confine::{Applied, ConfinementSupport};
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
+pub use limits::{Mechanism as LimitMechanism, TreeLimits};
 pub use output::{OwnerSpill, SpillFile, StreamChunk};
 
 /// One process to start.
@@ -98,11 +100,37 @@ pub struct ProcessHostConfig {
     /// Bytes the spill files of one owner session may hold together
     /// (default 256 MiB); output beyond it is cut with a notice in the file.
     pub spill_bytes_per_owner: u64,
+    /// Processes (threads included) one tree may hold at once (default 512;
+    /// 0: no limit, at least 8 otherwise). A fork beyond it fails.
+    pub max_pids_per_tree: u64,
+    /// Memory one tree may use together, page cache included (default
+    /// 2 GiB; 0: no limit, at least 16 MiB otherwise). Beyond it the kernel
+    /// kills the tree's largest process; with the rlimit fallback it bounds
+    /// each process's data instead (see [`limits`]).
+    pub max_memory_bytes_per_tree: u64,
 }
 
 impl Default for ProcessHostConfig {
     fn default() -> Self {
-        Self { spill_root: None, protected_paths: Vec::new(), spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER }
+        Self {
+            spill_root: None,
+            protected_paths: Vec::new(),
+            spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER,
+            max_pids_per_tree: limits::DEFAULT_MAX_PIDS_PER_TREE,
+            max_memory_bytes_per_tree: limits::DEFAULT_MAX_MEMORY_BYTES_PER_TREE,
+        }
+    }
+}
+
+impl ProcessHostConfig {
+    /// The per-tree limits it configures.
+    pub fn tree_limits(&self) -> TreeLimits {
+        TreeLimits { max_pids: self.max_pids_per_tree, max_memory_bytes: self.max_memory_bytes_per_tree }
+    }
+
+    /// Checks what can be checked without creating anything.
+    pub fn validate(&self) -> Result<(), String> {
+        self.tree_limits().validate()
     }
 }
 
@@ -121,6 +149,8 @@ pub struct ProcessHost {
     next_id: AtomicU64,
     /// Spill files with no task record to live in (foreground runs), newest last.
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
+    /// Every tree's pids and memory limits.
+    limiter: Arc<limits::TreeLimiter>,
 }
 
 /// How many spill files of foreground runs the host keeps (the oldest go first).
@@ -136,6 +166,7 @@ impl ProcessHost {
     /// Probes confinement (logged once per host process) and creates the
     /// private spill directory.
     pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
+        config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         confine::probe_in_background();
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
         remove_orphaned_dirs(&root);
@@ -149,7 +180,18 @@ impl ProcessHost {
             spill_bytes_per_owner: config.spill_bytes_per_owner,
             next_id: AtomicU64::new(1),
             retained: Default::default(),
+            limiter: Arc::new(limits::TreeLimiter::new(config.tree_limits())),
         }))
+    }
+
+    /// How the per-tree limits are enforced here.
+    pub fn limit_mechanism(&self) -> &LimitMechanism {
+        self.limiter.mechanism()
+    }
+
+    /// The per-tree limits.
+    pub fn tree_limits(&self) -> TreeLimits {
+        self.limiter.limits()
     }
 
     /// What confinement the kernel allows here.
@@ -238,14 +280,22 @@ impl ProcessHost {
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
+        let cgroup = self.limiter.tree().map_err(failed)?;
+        let (nproc, data) = self.limiter.rlimits();
+        let bounds = confine::Bounds {
+            cgroup_procs: cgroup.as_ref().map_or_else(Vec::new, |c| c.procs_files().to_vec()),
+            nproc,
+            data,
+        };
         let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec)
+            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec, bounds)
                 .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Starting here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
         let forked = launch::start(&plan).map_err(failed)?;
+        self.limiter.make_ahead_in_background();
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
@@ -290,6 +340,7 @@ impl ProcessHost {
             grace,
             timeout: request.timeout,
             applied,
+            cgroup,
             span,
         });
         started.map_err(|e| {

@@ -22,7 +22,23 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
     }
     // A descriptor that was not inherited is named.
     let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-        .args(["--taskhost-process-keeper", "0", "0", "777", "-1", "0", "-1", "/", "/bin/true", "--", "true"])
+        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, cgroups, mounts.
+        .args([
+            "--taskhost-process-keeper",
+            "0",
+            "0",
+            "777",
+            "-1",
+            "0",
+            "0",
+            "0",
+            "0",
+            "-1",
+            "/",
+            "/bin/true",
+            "--",
+            "true",
+        ])
         .output()
         .expect("run taskhost");
     assert_eq!(output.status.code(), Some(126));

@@ -11,3 +11,4 @@ mod mcp_python;
 mod mcp_stdio;
 mod mcp_tasks;
 mod sandbox_attacks;
+mod sandbox_limits;

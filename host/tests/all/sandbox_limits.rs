@@ -1,0 +1,230 @@
+//! Limits per process tree, against `taskhost serve`'s default `bash` tool
+//! as a model would hit them: a fork bomb and a memory hog, with the server
+//! as the test's user (root in CI: the cgroup path) and as an unprivileged
+//! user (`setpriv` to 65534: the rlimit fallback). Either way the tree is
+//! bounded and the server keeps answering.
+
+use crate::common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{call, only_text};
+use rmcp::ServiceExt;
+use serde_json::json;
+
+const NOBODY: u32 = 65534;
+const MAX_PIDS: usize = 64;
+const MAX_MEMORY: u64 = 64 << 20;
+
+/// Forks children that sleep until 300 exist or a fork fails 20 times,
+/// counts the processes of the tree (its own PID namespace and /proc), then
+/// kills them. Also prints how the tree is limited.
+const FORK_BOMB: &str = r#"grep -E '^[0-9]+:pids:' /proc/self/cgroup | sed 's/^/cgroup:/'
+grep 'Max processes' /proc/self/limits | awk '{print "nproc:" $3}'
+perl -e '
+  my ($ok, $failed, @kids) = (0, 0);
+  for (1..300) {
+    my $pid = fork();
+    if (!defined $pid) { $failed++; last if $failed >= 20; next }
+    if ($pid == 0) { sleep 120; exit 0 }
+    $ok++; push @kids, $pid;
+  }
+  opendir(my $proc, "/proc") or die;
+  my $live = grep { /^\d+$/ } readdir($proc);
+  print "forked:$ok\nfailed:$failed\nlive:$live\n";
+  kill "KILL", @kids; waitpid($_, 0) for @kids;
+'"#;
+
+/// `tail` keeps a line without end in memory: 600 MiB of zeros.
+const MEMORY_HOG: &str = "head -c 600M /dev/zero | tail";
+
+struct Server {
+    client: rmcp::service::RunningService<rmcp::service::RoleClient, ()>,
+    child: tokio::process::Child,
+    base: PathBuf,
+    pid: u32,
+}
+
+impl Server {
+    /// `taskhost serve` with small tree limits (as `uid` when given).
+    async fn start(tag: &str, uid: Option<u32>) -> Self {
+        let base = common::temp_dir(tag);
+        let workspace = base.join("work");
+        std::fs::create_dir_all(&workspace).unwrap();
+        let config = base.join("taskhost.toml");
+        std::fs::write(
+            &config,
+            format!("[process]\nmax_pids_per_tree = {MAX_PIDS}\nmax_memory_bytes_per_tree = {MAX_MEMORY}\n"),
+        )
+        .unwrap();
+        let binary = match uid {
+            Some(uid) => {
+                // The build's binary may sit below a directory only root can enter.
+                let copy = base.join("taskhost");
+                std::fs::copy(common::BIN, &copy).unwrap();
+                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+                for path in [&base, &workspace, &config] {
+                    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+                }
+                copy
+            }
+            None => PathBuf::from(common::BIN),
+        };
+        let mut command = match uid {
+            Some(uid) => {
+                let mut c = tokio::process::Command::new("setpriv");
+                c.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--inh-caps=-all"]);
+                c.arg(&binary);
+                c
+            }
+            None => tokio::process::Command::new(&binary),
+        };
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(&workspace)
+            .env("HOME", &base)
+            .env("RUST_LOG", "info,taskhost=debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(common::log_file(&base))
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("spawn taskhost serve");
+        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+        // Through setpriv, the server is setpriv's exec: the same pid.
+        let pid = child.id().unwrap();
+        Self { client, child, base, pid }
+    }
+
+    async fn bash(&self, command: &str) -> String {
+        only_text(&call(self.client.peer(), "bash", json!({ "command": command })).await)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.base.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Checks the server still answers, disconnects, and waits for its exit.
+    async fn stop(mut self) -> String {
+        assert_eq!(self.bash("echo still-here").await, "still-here\n[status: completed, exit code: 0]");
+        let _ = self.client.cancel().await;
+        let status =
+            tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.expect("server exits").unwrap();
+        let log = std::fs::read_to_string(self.base.join("stderr.log")).unwrap_or_default();
+        assert!(status.success(), "server exit {status}; log:\n{log}");
+        let _ = std::fs::remove_dir_all(&self.base);
+        log
+    }
+}
+
+fn value<'a>(output: &'a str, key: &str) -> &'a str {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
+        .unwrap_or_else(|| panic!("no {key} in:\n{output}"))
+}
+
+/// The cgroup v1 `pids` hierarchy of this process, when the test can create
+/// cgroups in it (then the server, as the same user, must use cgroups).
+fn writable_v1_pids_dir() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "pids").then(|| path.to_string())
+    })?;
+    let dir = Path::new("/sys/fs/cgroup/pids").join(path.trim_start_matches('/'));
+    let probe = dir.join(format!("taskhost-test-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).ok()?;
+    std::fs::remove_dir(&probe).ok()?;
+    Some(dir)
+}
+
+fn is_root() -> bool {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() == 0 }
+}
+
+fn check_fork_bomb(output: &str) {
+    let number = |key: &str| -> usize { value(output, key).trim().parse().unwrap() };
+    let (forked, failed, live) = (number("forked"), number("failed"), number("live"));
+    assert!(live <= MAX_PIDS, "{live} processes live in one tree, limit {MAX_PIDS}:\n{output}");
+    assert!(failed > 0, "no fork was refused:\n{output}");
+    // The limit is what refused them, not something smaller.
+    assert!(forked >= MAX_PIDS - 8, "only {forked} forks succeeded under a limit of {MAX_PIDS}:\n{output}");
+}
+
+#[tokio::test]
+async fn a_fork_bomb_and_a_memory_hog_are_bounded_with_the_server_as_this_user() {
+    let cgroup_dir = writable_v1_pids_dir();
+    // A base left by a server that died (pid above any pid_max) is swept at start.
+    let stale = cgroup_dir.as_ref().map(|dir| dir.join("taskhost-999999999-0"));
+    if let Some(stale) = &stale {
+        std::fs::create_dir(stale).unwrap();
+        std::fs::create_dir(stale.join("tree-1")).unwrap();
+    }
+    let server = Server::start("limits-self", None).await;
+    if let Some(stale) = &stale {
+        assert!(!stale.exists(), "the stale cgroup base {} was not swept", stale.display());
+    }
+
+    let bomb = server.bash(FORK_BOMB).await;
+    check_fork_bomb(&bomb);
+    let memory = server.bash(MEMORY_HOG).await;
+    match &cgroup_dir {
+        Some(dir) => {
+            // The cgroup path: the tree is in its own pids cgroup below the
+            // server's base, and the kernel's OOM kill is reported.
+            let cgroup = value(&bomb, "cgroup");
+            assert!(cgroup.contains(&format!("/taskhost-{}-", server.pid)), "tree cgroup {cgroup}");
+            assert!(cgroup.contains("/tree-"), "tree cgroup {cgroup}");
+            assert!(memory.contains("exit code: 137"), "the hog was not killed:\n{memory}");
+            assert!(
+                memory.contains("memory limit (64 MiB) of this process tree reached"),
+                "no limit notice:\n{memory}"
+            );
+            let pid = server.pid;
+            let log = server.stop().await;
+            assert!(log.contains("mechanism=cgroup"), "log:\n{log}");
+            let bases: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("taskhost-{pid}-")))
+                .collect();
+            assert!(bases.is_empty(), "the server left its cgroup base: {bases:?}");
+        }
+        None => {
+            eprintln!("NOTE: no writable cgroup v1 pids hierarchy here; checking the bound alone");
+            assert!(!memory.contains("exit code: 0"), "the hog succeeded:\n{memory}");
+            server.stop().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_fork_bomb_and_a_memory_hog_are_bounded_with_an_unprivileged_server() {
+    if !is_root() {
+        eprintln!("SKIPPED: switching to another uid needs root (CI runs as root)");
+        return;
+    }
+    let server = Server::start("limits-nobody", Some(NOBODY)).await;
+    let bomb = server.bash(FORK_BOMB).await;
+    check_fork_bomb(&bomb);
+    let memory = server.bash(MEMORY_HOG).await;
+    let log = server.log();
+    if log.contains("limiting each tree with rlimits") {
+        // The fallback: RLIMIT_NPROC bounded the tree, RLIMIT_DATA the hog.
+        assert_eq!(value(&bomb, "nproc"), MAX_PIDS.to_string(), "{bomb}");
+        assert!(memory.contains("memory exhausted"), "the hog was not bounded:\n{memory}");
+        assert!(memory.contains("exit code: 1"), "{memory}");
+    } else {
+        // A host that delegates a cgroup to this user.
+        assert!(memory.contains("memory limit (64 MiB)"), "{memory}\nlog:\n{log}");
+    }
+    server.stop().await;
+}

@@ -1,0 +1,675 @@
+//! Limits per process tree: how many processes a tree may hold at once and
+//! how much memory it may use together.
+//!
+//! ## Model
+//! One [`TreeLimiter`] per [`super::ProcessHost`] decides, once at start-up,
+//! how the limits are enforced, in this order:
+//!
+//! 1. **cgroup v2**: the server's own cgroup (from `/proc/self/cgroup`) on a
+//!    `cgroup2` mount, with the `pids` and `memory` controllers enabled for
+//!    its children (a delegated subtree, or a container's root): a base
+//!    `taskhost-<server pid>-<n>` below it, one `tree-<id>` child per tree
+//!    with `pids.max` and `memory.max` (and `memory.swap.max = 0`).
+//! 2. **cgroup v1**: the `pids` and `memory` hierarchies, where the server
+//!    may create directories (root on a hybrid host): the same layout in
+//!    each, with `pids.max`, `memory.limit_in_bytes` and, when the kernel
+//!    accounts swap, `memory.memsw.limit_in_bytes`.
+//! 3. **rlimits** otherwise (one warning at start-up with the reason):
+//!    `RLIMIT_NPROC` and `RLIMIT_DATA`, set in the tree's keeper right after
+//!    it entered its own user namespace, so `RLIMIT_NPROC` counts the tree's
+//!    processes alone (it counts per user and user namespace). Weaker:
+//!    `RLIMIT_DATA` bounds each process, not the tree, and without a user
+//!    namespace `RLIMIT_NPROC` counts every process of the server's user and
+//!    does not bind uid 0 at all.
+//!
+//! The tree's keeper joins its cgroups (writes `0`, itself, to each
+//! `cgroup.procs`) before it creates the namespaces or forks anything, so
+//! every process of the tree, the command included, starts inside them.
+//!
+//! Invariants:
+//! - A tree whose cgroup cannot be created or joined does not start (the
+//!   spawn fails, or the keeper exits 126 with `taskhost: …`).
+//! - A tree's cgroup outlives the tree only while processes it could not kill
+//!   at once are still exiting; it is removed when the tree is reaped, else
+//!   retried at the next spawn and at shutdown. The base goes with the
+//!   [`TreeLimiter`]; bases of dead servers are swept at start-up.
+//! - Killing a tree with SIGKILL also kills everything in its cgroup.
+//! - A spawn does not wait for the kernel to create a cgroup: the limiter
+//!   keeps one made ahead (on a blocking thread, after each spawn) and hands
+//!   it out; only when two spawns race does one create its own.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Default of `[process] max_pids_per_tree`.
+pub const DEFAULT_MAX_PIDS_PER_TREE: u64 = 512;
+/// Default of `[process] max_memory_bytes_per_tree` (2 GiB).
+pub const DEFAULT_MAX_MEMORY_BYTES_PER_TREE: u64 = 2 << 30;
+/// The smallest accepted pids limit: the keeper, the init, the command and a
+/// few pipeline stages must fit.
+pub const MIN_PIDS_PER_TREE: u64 = 8;
+/// The smallest accepted memory limit (16 MiB): a shell and the keeper must fit.
+pub const MIN_MEMORY_BYTES_PER_TREE: u64 = 16 << 20;
+
+/// The limits of every tree; 0 means no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeLimits {
+    pub max_pids: u64,
+    pub max_memory_bytes: u64,
+}
+
+impl TreeLimits {
+    /// Checks the configured values; the error names the key and the fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_pids != 0 && self.max_pids < MIN_PIDS_PER_TREE {
+            return Err(format!(
+                "[process] max_pids_per_tree = {} is too small: a tree needs at least {MIN_PIDS_PER_TREE} \
+                 (its keeper, init, the command and a few pipeline stages); use 0 for no limit",
+                self.max_pids
+            ));
+        }
+        if self.max_memory_bytes != 0 && self.max_memory_bytes < MIN_MEMORY_BYTES_PER_TREE {
+            return Err(format!(
+                "[process] max_memory_bytes_per_tree = {} is too small: a tree needs at least \
+                 {MIN_MEMORY_BYTES_PER_TREE} (16 MiB); use 0 for no limit",
+                self.max_memory_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    fn none(&self) -> bool {
+        self.max_pids == 0 && self.max_memory_bytes == 0
+    }
+}
+
+/// How this host enforces [`TreeLimits`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    /// No limit is configured.
+    Unlimited,
+    CgroupV2,
+    CgroupV1,
+    /// The fallback; the reason no cgroup could be used.
+    Rlimits(String),
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unlimited => f.write_str("none configured"),
+            Self::CgroupV2 => f.write_str("cgroup v2"),
+            Self::CgroupV1 => f.write_str("cgroup v1"),
+            Self::Rlimits(_) => f.write_str("rlimits"),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Backend {
+    None,
+    Rlimits,
+    V2 { base: PathBuf },
+    V1 { pids: Option<PathBuf>, memory: Option<PathBuf>, memsw: bool },
+}
+
+/// Creates the cgroups of trees (see the module doc). One per process host.
+#[derive(Debug)]
+pub(crate) struct TreeLimiter {
+    limits: TreeLimits,
+    backend: Backend,
+    mechanism: Mechanism,
+    next: AtomicU64,
+    /// Tree cgroups whose removal failed (a process was still exiting).
+    leftovers: Arc<Mutex<Vec<PathBuf>>>,
+    /// A tree cgroup made ahead, limits set, for the next spawn.
+    ready: Mutex<Option<TreeCgroup>>,
+}
+
+impl TreeLimiter {
+    /// Sweeps the bases of dead servers and picks the mechanism; logs which
+    /// (a warning with the reason when it falls back to rlimits, once per
+    /// process).
+    pub(crate) fn new(limits: TreeLimits) -> Self {
+        let (backend, mechanism) = if limits.none() {
+            (Backend::None, Mechanism::Unlimited)
+        } else {
+            match probe(&limits) {
+                Ok((backend, mechanism)) => (backend, mechanism),
+                Err(reason) => (Backend::Rlimits, Mechanism::Rlimits(reason)),
+            }
+        };
+        static LOGGED: std::sync::Once = std::sync::Once::new();
+        LOGGED.call_once(|| match &mechanism {
+            Mechanism::Rlimits(reason) => tracing::warn!(
+                max_pids_per_tree = limits.max_pids,
+                max_memory_bytes_per_tree = limits.max_memory_bytes,
+                "no cgroup for process trees ({reason}); limiting each tree with rlimits instead \
+                 (RLIMIT_NPROC per tree, RLIMIT_DATA per process)"
+            ),
+            mechanism => tracing::info!(
+                max_pids_per_tree = limits.max_pids,
+                max_memory_bytes_per_tree = limits.max_memory_bytes,
+                %mechanism,
+                "process tree limits"
+            ),
+        });
+        Self {
+            limits,
+            backend,
+            mechanism,
+            next: AtomicU64::new(1),
+            leftovers: Default::default(),
+            ready: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn mechanism(&self) -> &Mechanism {
+        &self.mechanism
+    }
+
+    pub(crate) fn limits(&self) -> TreeLimits {
+        self.limits
+    }
+
+    /// The rlimits a tree's keeper sets (`RLIMIT_NPROC`, `RLIMIT_DATA`; 0:
+    /// leave as is), in the fallback only.
+    pub(crate) fn rlimits(&self) -> (u64, u64) {
+        match self.backend {
+            Backend::Rlimits => (self.limits.max_pids, self.limits.max_memory_bytes),
+            _ => (0, 0),
+        }
+    }
+
+    /// The cgroup(s) of a new tree, limits set (the one made ahead, else a
+    /// fresh one); `None` when trees get no cgroup.
+    pub(crate) fn tree(self: &Arc<Self>) -> io::Result<Option<TreeCgroup>> {
+        if matches!(self.backend, Backend::None | Backend::Rlimits) {
+            return Ok(None);
+        }
+        let ahead = self.ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let tree = match ahead {
+            Some(tree) => tree,
+            None => match self.create()? {
+                Some(tree) => tree,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(tree))
+    }
+
+    /// Makes the next tree's cgroup on a blocking thread of the current
+    /// tokio runtime. Called once the tree started: creating a cgroup while
+    /// the keeper is being spawned slows the spawn.
+    pub(crate) fn make_ahead_in_background(self: &Arc<Self>) {
+        if matches!(self.backend, Backend::None | Backend::Rlimits) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let limiter = self.clone();
+            runtime.spawn_blocking(move || limiter.make_ahead());
+        }
+    }
+
+    /// Fills the slot of the cgroup made ahead, if it is empty.
+    fn make_ahead(&self) {
+        if self.ready.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        match self.create() {
+            Ok(tree) => {
+                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+                if ready.is_none() {
+                    *ready = tree;
+                }
+                // Else another thread won; ours drops (removed).
+            }
+            Err(error) => tracing::debug!(%error, "cannot make a tree cgroup ahead"),
+        }
+    }
+
+    /// Creates the cgroup(s) of a new tree, limits set.
+    fn create(&self) -> io::Result<Option<TreeCgroup>> {
+        self.retry_leftovers();
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("tree-{n}");
+        let mut tree = TreeCgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+            limits: self.limits,
+            v2: matches!(self.backend, Backend::V2 { .. }),
+            memory_dir: None,
+            pids_dir: None,
+            leftovers: self.leftovers.clone(),
+        };
+        // On failure, `tree` drops and removes what was created.
+        match &self.backend {
+            Backend::None | Backend::Rlimits => return Ok(None),
+            Backend::V2 { base } => {
+                let dir = tree.add_dir(base.join(&name))?;
+                if self.limits.max_pids != 0 {
+                    write_control(&dir.join("pids.max"), &self.limits.max_pids.to_string())?;
+                }
+                if self.limits.max_memory_bytes != 0 {
+                    write_control(&dir.join("memory.max"), &self.limits.max_memory_bytes.to_string())?;
+                    let swap = dir.join("memory.swap.max");
+                    if swap.exists() {
+                        write_control(&swap, "0")?;
+                    }
+                }
+                tree.memory_dir = Some(dir.clone());
+                tree.pids_dir = Some(dir);
+            }
+            Backend::V1 { pids, memory, memsw } => {
+                if let Some(base) = pids {
+                    let dir = tree.add_dir(base.join(&name))?;
+                    write_control(&dir.join("pids.max"), &self.limits.max_pids.to_string())?;
+                    tree.pids_dir = Some(dir);
+                }
+                if let Some(base) = memory {
+                    let dir = tree.add_dir(base.join(&name))?;
+                    let bytes = self.limits.max_memory_bytes.to_string();
+                    write_control(&dir.join("memory.limit_in_bytes"), &bytes)?;
+                    if *memsw {
+                        write_control(&dir.join("memory.memsw.limit_in_bytes"), &bytes)?;
+                    }
+                    tree.memory_dir = Some(dir);
+                }
+            }
+        }
+        Ok(Some(tree))
+    }
+
+    fn retry_leftovers(&self) {
+        let mut leftovers = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+        leftovers.retain(|dir| !remove_cgroup(dir, !matches!(self.backend, Backend::V2 { .. })));
+    }
+
+    fn bases(&self) -> Vec<&Path> {
+        match &self.backend {
+            Backend::V2 { base } => vec![base],
+            Backend::V1 { pids, memory, .. } => pids.iter().chain(memory).map(PathBuf::as_path).collect(),
+            Backend::None | Backend::Rlimits => Vec::new(),
+        }
+    }
+}
+
+impl Drop for TreeLimiter {
+    fn drop(&mut self) {
+        drop(self.ready.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.retry_leftovers();
+        for base in self.bases() {
+            remove_base(base);
+        }
+    }
+}
+
+/// The cgroup(s) of one tree. Dropping it kills what is left in them and
+/// removes them.
+#[derive(Debug)]
+pub(crate) struct TreeCgroup {
+    dirs: Vec<PathBuf>,
+    /// `cgroup.procs` of each directory, for the keeper to join.
+    procs: Vec<CString>,
+    limits: TreeLimits,
+    v2: bool,
+    memory_dir: Option<PathBuf>,
+    pids_dir: Option<PathBuf>,
+    leftovers: Arc<Mutex<Vec<PathBuf>>>,
+}
+
+impl TreeCgroup {
+    fn add_dir(&mut self, dir: PathBuf) -> io::Result<PathBuf> {
+        std::fs::create_dir(&dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot create the tree's cgroup {}: {e}", dir.display())))?;
+        self.dirs.push(dir.clone());
+        self.procs.push(
+            CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a cgroup path holds a NUL byte"))?,
+        );
+        Ok(dir)
+    }
+
+    /// The `cgroup.procs` files the keeper writes itself into.
+    pub(crate) fn procs_files(&self) -> &[CString] {
+        &self.procs
+    }
+
+    /// SIGKILLs everything in the tree's cgroups: v2 `cgroup.kill`, else each
+    /// listed pid, until the lists are empty (bounded: forks that race the
+    /// kill are capped by `pids.max`).
+    pub(crate) fn kill(&self) {
+        for dir in &self.dirs {
+            kill_cgroup(dir, self.v2);
+        }
+    }
+
+    /// What the tree ran into, as lines for its stderr: the memory limit when
+    /// the kernel OOM-killed one of its processes, the pids limit when a fork
+    /// was refused.
+    pub(crate) fn limits_reached(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(dir) = &self.memory_dir {
+            let (file, key) = if self.v2 { ("memory.events", "oom_kill") } else { ("memory.oom_control", "oom_kill") };
+            if counter(&dir.join(file), key) > 0 {
+                notes.push(format!(
+                    "taskhost: memory limit ({}) of this process tree reached: the kernel killed a process of it \
+                     ([process] max_memory_bytes_per_tree)",
+                    human_bytes(self.limits.max_memory_bytes)
+                ));
+            }
+        }
+        if let Some(dir) = &self.pids_dir
+            && counter(&dir.join("pids.events"), "max") > 0
+        {
+            notes.push(format!(
+                "taskhost: process limit ({}) of this process tree reached: some forks were refused \
+                 ([process] max_pids_per_tree)",
+                self.limits.max_pids
+            ));
+        }
+        notes
+    }
+}
+
+impl Drop for TreeCgroup {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            if !remove_cgroup(dir, self.v2) {
+                self.leftovers.lock().unwrap_or_else(|e| e.into_inner()).push(dir.clone());
+            }
+        }
+    }
+}
+
+/// `64 MiB`, `2 GiB`, or bytes.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines); 0
+/// when absent.
+fn counter(file: &Path, key: &str) -> u64 {
+    let Ok(text) = std::fs::read_to_string(file) else { return 0 };
+    text.lines()
+        .filter_map(|line| line.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_control(file: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(file, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {value:?} to {}: {e}", file.display())))
+}
+
+fn kill_cgroup(dir: &Path, v2: bool) {
+    if v2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    // v1 (or v2 before Linux 5.14): kill each listed process. A pid is
+    // listed only while its process is in the cgroup (a zombie is not), so
+    // it names one of the tree's processes.
+    for _ in 0..64 {
+        let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else { return };
+        let pids: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: plain syscall.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Removes a tree's cgroup (killing what is still in it first); false when
+/// it is still busy (a process has not finished exiting).
+fn remove_cgroup(dir: &Path, v2: bool) -> bool {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+        Err(_) => {
+            kill_cgroup(dir, v2);
+            std::fs::remove_dir(dir).is_ok()
+        }
+    }
+}
+
+/// Removes a base and every tree cgroup below it.
+fn remove_base(base: &Path) {
+    let v2 = base.join("cgroup.subtree_control").exists();
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup(&entry.path(), v2);
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(base)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::debug!(dir = %base.display(), error = %e, "cannot remove the process trees' cgroup base");
+    }
+}
+
+/// Removes `taskhost-<pid>-<n>` bases below `parent` whose server is gone.
+fn sweep_dead_bases(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("taskhost-")) else { continue };
+        let Some((pid, n)) = rest.split_once('-') else { continue };
+        if pid.parse::<u32>().is_err() || n.parse::<u64>().is_err() || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        tracing::debug!(dir = %entry.path().display(), "removing the cgroup base of a dead server");
+        remove_base(&entry.path());
+    }
+}
+
+/// A fresh base `taskhost-<pid>-<n>` below `parent` (stale ones swept first).
+fn create_base(parent: &Path) -> Result<PathBuf, String> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    sweep_dead_bases(parent);
+    let base = parent.join(format!("taskhost-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    match std::fs::create_dir(&base) {
+        Ok(()) => Ok(base),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(base),
+        Err(e) => Err(format!("cannot create {}: {e}", base.display())),
+    }
+}
+
+/// One mount of a cgroup file system: where, which of its paths it shows,
+/// and its super options (the v1 controllers).
+struct CgroupMount {
+    point: PathBuf,
+    root: String,
+    v2: bool,
+    options: String,
+}
+
+fn cgroup_mounts() -> Vec<CgroupMount> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split(' ').collect();
+            let mut right = right.split(' ');
+            let fstype = right.next()?;
+            let options = right.nth(1).unwrap_or("").to_string();
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            Some(CgroupMount {
+                point: PathBuf::from(unescape_mountinfo(fields.get(4)?)),
+                root: unescape_mountinfo(fields.get(3)?),
+                v2: fstype == "cgroup2",
+                options,
+            })
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        if bytes[i] == b'\\'
+            && let Some(digits) = octal
+        {
+            out.push(digits.iter().fold(0u8, |v, d| v.wrapping_mul(8).wrapping_add(d - b'0')));
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The directory of this process's cgroup `path` (as `/proc/self/cgroup`
+/// lists it) under `mount`.
+fn own_dir(mount: &CgroupMount, path: &str) -> Option<PathBuf> {
+    let rest = if mount.root == "/" { path } else { path.strip_prefix(mount.root.as_str())? };
+    Some(mount.point.join(rest.trim_start_matches('/')))
+}
+
+fn probe(limits: &TreeLimits) -> Result<(Backend, Mechanism), String> {
+    let own =
+        std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let mounts = cgroup_mounts();
+    let v2 = match probe_v2(limits, &own, &mounts) {
+        Ok(base) => return Ok((Backend::V2 { base }, Mechanism::CgroupV2)),
+        Err(reason) => reason,
+    };
+    let v1 = match probe_v1(limits, &own, &mounts) {
+        Ok(backend) => return Ok((backend, Mechanism::CgroupV1)),
+        Err(reason) => reason,
+    };
+    Err(format!("{v2}; {v1}"))
+}
+
+fn needed_controllers(limits: &TreeLimits) -> Vec<&'static str> {
+    let mut needed = Vec::new();
+    if limits.max_pids != 0 {
+        needed.push("pids");
+    }
+    if limits.max_memory_bytes != 0 {
+        needed.push("memory");
+    }
+    needed
+}
+
+fn probe_v2(limits: &TreeLimits, own: &str, mounts: &[CgroupMount]) -> Result<PathBuf, String> {
+    let path = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("cgroup v2: this process is in none")?;
+    let mount = mounts.iter().find(|m| m.v2).ok_or("cgroup v2: not mounted")?;
+    let dir = own_dir(mount, path).ok_or("cgroup v2: this process's cgroup is outside the mount")?;
+    let available = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    let needed = needed_controllers(limits);
+    let missing: Vec<_> = needed.iter().filter(|c| !available.split_whitespace().any(|a| a == **c)).copied().collect();
+    if !missing.is_empty() {
+        return Err(format!("cgroup v2 at {} has no {} controller", dir.display(), missing.join(" or ")));
+    }
+    // Children get the controllers only when this cgroup enables them for
+    // its subtree, which the kernel allows in a delegated or root cgroup.
+    let enable: String = needed.iter().map(|c| format!("+{c} ")).collect();
+    let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+    if !needed.iter().all(|c| enabled.split_whitespace().any(|e| e == *c)) {
+        std::fs::write(dir.join("cgroup.subtree_control"), enable.trim()).map_err(|e| {
+            format!("cgroup v2: cannot enable {} for the children of {}: {e}", needed.join(" and "), dir.display())
+        })?;
+    }
+    let base = create_base(&dir).map_err(|e| format!("cgroup v2: {e}"))?;
+    if let Err(e) = std::fs::write(base.join("cgroup.subtree_control"), enable.trim()) {
+        remove_base(&base);
+        return Err(format!("cgroup v2: cannot enable the controllers in {}: {e}", base.display()));
+    }
+    Ok(base)
+}
+
+fn probe_v1(limits: &TreeLimits, own: &str, mounts: &[CgroupMount]) -> Result<Backend, String> {
+    let mut dirs = Vec::new();
+    for controller in needed_controllers(limits) {
+        let path = own
+            .lines()
+            .filter_map(|l| {
+                // `id:controllers:path`; the path may hold ':'.
+                let mut parts = l.splitn(3, ':');
+                parts.next();
+                parts.next().zip(parts.next())
+            })
+            .find(|(controllers, _)| controllers.split(',').any(|c| c == controller))
+            .map(|(_, path)| path)
+            .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
+        let mount = mounts
+            .iter()
+            .find(|m| !m.v2 && m.options.split(',').any(|o| o == controller))
+            .ok_or_else(|| format!("cgroup v1: the {controller} hierarchy is not mounted"))?;
+        let dir = own_dir(mount, path)
+            .ok_or_else(|| format!("cgroup v1: this process's {controller} cgroup is outside the mount"))?;
+        match create_base(&dir) {
+            Ok(base) => dirs.push((controller, base)),
+            Err(e) => {
+                for (_, base) in &dirs {
+                    remove_base(base);
+                }
+                return Err(format!("cgroup v1: {e}"));
+            }
+        }
+    }
+    let find = |name: &str| dirs.iter().find(|(c, _)| *c == name).map(|(_, b)| b.clone());
+    let memory = find("memory");
+    let memsw = memory.as_ref().is_some_and(|m| m.join("memory.memsw.limit_in_bytes").exists());
+    Ok(Backend::V1 { pids: find("pids"), memory, memsw })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_below_the_minimum_are_refused_with_the_key() {
+        let small = TreeLimits { max_pids: 3, max_memory_bytes: 0 };
+        assert!(small.validate().unwrap_err().contains("max_pids_per_tree = 3"));
+        let small = TreeLimits { max_pids: 0, max_memory_bytes: 1 << 20 };
+        assert!(small.validate().unwrap_err().contains("max_memory_bytes_per_tree"));
+        assert!(TreeLimits { max_pids: 0, max_memory_bytes: 0 }.validate().is_ok());
+        assert!(TreeLimits { max_pids: 512, max_memory_bytes: 2 << 30 }.validate().is_ok());
+    }
+
+    #[test]
+    fn the_host_configuration_refuses_a_tiny_limit_by_name() {
+        use crate::ProcessHostConfig;
+        let error = ProcessHostConfig { max_pids_per_tree: 2, ..Default::default() }.validate().unwrap_err();
+        assert!(error.contains("max_pids_per_tree = 2 is too small"), "{error}");
+        let config = ProcessHostConfig { max_memory_bytes_per_tree: 0, ..Default::default() };
+        assert!(config.validate().is_ok());
+        assert_eq!(config.tree_limits(), TreeLimits { max_pids: 512, max_memory_bytes: 0 });
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(64 << 20), "64 MiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/a\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+}
