@@ -4,7 +4,8 @@
 //! by the SHA-256 of its bytes (`<name>@<first 12 hex digits>`). Loading
 //! checks, in order, and stops at the first problem with an error that says
 //! what is wrong: the bytes are WebAssembly at all; they are a component, not
-//! a core module; they compile (truncated or corrupt files fail here); every
+//! a core module; its imports and exports fit the `plugin` world by name and
+//! contract version, read without compiling ([`super::preflight`]); they compile (truncated or corrupt files fail here); every
 //! import is one the host provides (named when not); the component exports
 //! `taskhost:producer/producer@0.1.0` with every function of the contract, at
 //! the right signature (checked one by one in a throwaway instance).
@@ -172,9 +173,14 @@ impl PluginEngine {
         let version: Arc<str> = format!("{name}@{}", &hash[..12]).into();
         let engine = self.clone();
         let key = hash.clone();
-        let (component, compile_source) = tokio::task::spawn_blocking(move || engine.compile_cached(&key, &bytes))
-            .await
-            .context("the compile worker panicked")??;
+        // The contract is checked on the names and types first: compiling a
+        // large component takes seconds, this takes milliseconds.
+        let (component, compile_source) = tokio::task::spawn_blocking(move || {
+            super::preflight::preflight(&bytes)?;
+            engine.compile_cached(&key, &bytes)
+        })
+        .await
+        .context("the compile worker panicked")??;
 
         let imports =
             component.component_type().imports(self.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
@@ -295,7 +301,7 @@ impl PluginEngine {
 }
 
 /// Checks the header: WebAssembly at all, and a component, not a core module.
-fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         if bytes.len() >= 4 && &bytes[..4] == b"\0asm" {
             bail!("the file is truncated: it ends inside the WebAssembly header ({} bytes)", bytes.len());
@@ -338,7 +344,8 @@ fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::R
     Ok(())
 }
 
-const CONTRACT_FUNCTIONS: &[&str] = &[
+/// The functions of the `producer` interface, by their component export names.
+pub const CONTRACT_FUNCTIONS: &[&str] = &[
     "describe",
     "label",
     "run",

@@ -14,7 +14,7 @@
 //! Submodules: [`engine`] (engine, config, epoch ticker), [`cache`] (the
 //! verified compile cache), [`bounds`] (caps on plugin strings, the spin
 //! back-off), [`bindings`]
-//! (generated from `wit/`), [`state`] (store data, sandboxed WASI, host
+//! (generated from `wit/`), [`preflight`] (the contract check before compiling), [`state`] (store data, sandboxed WASI, host
 //! imports), [`component`] (load, validate, cache), [`fault`] (deadlines and
 //! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
 //! loop), [`check`] (`taskhost check`).
@@ -27,6 +27,7 @@ pub mod component;
 mod driver;
 pub mod engine;
 pub mod fault;
+pub mod preflight;
 pub mod producer;
 pub mod state;
 
