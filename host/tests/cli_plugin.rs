@@ -233,3 +233,41 @@ fn call_in_the_background_streams_until_the_end() {
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `new --lang rust` writes a crate that builds for wasm32-wasip2 with a
+/// plain cargo (its own WIT copy, nothing from this repository) and passes
+/// `check`; its task streams and completes through `call`.
+#[test]
+fn new_rust_skeleton_builds_and_passes_check() {
+    let dir = common::temp_dir("new-rust");
+    let output = taskhost(&dir, &["new", "my-lines", "--lang", "rust"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(dir.join("my-lines/wit/producer.wit").is_file());
+
+    // Nothing is overwritten, and a bad name is a usage mistake.
+    assert_eq!(taskhost(&dir, &["new", "my-lines"]).status.code(), Some(2));
+    assert_eq!(taskhost(&dir, &["new", "My Lines"]).status.code(), Some(2));
+
+    // A target directory kept across runs, so only the first builds wit-bindgen.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("new-skeleton-target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build = Command::new(cargo)
+        .args(["build", "--release", "--target", "wasm32-wasip2"])
+        .current_dir(dir.join("my-lines"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    assert!(build.status.success(), "the skeleton does not build: {}", text(&build.stderr));
+    let wasm = target.join("wasm32-wasip2/release/my_lines.wasm");
+    let wasm = wasm.to_str().unwrap();
+
+    let check = taskhost(&dir, &["check", wasm]);
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+    assert!(text(&check.stdout).contains("\"name\": \"my-lines\""), "{check:?}");
+
+    let call = taskhost(&dir, &["call", wasm, r#"{"count": 3, "interval_ms": 5}"#, "--background"]);
+    assert_eq!(call.status.code(), Some(0), "{call:?}");
+    assert!(text(&call.stdout).contains("line 1\nline 2\nline 3\n[status: completed, lines: 3]"), "{call:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

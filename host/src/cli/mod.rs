@@ -10,6 +10,7 @@ pub mod call;
 pub mod check;
 pub mod demo;
 pub mod dev;
+pub mod new;
 pub mod serve;
 pub mod target;
 
@@ -39,6 +40,8 @@ pub enum Command {
     /// Call a plugin's tool once and print the answer; with --background,
     /// stream the task's output until it ends.
     Call(call::CallArgs),
+    /// Create a producer plugin skeleton that builds and passes `check`.
+    New(new::NewArgs),
     /// A short scripted run on the built-in plugins: background work,
     /// streamed output, a reload mid-flight, a kill, notices. No network.
     Demo(demo::DemoArgs),
@@ -52,7 +55,7 @@ pub fn main() -> ExitCode {
         // only repeat the narrated line.
         Command::Demo(_) => "error",
         // Their stdout is the answer; only problems belong on stderr.
-        Command::Check(_) | Command::Call(_) => "warn",
+        Command::Check(_) | Command::Call(_) | Command::New(_) => "warn",
         _ => "info",
     };
     init_logging(default_filter);
@@ -70,6 +73,7 @@ pub fn main() -> ExitCode {
             Command::Dev(args) => dev::run(args).await.map(|()| true),
             Command::Check(args) => check::run(args).await.map(|()| true),
             Command::Call(args) => call::run(args).await.map(|called| called.ok),
+            Command::New(args) => new::run(args).map(|()| true),
             Command::Demo(args) => demo::run(args).await.map(|()| true),
         }
     });
