@@ -5,7 +5,8 @@
 //! checks, in order, and stops at the first problem with an error that says
 //! what is wrong: the bytes are WebAssembly at all; they are a component, not
 //! a core module; its imports and exports fit the `plugin` world by name and
-//! contract version, read without compiling ([`super::preflight`]); they compile (truncated or corrupt files fail here); every
+//! contract version, read without compiling ([`super::preflight`], skipped
+//! when the compiled code is cached); they compile (truncated or corrupt files fail here); every
 //! import is one the host provides (named when not); the component exports
 //! `taskhost:producer/producer@0.1.0` with every function of the contract, at
 //! the right signature (checked one by one in a throwaway instance).
@@ -173,14 +174,9 @@ impl PluginEngine {
         let version: Arc<str> = format!("{name}@{}", &hash[..12]).into();
         let engine = self.clone();
         let key = hash.clone();
-        // The contract is checked on the names and types first: compiling a
-        // large component takes seconds, this takes milliseconds.
-        let (component, compile_source) = tokio::task::spawn_blocking(move || {
-            super::preflight::preflight(&bytes)?;
-            engine.compile_cached(&key, &bytes)
-        })
-        .await
-        .context("the compile worker panicked")??;
+        let (component, compile_source) = tokio::task::spawn_blocking(move || engine.compile_cached(&key, &bytes))
+            .await
+            .context("the compile worker panicked")??;
 
         let imports =
             component.component_type().imports(self.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
@@ -272,6 +268,11 @@ impl PluginEngine {
                 ),
             }
         }
+        // The contract is checked on the names and types before compiling:
+        // compiling a large component takes seconds, this milliseconds. Only
+        // here: cached code passed it when it was compiled (a component that
+        // fails it is never compiled, so never cached).
+        super::preflight::preflight(bytes)?;
         let component = Component::new(self.engine(), bytes).map_err(|err| {
             let text = format!("{err:#}");
             let truncated = text.contains("end-of-file")
