@@ -244,6 +244,63 @@ fn import_problem(full: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// The host's contract constants are the parsed `wit/`: the producer
+    /// export and its functions, the taskhost interfaces a plugin may import,
+    /// the contract and WASI versions. A WIT change that the constants (and
+    /// so the checks and messages) do not follow fails here.
+    #[test]
+    fn the_contract_constants_match_the_parsed_wit() {
+        let mut resolve = wit_parser::Resolve::new();
+        let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit")).expect("wit/ parses");
+        let world = resolve.select_world(&[package], Some("plugin")).expect("the plugin world");
+        let world = &resolve.worlds[world];
+        let name_of = |key: &wit_parser::WorldKey| match key {
+            wit_parser::WorldKey::Name(name) => name.clone(),
+            wit_parser::WorldKey::Interface(id) => resolve.id_of(*id).expect("named interface"),
+        };
+
+        let exports: Vec<String> = world.exports.keys().map(name_of).collect();
+        assert_eq!(exports, [PRODUCER_EXPORT], "the world's exports");
+        let producer = world.exports.values().next().unwrap();
+        let wit_parser::WorldItem::Interface { id, .. } = producer else { panic!("producer is an interface") };
+        let functions: Vec<&str> = resolve.interfaces[*id].functions.keys().map(String::as_str).collect();
+        let mut expected = CONTRACT_FUNCTIONS.to_vec();
+        let mut got = functions.clone();
+        expected.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, expected, "the producer interface's functions");
+
+        let package_version = resolve.packages[package].name.version.as_ref().expect("versioned").to_string();
+        assert!(in_series(&package_version, CONTRACT_SERIES), "{package_version} vs {CONTRACT_SERIES}");
+        assert!(PRODUCER_EXPORT.ends_with(&format!("@{package_version}")), "{PRODUCER_EXPORT}");
+
+        // Every import of the world (and what it pulls in) is one the
+        // pre-compile check accepts, and every taskhost interface the check
+        // accepts exists in the package.
+        let imports: Vec<String> = world.imports.keys().map(name_of).collect();
+        for import in &imports {
+            if let Some(problem) = import_problem(import) {
+                panic!("the world's own import {import} would be refused: {problem}");
+            }
+        }
+        let defined: Vec<&str> =
+            resolve.packages[package].interfaces.keys().map(String::as_str).filter(|i| *i != "producer").collect();
+        let mut accepted = CONTRACT_IMPORTS.to_vec();
+        accepted.sort_unstable();
+        let mut defined_sorted = defined.clone();
+        defined_sorted.sort_unstable();
+        assert_eq!(defined_sorted, accepted, "the package's importable interfaces");
+        for dep in resolve.packages.iter().map(|(_, p)| &p.name).filter(|n| n.namespace == "wasi") {
+            assert!(
+                WASI_PACKAGES.contains(&dep.name.as_str()),
+                "wit/deps has wasi:{} the host does not link",
+                dep.name
+            );
+            let version = dep.version.as_ref().expect("versioned").to_string();
+            assert!(in_series(&version, WASI_SERIES), "wasi:{}@{version}", dep.name);
+        }
+    }
+
     #[test]
     fn versions_are_matched_by_semver_series() {
         assert!(in_series("0.1.0", "0.1"));
