@@ -16,7 +16,6 @@
 //! scripts can drive it. Logs go to stderr; the console writes to stdout.
 
 use std::io::IsTerminal as _;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,37 +23,21 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::target::{PluginTarget, Served, Session};
 use crate::Host;
 use crate::agents::Agent;
-use crate::config::{Config, Grants, ProducerConfig};
 use crate::plugin::ServingVersion;
-use crate::producer::Producer as _;
 use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
-use crate::setup::{PluginRuntime, build_wasm_producer};
 use crate::tools::producer_tool::RUN_IN_BACKGROUND;
 use crate::tools::{CallContext, ToolOutput};
-use taskhost_process::ProcessGrant;
 
 #[derive(Debug, clap::Args)]
 pub struct DevArgs {
-    /// A plugin component (`.wasm`) or a configuration file (`.toml`) whose
-    /// `[[producer]]` entries name plugins.
-    pub target: PathBuf,
+    #[command(flatten)]
+    pub target: PluginTarget,
     /// Reload a plugin file whenever it changes.
     #[arg(long)]
     pub watch: bool,
-    /// The instance config passed to the plugin, as JSON (a `.wasm` target only).
-    #[arg(long, default_value = "{}")]
-    pub config: String,
-    /// The tool name (a `.wasm` target only; default: the plugin's kind).
-    #[arg(long)]
-    pub tool: Option<String>,
-    /// Grant the plugin the `process` capability for this program (a
-    /// `.wasm` target only; repeatable): in the current directory and below,
-    /// no network, credentials scrubbed. A configuration file states its
-    /// grants in `[producer.grants.process]` instead.
-    #[arg(long = "program", value_name = "PROGRAM")]
-    pub programs: Vec<String>,
 }
 
 const HELP: &str = "\
@@ -68,12 +51,6 @@ commands:
   reload [<tool>]           reload a plugin from its file now
   help                      this text
   quit                      dispose every task and leave (also end of input)";
-
-/// One served plugin and where it came from.
-struct Served {
-    plugin: Arc<ReloadablePlugin>,
-    file: Option<PathBuf>,
-}
 
 /// Where console lines go: stdout, or above the prompt on a terminal.
 #[derive(Clone)]
@@ -95,35 +72,7 @@ impl Console {
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    let (config, base_dir) = target_config(&args)?;
-    let host = Host::new(&config.tasks)?;
-    let agent = host.create_agent("dev", "dev-console").context("cannot create the console's agent")?;
-    // The same resolution and grants as `taskhost serve`.
-    let mut runtime = PluginRuntime::new(&config);
-    let mut served = Vec::new();
-    for entry in &config.producers {
-        let Some(wasm) = build_wasm_producer(entry, &base_dir, &mut runtime, None)
-            .await
-            .with_context(|| format!("[[producer]] {:?}", entry.tool))?
-        else {
-            tracing::warn!(tool = %entry.tool, plugin = %entry.plugin, "dev serves wasm plugins only; skipping");
-            continue;
-        };
-        // The tool name defaults to the plugin's kind.
-        let mut options = entry.tool_options();
-        if options.name.is_empty() {
-            options.name = wasm.producer.descriptor().kind.clone();
-        }
-        let name = options.name.clone();
-        let plugin =
-            ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options).with_context(|| {
-                format!("cannot serve {} as the tool {name:?} (choose another with --tool)", entry.plugin)
-            })?;
-        served.push(Served { plugin, file: wasm.file });
-    }
-    if served.is_empty() {
-        bail!("{} serves no wasm plugin", args.target.display());
-    }
+    let Session { host, agent, served } = super::target::open(&args.target, "dev-console").await?;
 
     let interactive = std::io::stdin().is_terminal();
     let (lines, console) = input(interactive)?;
@@ -171,32 +120,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     host.dispose().await;
     console.say("bye");
     Ok(())
-}
-
-/// The configuration the target stands for, and the directory its relative
-/// plugin paths are resolved against. A `.wasm` target is a configuration
-/// of one `[[producer]]` entry built from the command-line flags.
-fn target_config(args: &DevArgs) -> anyhow::Result<(Config, PathBuf)> {
-    let is_toml = args.target.extension().is_some_and(|e| e == "toml");
-    if is_toml {
-        let config = Config::load(&args.target)?;
-        let base = args.target.parent().unwrap_or(Path::new(".")).to_path_buf();
-        return Ok((config, base));
-    }
-    let config: Value = serde_json::from_str(&args.config).context("--config is not JSON")?;
-    let Value::Object(config) = config else { bail!("--config must be a JSON object") };
-    let table: toml::Table = serde_json::from_value(Value::Object(config)).context("--config")?;
-    let process = (!args.programs.is_empty())
-        .then(|| ProcessGrant { programs: args.programs.clone(), ..ProcessGrant::default() });
-    let entry = ProducerConfig {
-        tool: args.tool.clone().unwrap_or_default(),
-        plugin: crate::config::ProducerSource::File(args.target.clone()),
-        config: table,
-        background: true,
-        foreground_timeout_ms: crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
-        grants: Grants { process },
-    };
-    Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))
 }
 
 /// Lines from stdin: rustyline on a terminal (in its own thread, since it

@@ -6,9 +6,13 @@
 //! `taskhost dev` and the story of `taskhost demo`), filtered by `RUST_LOG`
 //! (default `info`; `error` for the demo so its prose stays readable).
 
+pub mod call;
+pub mod check;
 pub mod demo;
 pub mod dev;
+pub mod new;
 pub mod serve;
+pub mod target;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,6 +33,15 @@ pub enum Command {
     /// Interactive console for a producer developer: call a plugin's tool,
     /// list, read and kill its tasks, and reload it when its file changes.
     Dev(dev::DevArgs),
+    /// Check a plugin against the contract (before compiling), load and
+    /// describe it as `serve` would, and print its tool definition(s) as the
+    /// model sees them.
+    Check(check::CheckArgs),
+    /// Call a plugin's tool once and print the answer; with --background,
+    /// stream the task's output until it ends.
+    Call(call::CallArgs),
+    /// Create a producer plugin skeleton that builds and passes `check`.
+    New(new::NewArgs),
     /// A short scripted run on the built-in plugins: background work,
     /// streamed output, a reload mid-flight, a kill, notices. No network.
     Demo(demo::DemoArgs),
@@ -41,6 +54,8 @@ pub fn main() -> ExitCode {
         // The demo provokes a failed reload on purpose; its warning would
         // only repeat the narrated line.
         Command::Demo(_) => "error",
+        // Their stdout is the answer; only problems belong on stderr.
+        Command::Check(_) | Command::Call(_) | Command::New(_) => "warn",
         _ => "info",
     };
     init_logging(default_filter);
@@ -51,21 +66,27 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `Ok(false)`: the command ran and reports failure through its exit code.
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
-            Command::Dev(args) => dev::run(args).await,
-            Command::Demo(args) => demo::run(args).await,
+            Command::Serve(args) => serve::run(args).await.map(|()| true),
+            Command::Dev(args) => dev::run(args).await.map(|()| true),
+            Command::Check(args) => check::run(args).await.map(|()| true),
+            Command::Call(args) => call::run(args).await.map(|called| called.ok),
+            Command::New(args) => new::run(args).map(|()| true),
+            Command::Demo(args) => demo::run(args).await.map(|()| true),
         }
     });
     // A read of stdin blocked in the runtime's thread pool cannot be
     // interrupted; everything that matters is disposed by now.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("taskhost: error: {error:#}");
-            ExitCode::FAILURE
+            // A usage mistake exits 2, like clap's own.
+            if error.downcast_ref::<target::UsageError>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

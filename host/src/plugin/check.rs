@@ -1,4 +1,7 @@
-//! `taskhost check`: load, validate and describe a plugin without serving it.
+//! Load, validate and describe a plugin without serving it: the library
+//! form of `taskhost check` (the command, `cli/check.rs`, adds the
+//! pre-compile contract report and goes through the `serve` path to print
+//! the tool definition as the model sees it).
 //!
 //! Model: [`check_plugin`] runs the exact load path a host uses (header,
 //! compile, imports, exports, signatures, then `describe(config)`) on a

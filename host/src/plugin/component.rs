@@ -4,7 +4,9 @@
 //! by the SHA-256 of its bytes (`<name>@<first 12 hex digits>`). Loading
 //! checks, in order, and stops at the first problem with an error that says
 //! what is wrong: the bytes are WebAssembly at all; they are a component, not
-//! a core module; they compile (truncated or corrupt files fail here); every
+//! a core module; its imports and exports fit the `plugin` world by name and
+//! contract version, read without compiling ([`super::preflight`], skipped
+//! when the compiled code is cached); they compile (truncated or corrupt files fail here); every
 //! import is one the host provides (named when not); the component exports
 //! `taskhost:producer/producer@0.1.0` with every function of the contract, at
 //! the right signature (checked one by one in a throwaway instance).
@@ -266,6 +268,11 @@ impl PluginEngine {
                 ),
             }
         }
+        // The contract is checked on the names and types before compiling:
+        // compiling a large component takes seconds, this milliseconds. Only
+        // here: cached code passed it when it was compiled (a component that
+        // fails it is never compiled, so never cached).
+        super::preflight::preflight(bytes)?;
         let component = Component::new(self.engine(), bytes).map_err(|err| {
             let text = format!("{err:#}");
             let truncated = text.contains("end-of-file")
@@ -295,7 +302,7 @@ impl PluginEngine {
 }
 
 /// Checks the header: WebAssembly at all, and a component, not a core module.
-fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         if bytes.len() >= 4 && &bytes[..4] == b"\0asm" {
             bail!("the file is truncated: it ends inside the WebAssembly header ({} bytes)", bytes.len());
@@ -338,7 +345,8 @@ fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::R
     Ok(())
 }
 
-const CONTRACT_FUNCTIONS: &[&str] = &[
+/// The functions of the `producer` interface, by their component export names.
+pub const CONTRACT_FUNCTIONS: &[&str] = &[
     "describe",
     "label",
     "run",

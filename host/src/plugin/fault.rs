@@ -56,6 +56,10 @@ pub async fn bounded<R>(
     }
 }
 
+/// How to fix a deadline fault, in the words the plugin author needs.
+pub const DEADLINE_FIX: &str = "every export must return at once; to wait, return a pollable from \
+     `subscribe` (a clock deadline, a process or a subagent run) and the host waits on it, then calls `done`";
+
 /// What went wrong in a call into a guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
@@ -88,10 +92,20 @@ pub fn classify(store: &Store<StoreState>, deadline: Duration, export: &str, err
     let state = store.data();
     let plugin = &*state.tag().plugin;
     let trap = err.downcast_ref::<Trap>().copied();
-    if state.deadline_hit || trap == Some(Trap::Interrupt) {
+    let blocked = err.downcast_ref::<CallTimedOut>().is_some();
+    if state.deadline_hit || trap == Some(Trap::Interrupt) || blocked {
+        let how = if blocked {
+            " while blocked in a host function (a sleep or a blocking wait, such as Python's `time.sleep` \
+             or a `block` on a pollable)"
+        } else {
+            ""
+        };
         return Fault {
             cause: FaultCause::Deadline,
-            detail: format!("plugin {plugin} exceeded its {} ms call deadline in {export}", deadline.as_millis()),
+            detail: format!(
+                "plugin {plugin} exceeded its {} ms call deadline in {export}{how}: {DEADLINE_FIX}",
+                deadline.as_millis()
+            ),
         };
     }
     if state.memory_limit_hit() {

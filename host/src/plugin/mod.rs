@@ -14,7 +14,7 @@
 //! Submodules: [`engine`] (engine, config, epoch ticker), [`cache`] (the
 //! verified compile cache), [`bounds`] (caps on plugin strings, the spin
 //! back-off), [`bindings`]
-//! (generated from `wit/`), [`state`] (store data, sandboxed WASI), [`host`] (the
+//! (generated from `wit/`), [`preflight`] (the contract check before compiling), [`state`] (store data, sandboxed WASI), [`host`] (the
 //! host imports, one module per capability, on views of the store),
 //! [`resources`] (per-store capability state and guest-held resources), [`component`] (load, validate, cache), [`fault`] (deadlines and
 //! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
@@ -29,6 +29,7 @@ mod driver;
 pub mod engine;
 pub mod fault;
 pub mod host;
+pub mod preflight;
 pub mod producer;
 pub mod resources;
 pub mod state;

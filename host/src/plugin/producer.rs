@@ -262,7 +262,10 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         return Err(problem("parameters must not declare `run_in_background`: the host adds it".into()));
     }
     if let Err(err) = jsonschema::validator_for(&parameters) {
-        return Err(problem(format!("parameters is not a valid JSON Schema: {err}")));
+        // The location inside the schema, as a JSON pointer (`/properties/n/type`).
+        let at = err.instance_path().to_string();
+        let at = if at.is_empty() { "/".to_string() } else { at };
+        return Err(problem(format!("parameters is not a valid JSON Schema: at {at}: {err}")));
     }
     if described.description.len() > bounds::MAX_DESCRIPTION_BYTES {
         tracing::warn!(

@@ -3,6 +3,7 @@
 //! module per suite. Everything else end to end lives in `tests/`.
 
 mod cli;
+mod cli_plugin;
 mod common;
 mod dev_watch;
 mod mcp_ext_tasks;

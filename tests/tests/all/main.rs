@@ -11,6 +11,7 @@ mod compile_cache;
 mod control_tools;
 mod grant_programs;
 mod plugin_bounds;
+mod plugin_errors;
 mod reload;
 mod subagent_plugin;
 mod subagents;

@@ -1,0 +1,330 @@
+//! The contract check that runs before a plugin is compiled.
+//!
+//! Model: [`preflight`] decodes the component's type information (its
+//! imports and exports, by name, with the WIT package versions in them)
+//! with `wit-parser`, without compiling or running anything, and refuses a
+//! component that cannot work here with a message that says what to change:
+//! an import taskhost does not provide (naming it, and the build flag when a
+//! known toolchain adds it by default), a contract version skew ("built
+//! against taskhost:producer@0.2.0; this host speaks 0.1.x"), a missing
+//! `producer` export or contract function. Compiling a large component
+//! (Python, JavaScript) takes seconds; this takes milliseconds.
+//!
+//! Invariants: it only refuses what the full load would refuse too (the
+//! linker and the signature checks in [`super::component`] stay the
+//! authority, and catch type mismatches within a compatible version); a
+//! component it cannot decode is left to the compiler, whose messages tell
+//! truncated and corrupt files apart. Every problem found is reported, one
+//! per line, not only the first.
+
+use std::fmt::Write as _;
+
+use anyhow::bail;
+
+use super::component::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
+
+/// The WIT package of the contract.
+pub const CONTRACT_PACKAGE: &str = "taskhost:producer";
+
+/// The contract version this host speaks, as `major.minor` (a plugin built
+/// against any `0.1.z` loads).
+pub const CONTRACT_SERIES: &str = "0.1";
+
+/// The taskhost interfaces a plugin may import (all at [`CONTRACT_SERIES`]).
+pub const CONTRACT_IMPORTS: &[&str] = &["types", "host-log", "process", "subagents"];
+
+/// The WASI 0.2 packages the host links (sandboxed, see [`super::state`]).
+pub const WASI_PACKAGES: &[&str] = &["io", "clocks", "random", "cli", "filesystem", "sockets"];
+
+/// The WASI version series the host links.
+pub const WASI_SERIES: &str = "0.2";
+
+/// What the pre-compile check learned about a component.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preflight {
+    /// Every import, by its full name (`wasi:io/poll@0.2.0`).
+    pub imports: Vec<String>,
+    /// Every export, by its full name.
+    pub exports: Vec<String>,
+    /// The version of the contract the component was built against (the
+    /// version in its `producer` export name, e.g. `0.1.0`).
+    pub contract_version: String,
+}
+
+/// A full interface name split into its parts: `ns:pkg/iface@version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Name<'a> {
+    namespace: &'a str,
+    package: &'a str,
+    interface: Option<&'a str>,
+    version: Option<&'a str>,
+}
+
+impl<'a> Name<'a> {
+    fn parse(full: &'a str) -> Option<Self> {
+        let (path, version) = match full.split_once('@') {
+            Some((path, version)) => (path, Some(version)),
+            None => (full, None),
+        };
+        let (namespace, rest) = path.split_once(':')?;
+        let (package, interface) = match rest.split_once('/') {
+            Some((package, interface)) => (package, Some(interface)),
+            None => (rest, None),
+        };
+        Some(Self { namespace, package, interface, version })
+    }
+
+    fn package_id(&self) -> String {
+        match self.version {
+            Some(version) => format!("{}:{}@{version}", self.namespace, self.package),
+            None => format!("{}:{}", self.namespace, self.package),
+        }
+    }
+}
+
+/// Whether `version` is semver-compatible with the `major.minor` `series`
+/// (for 0.x, the minor must match; for 1.0 and later, the major).
+fn in_series(version: &str, series: &str) -> bool {
+    let mut have = version.split(['.', '-', '+']);
+    let mut want = series.split('.');
+    let (Some(major), Some(minor)) = (have.next(), have.next()) else { return false };
+    let (Some(want_major), Some(want_minor)) = (want.next(), want.next()) else { return false };
+    if major != want_major {
+        return false;
+    }
+    major != "0" || minor == want_minor
+}
+
+/// Checks a component's imports and exports against the `plugin` world,
+/// without compiling it. `Ok(None)` when the bytes could not be decoded
+/// (left to the compiler to explain).
+pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
+    // A core module or a text file decodes as something else: say what it is.
+    super::component::sniff(bytes)?;
+    let decoded = match wit_parser::decoding::decode(bytes) {
+        Ok(decoded) => decoded,
+        Err(err) => {
+            tracing::debug!(error = %format!("{err:#}"), "cannot decode the component's types; the compiler will say why");
+            return Ok(None);
+        }
+    };
+    let wit_parser::decoding::DecodedWasm::Component(resolve, world) = decoded else {
+        bail!(
+            "this file is a WIT package encoded as WebAssembly, not a component: build the plugin \
+             itself (e.g. `cargo build --target wasm32-wasip2`)"
+        );
+    };
+    let world = &resolve.worlds[world];
+    let key_name = |key: &wit_parser::WorldKey| match key {
+        wit_parser::WorldKey::Name(name) => name.clone(),
+        wit_parser::WorldKey::Interface(id) => resolve.id_of(*id).unwrap_or_else(|| "<unnamed interface>".into()),
+    };
+    let imports: Vec<String> = world.imports.keys().map(key_name).collect();
+    let exports: Vec<String> = world.exports.keys().map(key_name).collect();
+
+    // The contract version first: a skew explains every other mismatch.
+    let skewed = imports
+        .iter()
+        .chain(&exports)
+        .filter_map(|full| Name::parse(full))
+        .filter(|name| name.namespace == "taskhost" && name.package == "producer")
+        .map(|name| name.version)
+        .find(|version| !version.is_some_and(|v| in_series(v, CONTRACT_SERIES)));
+    if let Some(version) = skewed {
+        let built = match version {
+            Some(version) => format!("{CONTRACT_PACKAGE}@{version}"),
+            None => format!("an unversioned {CONTRACT_PACKAGE}"),
+        };
+        bail!(
+            "the component was built against {built}; this host speaks {CONTRACT_SERIES}.x \
+             ({PRODUCER_EXPORT}): build the plugin against the `wit/` of this taskhost, or serve it \
+             with a taskhost that speaks its version"
+        );
+    }
+
+    let mut problems = String::new();
+    for full in &imports {
+        if let Some(problem) = import_problem(full) {
+            let _ = writeln!(problems, "- {problem}");
+        }
+    }
+
+    let producer = world.exports.iter().find_map(|(key, item)| {
+        let name = key_name(key);
+        let parsed = Name::parse(&name)?;
+        let is_producer =
+            parsed.namespace == "taskhost" && parsed.package == "producer" && parsed.interface == Some("producer");
+        match item {
+            wit_parser::WorldItem::Interface { id, .. } if is_producer => {
+                Some((parsed.version.unwrap_or("").to_string(), *id))
+            }
+            _ => None,
+        }
+    });
+    let contract_version = match producer {
+        None => {
+            let listed = if exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                exports.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ")
+            };
+            let _ = writeln!(
+                problems,
+                "- the component does not export `{PRODUCER_EXPORT}`, so it is not a taskhost producer \
+                 (world `taskhost:producer/plugin`); it exports {listed}. Generate the bindings for the \
+                 `plugin` world of `wit/producer.wit` and export the `producer` interface"
+            );
+            String::new()
+        }
+        Some((version, id)) => {
+            let functions = &resolve.interfaces[id].functions;
+            let missing: Vec<String> =
+                CONTRACT_FUNCTIONS.iter().filter(|f| !functions.contains_key(**f)).map(|f| format!("`{f}`")).collect();
+            if !missing.is_empty() {
+                let _ = writeln!(
+                    problems,
+                    "- the export `{PRODUCER_EXPORT}` lacks {} of the contract: implement every function \
+                     of the `producer` interface",
+                    missing.join(", ")
+                );
+            }
+            version
+        }
+    };
+
+    if !problems.is_empty() {
+        let count = problems.lines().count();
+        bail!(
+            "the component does not fit the taskhost `plugin` world ({count} problem{}):\n{}",
+            if count == 1 { "" } else { "s" },
+            problems.trim_end()
+        );
+    }
+    Ok(Some(Preflight { imports, exports, contract_version }))
+}
+
+/// What is wrong with importing `full`, if anything.
+fn import_problem(full: &str) -> Option<String> {
+    let provided = super::host::PROVIDED_IMPORTS;
+    let Some(name) = Name::parse(full) else {
+        return Some(format!(
+            "the component imports `{full}` (a bare name, not a WIT interface), which taskhost does not \
+             provide; taskhost provides {provided}"
+        ));
+    };
+    match (name.namespace, name.package) {
+        ("wasi", "http") => Some(format!(
+            "the component imports `{full}`, but a plugin has no HTTP access (taskhost does not provide \
+             wasi:http). ComponentizeJS adds it by default: build with `-d http -d fetch-event` \
+             (`jco componentize ... -d http -d fetch-event`); otherwise remove what uses HTTP"
+        )),
+        ("wasi", package) if WASI_PACKAGES.contains(&package) => match name.version {
+            Some(version) if in_series(version, WASI_SERIES) => None,
+            _ => Some(format!(
+                "the component imports `{full}` ({}); this host speaks WASI {WASI_SERIES}.x: build for \
+                 WASI 0.2 (Rust: the `wasm32-wasip2` target)",
+                name.package_id()
+            )),
+        },
+        ("taskhost", "producer") => match name.interface {
+            Some(interface) if CONTRACT_IMPORTS.contains(&interface) => None,
+            _ => Some(format!(
+                "the component imports `{full}`, which this host does not provide: the contract's \
+                 imports are {}",
+                CONTRACT_IMPORTS.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+            )),
+        },
+        _ => Some(format!(
+            "the component imports `{full}`, which taskhost does not provide; taskhost provides {provided}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's contract constants are the parsed `wit/`: the producer
+    /// export and its functions, the taskhost interfaces a plugin may import,
+    /// the contract and WASI versions. A WIT change that the constants (and
+    /// so the checks and messages) do not follow fails here.
+    #[test]
+    fn the_contract_constants_match_the_parsed_wit() {
+        let mut resolve = wit_parser::Resolve::new();
+        let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit")).expect("wit/ parses");
+        let world = resolve.select_world(&[package], Some("plugin")).expect("the plugin world");
+        let world = &resolve.worlds[world];
+        let name_of = |key: &wit_parser::WorldKey| match key {
+            wit_parser::WorldKey::Name(name) => name.clone(),
+            wit_parser::WorldKey::Interface(id) => resolve.id_of(*id).expect("named interface"),
+        };
+
+        let exports: Vec<String> = world.exports.keys().map(name_of).collect();
+        assert_eq!(exports, [PRODUCER_EXPORT], "the world's exports");
+        let producer = world.exports.values().next().unwrap();
+        let wit_parser::WorldItem::Interface { id, .. } = producer else { panic!("producer is an interface") };
+        let functions: Vec<&str> = resolve.interfaces[*id].functions.keys().map(String::as_str).collect();
+        let mut expected = CONTRACT_FUNCTIONS.to_vec();
+        let mut got = functions.clone();
+        expected.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, expected, "the producer interface's functions");
+
+        let package_version = resolve.packages[package].name.version.as_ref().expect("versioned").to_string();
+        assert!(in_series(&package_version, CONTRACT_SERIES), "{package_version} vs {CONTRACT_SERIES}");
+        assert!(PRODUCER_EXPORT.ends_with(&format!("@{package_version}")), "{PRODUCER_EXPORT}");
+
+        // Every import of the world (and what it pulls in) is one the
+        // pre-compile check accepts, and every taskhost interface the check
+        // accepts exists in the package.
+        let imports: Vec<String> = world.imports.keys().map(name_of).collect();
+        for import in &imports {
+            if let Some(problem) = import_problem(import) {
+                panic!("the world's own import {import} would be refused: {problem}");
+            }
+        }
+        let defined: Vec<&str> =
+            resolve.packages[package].interfaces.keys().map(String::as_str).filter(|i| *i != "producer").collect();
+        let mut accepted = CONTRACT_IMPORTS.to_vec();
+        accepted.sort_unstable();
+        let mut defined_sorted = defined.clone();
+        defined_sorted.sort_unstable();
+        assert_eq!(defined_sorted, accepted, "the package's importable interfaces");
+        for dep in resolve.packages.iter().map(|(_, p)| &p.name).filter(|n| n.namespace == "wasi") {
+            assert!(
+                WASI_PACKAGES.contains(&dep.name.as_str()),
+                "wit/deps has wasi:{} the host does not link",
+                dep.name
+            );
+            let version = dep.version.as_ref().expect("versioned").to_string();
+            assert!(in_series(&version, WASI_SERIES), "wasi:{}@{version}", dep.name);
+        }
+    }
+
+    #[test]
+    fn versions_are_matched_by_semver_series() {
+        assert!(in_series("0.1.0", "0.1"));
+        assert!(in_series("0.1.7", "0.1"));
+        assert!(in_series("0.1.0-rc.1", "0.1"));
+        assert!(!in_series("0.2.0", "0.1"));
+        assert!(!in_series("1.0.0", "0.1"));
+        assert!(in_series("0.2.12", "0.2"));
+        assert!(!in_series("0.3.0", "0.2"));
+        assert!(!in_series("garbage", "0.2"));
+    }
+
+    #[test]
+    fn import_problems_name_the_import_and_the_fix() {
+        assert_eq!(import_problem("wasi:io/poll@0.2.0"), None);
+        assert_eq!(import_problem("wasi:clocks/monotonic-clock@0.2.12"), None);
+        assert_eq!(import_problem("taskhost:producer/host-log@0.1.0"), None);
+        let http = import_problem("wasi:http/types@0.2.3").unwrap();
+        assert!(http.contains("`wasi:http/types@0.2.3`") && http.contains("-d http -d fetch-event"), "{http}");
+        let p3 = import_problem("wasi:io/poll@0.3.0").unwrap();
+        assert!(p3.contains("this host speaks WASI 0.2.x"), "{p3}");
+        let other = import_problem("acme:kv/store@1.0.0").unwrap();
+        assert!(other.contains("`acme:kv/store@1.0.0`, which taskhost does not provide"), "{other}");
+        let bare = import_problem("frobnicate").unwrap();
+        assert!(bare.contains("bare name"), "{bare}");
+    }
+}

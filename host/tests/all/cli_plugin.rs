@@ -1,0 +1,273 @@
+//! The plugin author's commands, run as the real binary: `taskhost check`
+//! on the built ticker and on one component per author mistake (WAT text
+//! components compiled here, each with the exact message it must get), and
+//! `taskhost call` on the ticker in the foreground and the background.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The built ticker component (built by `host/build.rs`).
+const TICKER: &str = taskhost::builtin::TICKER_PATH;
+
+/// Runs the binary with a private compile cache.
+fn taskhost(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run taskhost")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Writes a component compiled from WAT text into `dir`.
+fn component(dir: &Path, name: &str, wat: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, wat::parse_str(wat).expect("valid WAT")).unwrap();
+    path
+}
+
+/// The body of a component whose `export` has `describe` only.
+fn describe_only_body(export: &str) -> String {
+    format!(
+        r#"(core module $m (func (export "f")))
+           (core instance $i (instantiate $m))
+           (func $f (canon lift (core func $i "f")))
+           (instance $p (export "describe" (func $f)))
+           (export "{export}" (instance $p))"#
+    )
+}
+
+/// A component whose `export` has `describe` only.
+fn only_describe(export: &str) -> String {
+    format!("(component {})", describe_only_body(export))
+}
+
+/// `check` refuses `path` with exit code 1 and exactly `message` on stderr.
+fn assert_refused(dir: &Path, path: &Path, message: &str) {
+    let output = taskhost(dir, &["check", path.to_str().unwrap()]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{}: {output:?}", path.display());
+    assert!(stderr.contains(message), "{}: wanted {message:?} in:\n{stderr}", path.display());
+}
+
+#[test]
+fn check_describes_the_ticker_as_the_model_sees_it() {
+    let dir = common::temp_dir("check-ticker");
+    let output = taskhost(&dir, &["check", TICKER]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(stdout.contains(&format!("contract: {TICKER} fits taskhost:producer@0.1.0")), "{stdout}");
+    assert!(stdout.contains("taskhost:producer/host-log@0.1.0"), "{stdout}");
+    assert!(stdout.contains("\"name\": \"ticker\""), "{stdout}");
+    assert!(stdout.contains("\"run_in_background\""), "the model's schema offers background runs:\n{stdout}");
+    assert!(stdout.contains("\"interval_ms\""), "{stdout}");
+    assert!(stdout.contains(&format!("ok: {TICKER} is a valid taskhost producer plugin")), "{stdout}");
+
+    // The instance config reaches describe.
+    let output = taskhost(&dir, &["check", TICKER, "--config", r#"{"default_message": "beat"}"#]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(text(&output.stdout).contains("\"default\": \"beat\""), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_names_each_author_mistake_and_what_to_change() {
+    let dir = common::temp_dir("check-mistakes");
+    let cases = [
+        (
+            "unknown-import",
+            r#"(component (import "acme:secret/vault@1.0.0" (instance (export "open" (func)))))"#.to_string(),
+            "the component imports `acme:secret/vault@1.0.0`, which taskhost does not provide; taskhost provides wasi:io",
+        ),
+        (
+            "componentize-js-default",
+            r#"(component (import "wasi:http/types@0.2.3" (instance (export "f" (func)))))"#.to_string(),
+            "the component imports `wasi:http/types@0.2.3`, but a plugin has no HTTP access (taskhost does not \
+             provide wasi:http). ComponentizeJS adds it by default: build with `-d http -d fetch-event`",
+        ),
+        (
+            "wasi-0.3",
+            r#"(component (import "wasi:io/poll@0.3.0" (instance)))"#.to_string(),
+            "the component imports `wasi:io/poll@0.3.0` (wasi:io@0.3.0); this host speaks WASI 0.2.x",
+        ),
+        (
+            "newer-contract",
+            format!(
+                r#"(component
+                     (import "taskhost:producer/host-log@0.2.0" (instance (export "log" (func (param "m" string)))))
+                     {})"#,
+                describe_only_body("taskhost:producer/producer@0.2.0")
+            ),
+            "the component was built against taskhost:producer@0.2.0; this host speaks 0.1.x",
+        ),
+        (
+            "missing-functions",
+            only_describe("taskhost:producer/producer@0.1.0"),
+            "the export `taskhost:producer/producer@0.1.0` lacks `label`, `run`, `[method]task.cancel`, \
+             `[method]task.subscribe`, `[method]task.done`, `[method]task.read-output` of the contract",
+        ),
+        (
+            "wrong-world",
+            only_describe("taskhost:wrong/thing"),
+            "the component does not export `taskhost:producer/producer@0.1.0`, so it is not a taskhost producer \
+             (world `taskhost:producer/plugin`); it exports `taskhost:wrong/thing`",
+        ),
+        (
+            "two-problems",
+            r#"(component
+                 (import "wasi:http/types@0.2.3" (instance))
+                 (import "acme:kv/store@1.0.0" (instance)))"#
+                .to_string(),
+            "the component does not fit the taskhost `plugin` world (3 problems):\n- the component imports \
+             `wasi:http/types@0.2.3`",
+        ),
+        (
+            "core-module",
+            "(module)".to_string(),
+            "this is a core WebAssembly module, not a component: build the plugin for the `wasm32-wasip2` target",
+        ),
+    ];
+    for (name, wat, message) in &cases {
+        let path = component(&dir, name, wat);
+        assert_refused(&dir, &path, message);
+    }
+
+    let not_wasm = dir.join("script.wasm");
+    std::fs::write(&not_wasm, "#!/bin/sh\necho hi\n").unwrap();
+    assert_refused(&dir, &not_wasm, "not a WebAssembly file: it does not start with the `\\0asm` magic number");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_exit_codes_tell_usage_mistakes_from_invalid_plugins() {
+    let dir = common::temp_dir("check-usage");
+    let missing = taskhost(&dir, &["check", "nowhere.wasm"]);
+    assert_eq!(missing.status.code(), Some(2), "{missing:?}");
+    assert!(text(&missing.stderr).contains("nowhere.wasm does not exist"), "{missing:?}");
+
+    let bad_config = taskhost(&dir, &["check", TICKER, "--config", "[1]"]);
+    assert_eq!(bad_config.status.code(), Some(2), "{bad_config:?}");
+    assert!(text(&bad_config.stderr).contains("--config must be a JSON object"), "{bad_config:?}");
+
+    // A config the plugin refuses is the plugin's answer: invalid, exit 1.
+    let refused = taskhost(&dir, &["check", TICKER, "--config", r#"{"nope": 1}"#]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(text(&refused.stderr).contains("refused its config in describe"), "{refused:?}");
+
+    let help = taskhost(&dir, &["check", "--help"]);
+    assert!(text(&help.stdout).contains("Exit codes: 0 the plugin is valid; 1 it is not"), "{help:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dev_errors_on_a_bare_wasm_name_the_file_not_a_producer_entry() {
+    let dir = common::temp_dir("dev-bare");
+    let path = component(&dir, "missing-functions", &only_describe("taskhost:producer/producer@0.1.0"));
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", path.to_str().unwrap()])
+        .current_dir(&dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run taskhost dev");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(stderr.contains(&format!("cannot load plugin {}", path.display())), "{stderr}");
+    assert!(!stderr.contains("[[producer]]"), "names an entry the author never wrote: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn call_runs_the_ticker_in_the_foreground() {
+    let dir = common::temp_dir("call-fg");
+    let output = taskhost(&dir, &["call", TICKER, r#"{"count": 3, "interval_ms": 5, "message": "fg"}"#]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("fg 1\nfg 2\nfg 3"), "{stdout}");
+    assert!(stdout.contains("[status: completed, ticks: 3]"), "{stdout}");
+
+    // Arguments the schema refuses: the tool's answer, exit 1.
+    let output = taskhost(&dir, &["call", TICKER, r#"{"count": "three"}"#]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let said = text(&output.stdout) + &text(&output.stderr);
+    assert!(said.contains("at /count"), "the argument error names its location: {said}");
+
+    // Not JSON: a usage mistake.
+    let output = taskhost(&dir, &["call", TICKER, "{count: 3}"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(text(&output.stderr).contains("the arguments are not JSON"), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn call_in_the_background_streams_until_the_end() {
+    let dir = common::temp_dir("call-bg");
+    let output =
+        taskhost(&dir, &["call", TICKER, r#"{"count": 4, "interval_ms": 20, "message": "bg"}"#, "--background"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("ticker-1"), "the start answer names the task: {stdout}");
+    let ticks =
+        stdout.find("bg 1\nbg 2\nbg 3\nbg 4\n").unwrap_or_else(|| panic!("every tick, once, in order: {stdout}"));
+    assert_eq!(stdout.matches("bg 1\n").count(), 1, "{stdout}");
+    let status = stdout.find("[status: completed, ticks: 4]").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(ticks < status, "the status line comes last: {stdout}");
+
+    // --wait: one task_output that waits for the end, as the model reads it.
+    let output = taskhost(
+        &dir,
+        &["call", TICKER, r#"{"count": 2, "interval_ms": 20, "message": "w"}"#, "--background", "--wait"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(text(&output.stdout).contains("w 1\nw 2\n[status: completed, ticks: 2]"), "{output:?}");
+
+    // --wait without --background is a usage mistake.
+    let output = taskhost(&dir, &["call", TICKER, "{}", "--wait"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `new --lang rust` writes a crate that builds for wasm32-wasip2 with a
+/// plain cargo (its own WIT copy, nothing from this repository) and passes
+/// `check`; its task streams and completes through `call`.
+#[test]
+fn new_rust_skeleton_builds_and_passes_check() {
+    let dir = common::temp_dir("new-rust");
+    let output = taskhost(&dir, &["new", "my-lines", "--lang", "rust"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(dir.join("my-lines/wit/producer.wit").is_file());
+
+    // Nothing is overwritten, and a bad name is a usage mistake.
+    assert_eq!(taskhost(&dir, &["new", "my-lines"]).status.code(), Some(2));
+    assert_eq!(taskhost(&dir, &["new", "My Lines"]).status.code(), Some(2));
+
+    // A target directory kept across runs, so only the first builds wit-bindgen.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("new-skeleton-target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build = Command::new(cargo)
+        .args(["build", "--release", "--target", "wasm32-wasip2"])
+        .current_dir(dir.join("my-lines"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo");
+    assert!(build.status.success(), "the skeleton does not build: {}", text(&build.stderr));
+    let wasm = target.join("wasm32-wasip2/release/my_lines.wasm");
+    let wasm = wasm.to_str().unwrap();
+
+    let check = taskhost(&dir, &["check", wasm]);
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+    assert!(text(&check.stdout).contains("\"name\": \"my-lines\""), "{check:?}");
+
+    let call = taskhost(&dir, &["call", wasm, r#"{"count": 3, "interval_ms": 5}"#, "--background"]);
+    assert_eq!(call.status.code(), Some(0), "{call:?}");
+    assert!(text(&call.stdout).contains("line 1\nline 2\nline 3\n[status: completed, lines: 3]"), "{call:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
