@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -65,8 +66,13 @@ def browser():
 
 
 def wait(driver, condition, what):
+    """Waits until `condition` is truthy. The page re-renders its tables on
+    every event, so an element found a moment ago may be replaced: such a
+    try simply runs again."""
     try:
-        return WebDriverWait(driver, TIMEOUT).until(lambda d: condition(d))
+        return WebDriverWait(
+            driver, TIMEOUT, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+        ).until(lambda d: condition(d))
     except Exception as error:  # noqa: BLE001 - re-raised with context
         raise AssertionError(f"timed out waiting until {what}: {error!r}") from error
 
@@ -76,9 +82,17 @@ def row(driver, task):
     return found[0] if found else None
 
 
+def act(driver, action, what):
+    """Runs `action` (a click) on freshly found elements, again if they were
+    replaced meanwhile."""
+    wait(driver, lambda d: action(d) or True, what)
+
+
 def status_of(driver, task):
-    found = row(driver, task)
-    return found.get_attribute("data-status") if found else None
+    # In one script: the row cannot be replaced between finding and reading.
+    return driver.execute_script(
+        "const r = [...document.querySelectorAll('tr[data-task-id]')].find(r => r.dataset.taskId === arguments[0]);"
+        "return r ? r.dataset.status : null;", task)
 
 
 def sign_in(driver, token):
@@ -97,7 +111,12 @@ def sign_out(driver):
 
 
 def owners_shown(driver):
-    return {r.get_attribute("data-owner") for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-task-id]")}
+    return set(driver.execute_script(
+        "return [...document.querySelectorAll('tr[data-task-id]')].map(r => r.dataset.owner);"))
+
+
+def ids_shown(driver):
+    return driver.execute_script("return [...document.querySelectorAll('tr[data-task-id]')].map(r => r.dataset.taskId);")
 
 
 def main():
@@ -128,12 +147,11 @@ def run(driver):
         wait(driver, lambda d, t=task: row(d, t) is not None, f"row {task} appears")
     wait(driver, lambda d: status_of(d, args["quick"]) == "completed", f"{args['quick']} settles as completed")
     assert status_of(driver, args["victim"]) == "running", status_of(driver, args["victim"])
-    assert args["bob_task"] not in [r.get_attribute("data-task-id")
-                                    for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-task-id]")]
+    assert args["bob_task"] not in ids_shown(driver), ids_shown(driver)
     step("as alice: rows appear and settle")
 
     # Output streams in live, and reading it here does not consume it.
-    row(driver, args["stream"]).click()
+    act(driver, lambda d: row(d, args["stream"]).click(), f"{args['stream']} is selected")
     pane = driver.find_element(By.ID, "output")
     wait(driver, lambda d: "first-line" in pane.text, "first-line shows in the output pane")
     assert "second-line" not in pane.text
@@ -145,14 +163,16 @@ def run(driver):
 
     # Kill from the page: the same reply as task_kill.
     victim = args["victim"]
-    row(driver, victim).find_element(By.CSS_SELECTOR, "[data-action='kill']").click()
+    act(driver, lambda d: row(d, victim).find_element(By.CSS_SELECTOR, "[data-action='kill']").click(),
+        f"the kill button of {victim} is clicked")
     message = driver.find_element(By.ID, "message")
     wait(driver, lambda d: message.text == f"requested cancellation of task {victim}", "the kill reply shows")
     wait(driver, lambda d: status_of(d, victim) == "killed", f"{victim} shows as killed")
     step("as alice: killed from the page")
 
     # A plugin reload: rewrite the file `serve --watch` watches.
-    ticker_version = row(driver, args["ticker"]).find_element(By.CSS_SELECTOR, "td.version").text
+    ticker_version = wait(driver, lambda d: row(d, args["ticker"]).find_element(By.CSS_SELECTOR, "td.version").text,
+                          "the ticker task's version shows")
     assert ticker_version.endswith(" v1"), ticker_version
     plugin_row = 'tr[data-plugin="ticker"]'
     wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, plugin_row).get_attribute("data-serving").endswith(" v1"),
@@ -163,7 +183,8 @@ def run(driver):
         target.write(v2)
     wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, plugin_row).get_attribute("data-serving").endswith(" v2"),
          "the ticker plugin shows v2")
-    reload_text = driver.find_element(By.CSS_SELECTOR, f"{plugin_row} td.reload").text
+    reload_text = wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, f"{plugin_row} td.reload").text,
+                       "the reload result shows")
     assert "reloaded ticker: v2 serving new starts; 1 task still on v1" in reload_text, reload_text
     step(f"plugin reload shown: {reload_text}")
 
