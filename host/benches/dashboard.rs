@@ -129,9 +129,10 @@ async fn run() {
 
     println!("### Dashboard API with {TASKS} tasks listed (`cargo bench -p taskhost --bench dashboard`)\n");
     println!(
-        "Release `taskhost serve --http`, one owner with {TASKS} live tasks, {SAMPLES} interleaved samples each, \
+        "{} `taskhost serve --http`, one owner with {TASKS} live tasks, {SAMPLES} interleaved samples each, \
          loopback, kept-alive connections. Baseline: the model's `task_list` over MCP (streamable HTTP) in the same \
-         run.\n"
+         run.\n",
+        if cfg!(debug_assertions) { "Debug-profile" } else { "Release" }
     );
     println!("| request | p50 | p99 | baseline `task_list` over MCP p50 / p99 | ratio p50 / p99 |");
     println!("|---|---|---|---|---|");
