@@ -231,7 +231,20 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
     let read = common::texts(&call(alice.peer(), "task_output", json!({"task_id": victim})).await).join("\n");
     assert!(read.contains("victim-up") && read.contains("killed"), "{read}");
 
+    // An open event stream starts with a snapshot and ends when the server
+    // shuts down (it does not hold the shutdown until the drain timeout).
+    let mut events = http.get(format!("{api}/events")).bearer_auth(ALICE).send().await.unwrap();
+    assert_eq!(events.status().as_u16(), 200);
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let first = events.chunk().await.unwrap().expect("a first event");
+    assert!(first.starts_with(b"event: snapshot\ndata: {\"tasks\":["), "{}", String::from_utf8_lossy(&first));
     let _ = alice.cancel().await;
     let _ = bob.cancel().await;
+    let log = server.dir.join("stderr.log");
     server.stop().await;
+    let ended =
+        tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = events.chunk().await {} });
+    ended.await.expect("the event stream ended with the server");
+    let log = common::wait_for_text(&log, "host disposed; exiting", Duration::from_secs(5)).await;
+    assert!(!log.contains("connections still open"), "a stream held the shutdown:\n{log}");
 }
