@@ -125,6 +125,11 @@ pub struct TokenConfig {
     pub token_env: Option<String>,
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// The web dashboard shows this token every owner's tasks (grouped by
+    /// owner) and lets it kill them. Its MCP calls still run as its own
+    /// owner only.
+    #[serde(default)]
+    pub admin: bool,
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -135,6 +140,7 @@ impl std::fmt::Debug for TokenConfig {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_env", &self.token_env)
             .field("token_file", &self.token_file)
+            .field("admin", &self.admin)
             .finish()
     }
 }

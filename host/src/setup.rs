@@ -21,6 +21,7 @@ use crate::config::{Config, NativeProducer, ProducerConfig, ProducerSource};
 use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::producer::Producer;
+use crate::reload::ReloadablePlugin;
 use crate::subagents::{SubagentProducer, Subagents};
 use taskhost_process::{ProcessHost, ProcessHostConfig};
 
@@ -160,16 +161,39 @@ impl PluginRuntime {
 /// A host serving the configuration's producers (or the defaults).
 /// `base_dir` is the configuration file's directory.
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
+    Ok(served_from_config(config, base_dir).await?.0)
+}
+
+/// A wasm plugin a host serves as a reloadable tool, and its file (`None`
+/// for a built-in plugin).
+pub struct ServedPlugin {
+    pub plugin: Arc<ReloadablePlugin>,
+    pub file: Option<PathBuf>,
+}
+
+/// As [`host_from_config`], with every wasm plugin served as a
+/// [`ReloadablePlugin`] (its versions, live tasks per version and reloads
+/// are what `serve --watch` and the web dashboard use).
+pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
     let host = Host::new(&config.tasks)?;
     let mut runtime = PluginRuntime::new(config);
     let subagents = Subagents::for_host(&host, &config.subagents)?;
+    let mut plugins = Vec::new();
     for producer in config.effective_producers() {
-        let built = build_producer(&producer, base_dir, &mut runtime, &subagents)
-            .await
-            .with_context(|| format!("[[producer]] {:?}", producer.tool))?;
+        let context = || format!("[[producer]] {:?}", producer.tool);
+        if let Some(wasm) =
+            build_wasm_producer(&producer, base_dir, &mut runtime, Some(&subagents)).await.with_context(context)?
+        {
+            let plugin =
+                ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, producer.tool_options())
+                    .with_context(context)?;
+            plugins.push(ServedPlugin { plugin, file: wasm.file });
+            continue;
+        }
+        let built = build_producer(&producer, base_dir, &mut runtime, &subagents).await.with_context(context)?;
         host.add_producer(built, producer.tool_options()).map_err(anyhow::Error::new)?;
     }
-    Ok(host)
+    Ok((host, plugins))
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::peek::{OutputLog, OutputPeek};
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
 use crate::ids::{SessionId, TaskId, is_valid_kind};
@@ -194,6 +195,8 @@ struct Record {
     producer_info: Option<String>,
     streams_output: bool,
     control: Arc<dyn TaskControl>,
+    /// Every pull of stream output goes through it (see [`super::peek`]).
+    output_log: Arc<tokio::sync::Mutex<OutputLog>>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
     watcher: tokio::task::AbortHandle,
     /// Fires after settlement (and its listeners); made on first demand,
@@ -527,6 +530,7 @@ impl TaskRegistry {
                 producer_info,
                 streams_output,
                 control,
+                output_log: Arc::default(),
                 watcher,
                 settled: None,
             },
@@ -604,7 +608,7 @@ impl TaskRegistry {
     pub async fn read(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskRead, TaskError> {
         // The status is taken BEFORE the stream is drained: if it says
         // terminal, the producer was quiescent, so the drain got everything.
-        let (snapshot, control, final_text) = {
+        let (snapshot, control, output_log, final_text) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
             let newly_reported = record.status.is_terminal() && !record.reported;
@@ -612,7 +616,7 @@ impl TaskRegistry {
                 record.mark_reported();
             }
             let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            let taken = (record.snapshot(), record.control.clone(), final_text);
+            let taken = (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text);
             if newly_reported {
                 // This read is the report, so older finished tasks may now
                 // go (if this one goes too, the control taken above still
@@ -627,16 +631,22 @@ impl TaskRegistry {
         let text = match final_text {
             Some(text) => text,
             None => {
+                // Held across the pull: a peek in between would reorder output.
+                let mut log = output_log.lock().await;
                 let read = AssertUnwindSafe(control.read_output())
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
                 match read {
-                    Ok(text) => text,
+                    Ok(text) => log.read(text),
                     Err(error) => match error.downcast::<ReadEndedTask>() {
                         // The read itself ended the task (a fault in it):
                         // settle with that outcome, and answer with it.
-                        Ok(ended) => return Ok(self.settle_by_read(id, ended, snapshot)),
+                        Ok(mut ended) => {
+                            ended.text = log.read(ended.text);
+                            drop(log);
+                            return Ok(self.settle_by_read(id, ended, snapshot));
+                        }
                         Err(source) => {
                             return Err(TaskError::Producer {
                                 context: format!("reading the output of task {id} failed"),
@@ -648,6 +658,59 @@ impl TaskRegistry {
             }
         };
         Ok(TaskRead { text, snapshot })
+    }
+
+    /// A non-consuming read for viewers (the web dashboard): the task's
+    /// output after byte offset `since`, as far as the last
+    /// [`super::peek::TAIL_LIMIT`] bytes reach. Output the peek pulls from
+    /// the producer is held for the owner's next [`Self::read`], so the
+    /// owner still reads everything; the peek never reports the end (no
+    /// notice is suppressed). Final-output kinds: their output once settled.
+    /// Passes the owner fence like every read.
+    pub async fn peek(&self, id: &TaskId, caller: Option<&Agent>, since: u64) -> Result<OutputPeek, TaskError> {
+        let (snapshot, control, output_log, final_text) = {
+            let state = self.shared.lock();
+            let record = fenced(&state, id, caller)?;
+            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
+            (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text)
+        };
+        if let Some(text) = final_text {
+            return Ok(OutputPeek::whole(text, snapshot));
+        }
+        let mut log = output_log.lock().await;
+        if log.may_pull() {
+            let pulled = AssertUnwindSafe(control.read_output())
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+            match pulled {
+                Ok(text) => log.hold(&text),
+                Err(error) => match error.downcast::<ReadEndedTask>() {
+                    // The pull ended the task: settle it unreported, so the
+                    // owner hears of the end (and reads the held text).
+                    Ok(ReadEndedTask { text, outcome }) => {
+                        log.hold(&text);
+                        self.settle_record(
+                            id,
+                            Settlement {
+                                status: outcome.status.into(),
+                                detail: outcome.detail,
+                                output: outcome.output,
+                                forced: false,
+                                reported: false,
+                            },
+                        );
+                    }
+                    Err(source) => {
+                        return Err(TaskError::Producer {
+                            context: format!("reading the output of task {id} failed"),
+                            source,
+                        });
+                    }
+                },
+            }
+        }
+        Ok(log.since(since, snapshot))
     }
 
     /// Settles a task whose read ended it (first wins, so an outcome that

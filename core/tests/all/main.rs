@@ -3,4 +3,5 @@
 //! build in seconds.
 
 mod registry;
+mod registry_peek;
 mod stress;

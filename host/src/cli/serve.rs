@@ -1,10 +1,12 @@
-//! `taskhost serve [--config PATH] [--http [ADDR]]`: every tool over MCP.
+//! `taskhost serve [--config PATH] [--http [ADDR]] [--watch]`: every tool over MCP.
 //!
 //! Configuration: `--config PATH`, else `./taskhost.toml` when it exists,
 //! else the built-in defaults. A configuration with inline HTTP tokens inside
 //! the served workspace (the working directory or below) is warned about at
 //! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
-//! (`--http` alone listens on `[serve.http] listen`). SIGINT and SIGTERM
+//! (`--http` alone listens on `[serve.http] listen`; it also serves the web
+//! dashboard at `/`). `--watch` reloads each `.wasm` plugin when its file
+//! changes. SIGINT and SIGTERM
 //! stop serving and dispose the host — every agent, every task — before
 //! the process exits, so no task outlives the server.
 
@@ -15,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::mcp::{McpServer, http, stdio};
-use crate::setup::host_from_config;
+use crate::reload::WatchOptions;
+use crate::setup::served_from_config;
 
 /// The configuration file used when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "taskhost.toml";
@@ -28,6 +31,9 @@ pub struct ServeArgs {
     /// Serve streamable HTTP instead of stdio, on ADDR [default: [serve.http] listen, 127.0.0.1:8765]
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
     pub http: Option<String>,
+    /// Reload a `.wasm` plugin when its file changes (make-before-break: running tasks stay on their version)
+    #[arg(long)]
+    pub watch: bool,
 }
 
 /// Loads the configuration the way `serve` documents it, with the
@@ -49,10 +55,24 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
     warn_about_inline_tokens(&config);
-    let host = host_from_config(&config, &base_dir).await?;
+    let (host, plugins) = served_from_config(&config, &base_dir).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
-    let server = McpServer::new(host.clone(), config.serve.clone());
+    // Kept until the server stops: dropping a handle stops its watch.
+    let mut watches = Vec::new();
+    if args.watch {
+        for served in plugins.iter() {
+            if let Some(file) = &served.file {
+                watches.push(crate::reload::watch(served.plugin.clone(), file, WatchOptions::default())?);
+                tracing::info!(tool = %served.plugin.tool(), file = %file.display(), "watching the plugin file");
+            }
+        }
+        if watches.is_empty() {
+            tracing::warn!("--watch: no [[producer]] is a .wasm file; nothing to watch");
+        }
+    }
+    let plugins = plugins.into_iter().map(|served| served.plugin).collect();
+    let server = McpServer::with_plugins(host.clone(), config.serve.clone(), plugins);
     let shutdown = CancellationToken::new();
     // Registered here, before anything is served: a SIGTERM right after the
     // address is printed must still dispose the host.
@@ -71,10 +91,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             // Always printed (not a log line), so scripts and tests can find
             // the port of `--http 127.0.0.1:0` whatever RUST_LOG says.
             eprintln!("taskhost: serving MCP on http://{bound}{}", config.serve.http.path);
+            eprintln!("taskhost: dashboard on http://{bound}/");
             http::serve(server, tokens, listener, shutdown.clone()).await
         }
     };
     signals.abort();
+    drop(watches);
     host.dispose().await;
     // Backstop: disposal awaited every task, but a producer that broke its
     // contract may have left a process tree; none may outlive the host.

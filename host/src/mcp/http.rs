@@ -29,6 +29,8 @@
 //!   keep-alive connection closes then), and a body within as long after
 //!   its headers. At most `max_connections` are served at once; one more
 //!   gets `503` with a JSON-RPC error body and is closed.
+//! - The same listener serves the web dashboard ([`super::dashboard`]) at
+//!   `/` and under `/dashboard/`, with the same tokens.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,10 +65,12 @@ pub struct TokenTable {
     entries: Vec<TokenEntry>,
 }
 
-struct TokenEntry {
-    name: String,
+pub(super) struct TokenEntry {
+    pub(super) name: String,
     secret: Vec<u8>,
-    owner: Agent,
+    pub(super) owner: Agent,
+    /// `admin = true`: the dashboard shows it every owner's tasks.
+    pub(super) admin: bool,
 }
 
 impl TokenTable {
@@ -88,13 +92,18 @@ impl TokenTable {
             );
             let id = format!("http:{}", token.name);
             let owner = server.host().create_agent(id.as_str(), id.as_str())?;
-            entries.push(TokenEntry { name: token.name.clone(), secret, owner });
+            entries.push(TokenEntry { name: token.name.clone(), secret, owner, admin: token.admin });
         }
         Ok(Self { entries })
     }
 
+    /// Every configured client.
+    pub(super) fn entries(&self) -> &[TokenEntry] {
+        &self.entries
+    }
+
     /// The owner of a presented secret. Compares against every entry.
-    fn authenticate(&self, presented: &[u8]) -> Option<&TokenEntry> {
+    pub(super) fn authenticate(&self, presented: &[u8]) -> Option<&TokenEntry> {
         let mut found = None;
         for entry in &self.entries {
             if bool::from(entry.secret.ct_eq(presented)) {
@@ -130,6 +139,7 @@ pub fn router(server: Arc<McpServer>, tokens: Arc<TokenTable>, shutdown: Cancell
     let path = settings.path.clone();
     let origins: Arc<Vec<String>> =
         Arc::new(settings.allowed_origins.iter().map(|origin| origin.to_ascii_lowercase()).collect());
+    let dashboard = super::dashboard::router(server.clone(), tokens.clone(), config.cancellation_token.clone());
     let handler_server = server.clone();
     let service = StreamableHttpService::new(
         move || Ok(McpHandler::for_http(handler_server.clone())),
@@ -142,6 +152,9 @@ pub fn router(server: Arc<McpServer>, tokens: Arc<TokenTable>, shutdown: Cancell
         .layer(axum::middleware::from_fn_with_state(server, gate))
         .layer(axum::middleware::from_fn_with_state(tokens, require_token))
         .layer(axum::middleware::from_fn_with_state(origins, check_origin))
+        // After the layers, which are the MCP endpoint's: the dashboard
+        // checks hosts, origins and tokens itself.
+        .merge(dashboard)
 }
 
 /// A JSON-RPC error body with an HTTP status.
@@ -181,14 +194,7 @@ async fn check_origin(State(allowed): State<Arc<Vec<String>>>, request: Request,
 }
 
 async fn require_token(State(tokens): State<Arc<TokenTable>>, mut request: Request, next: Next) -> Response {
-    // The scheme is case-insensitive (RFC 7235); the token is not.
-    let presented = request.headers().get(header::AUTHORIZATION).and_then(|value| {
-        let value = value.as_bytes().trim_ascii();
-        let space = value.iter().position(|&b| b == b' ')?;
-        let (scheme, token) = value.split_at(space);
-        scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii())
-    });
-    let Some(presented) = presented else {
+    let Some(presented) = bearer_token(request.headers()) else {
         tracing::info!(path = %request.uri().path(), "refused: no bearer token");
         return unauthorized("missing bearer token: send the header `Authorization: Bearer <token>`");
     };
@@ -199,6 +205,17 @@ async fn require_token(State(tokens): State<Arc<TokenTable>>, mut request: Reque
     tracing::debug!(client = %entry.name, "authenticated");
     request.extensions_mut().insert(AuthenticatedOwner(entry.owner.clone()));
     next.run(request).await
+}
+
+/// The secret of an `Authorization: Bearer <token>` header. The scheme is
+/// case-insensitive (RFC 7235); the token is not.
+pub(super) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
+    headers.get(header::AUTHORIZATION).and_then(|value| {
+        let value = value.as_bytes().trim_ascii();
+        let space = value.iter().position(|&b| b == b' ')?;
+        let (scheme, token) = value.split_at(space);
+        scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii())
+    })
 }
 
 fn unauthorized(message: &'static str) -> Response {

@@ -29,7 +29,10 @@
 //!   request gets exactly one answer with its id, and the bounds of a
 //!   connection (line length, nesting, requests in flight, queued answers)
 //!   are the gate's (`docs/mcp.md` lists them).
+//! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
+//!   listener, behind the same tokens.
 
+pub mod dashboard;
 pub mod handler;
 pub mod http;
 pub mod jsonrpc;
@@ -43,17 +46,30 @@ pub use handler::McpHandler;
 
 use crate::Host;
 use crate::config::ServeSettings;
+use crate::reload::ReloadablePlugin;
 
 /// What every connection and request of one `taskhost serve` shares.
 pub struct McpServer {
     host: Host,
     settings: ServeSettings,
     tasks: Arc<tasks::McpTasks>,
+    /// The reloadable wasm plugins the host serves (for the dashboard).
+    plugins: Vec<Arc<ReloadablePlugin>>,
 }
 
 impl McpServer {
     pub fn new(host: Host, settings: ServeSettings) -> Arc<Self> {
-        Arc::new(Self { host, settings, tasks: Arc::default() })
+        Self::with_plugins(host, settings, Vec::new())
+    }
+
+    /// A server that also knows the host's reloadable plugins, so the web
+    /// dashboard can show their versions and reloads.
+    pub fn with_plugins(host: Host, settings: ServeSettings, plugins: Vec<Arc<ReloadablePlugin>>) -> Arc<Self> {
+        Arc::new(Self { host, settings, tasks: Arc::default(), plugins })
+    }
+
+    pub fn plugins(&self) -> &[Arc<ReloadablePlugin>] {
+        &self.plugins
     }
 
     pub fn host(&self) -> &Host {

@@ -5,6 +5,7 @@
 mod cli;
 mod cli_plugin;
 mod common;
+mod dashboard;
 mod dev_watch;
 mod mcp_ext_tasks;
 mod mcp_http;
