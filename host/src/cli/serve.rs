@@ -83,7 +83,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(address) => {
             let address = if address.is_empty() { config.serve.http.listen.clone() } else { address };
             // Tokens first: a server nobody may call must not start.
-            let tokens = http::TokenTable::from_config(&server)?;
+            let tokens = crate::mcp::tokens::TokenTable::from_config(&server)?;
             let listener = tokio::net::TcpListener::bind(&address)
                 .await
                 .with_context(|| format!("listening on {address} for --http"))?;

@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::McpServer;
-use super::http::{TokenTable, bearer_token};
+use super::tokens::{TokenTable, bearer_token};
 use crate::agents::Agent;
 use crate::ids::{SessionId, TaskId};
 use crate::reload::ReloadEvent;

@@ -46,78 +46,18 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::Value;
-use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::handler::AuthenticatedOwner;
 use super::jsonrpc::{self, Checked, INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, Rejection};
+use super::tokens::{TokenTable, bearer_token};
 use super::{McpHandler, McpServer, tasks_v1};
-use crate::agents::Agent;
 
 /// How often an idle SSE response is pinged; a dead client is noticed (and
 /// its request cancelled) on the next ping.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(1);
-
-/// The configured clients: secret and owner per token name.
-pub struct TokenTable {
-    entries: Vec<TokenEntry>,
-}
-
-pub(super) struct TokenEntry {
-    pub(super) name: String,
-    secret: Vec<u8>,
-    pub(super) owner: Agent,
-    /// `admin = true`: the dashboard shows it every owner's tasks.
-    pub(super) admin: bool,
-}
-
-impl TokenTable {
-    /// Resolves every configured token and creates its owner agent.
-    pub fn from_config(server: &McpServer) -> anyhow::Result<Self> {
-        let tokens = &server.settings().http.tokens;
-        anyhow::ensure!(
-            !tokens.is_empty(),
-            "serving over HTTP needs at least one client token: add to taskhost.toml\n\
-             [[serve.http.tokens]]\nname = \"me\"\ntoken_env = \"TASKHOST_TOKEN\"   # or token = \"<32+ random characters>\""
-        );
-        let mut entries = Vec::with_capacity(tokens.len());
-        for token in tokens {
-            let secret = token.resolve()?.into_bytes();
-            anyhow::ensure!(
-                entries.iter().all(|e: &TokenEntry| e.secret.ct_eq(&secret).unwrap_u8() == 0),
-                "[serve.http] tokens {:?} and another token have the same secret; each owner needs its own",
-                token.name
-            );
-            let id = format!("http:{}", token.name);
-            let owner = server.host().create_agent(id.as_str(), id.as_str())?;
-            entries.push(TokenEntry { name: token.name.clone(), secret, owner, admin: token.admin });
-        }
-        Ok(Self { entries })
-    }
-
-    /// Every configured client.
-    pub(super) fn entries(&self) -> &[TokenEntry] {
-        &self.entries
-    }
-
-    /// The owner of a presented secret. Compares against every entry.
-    pub(super) fn authenticate(&self, presented: &[u8]) -> Option<&TokenEntry> {
-        let mut found = None;
-        for entry in &self.entries {
-            if bool::from(entry.secret.ct_eq(presented)) {
-                found = Some(entry);
-            }
-        }
-        found
-    }
-
-    /// Disposes every owner: their tasks are cancelled and awaited.
-    pub async fn dispose(&self) {
-        futures::future::join_all(self.entries.iter().map(|e| e.owner.dispose())).await;
-    }
-}
 
 /// The axum app: origin check, then auth, then the JSON-RPC gate, in front
 /// of the rmcp service at `path`.
@@ -205,17 +145,6 @@ async fn require_token(State(tokens): State<Arc<TokenTable>>, mut request: Reque
     tracing::debug!(client = %entry.name, "authenticated");
     request.extensions_mut().insert(AuthenticatedOwner(entry.owner.clone()));
     next.run(request).await
-}
-
-/// The secret of an `Authorization: Bearer <token>` header. The scheme is
-/// case-insensitive (RFC 7235); the token is not.
-pub(super) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
-    headers.get(header::AUTHORIZATION).and_then(|value| {
-        let value = value.as_bytes().trim_ascii();
-        let space = value.iter().position(|&b| b == b' ')?;
-        let (scheme, token) = value.split_at(space);
-        scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii())
-    })
 }
 
 fn unauthorized(message: &'static str) -> Response {
@@ -392,7 +321,7 @@ pub async fn serve(
     let address: SocketAddr = listener.local_addr()?;
     let app = router(server.clone(), tokens.clone(), shutdown.child_token());
     let settings = server.settings().http.clone();
-    tracing::info!(%address, path = %settings.path, clients = tokens.entries.len(), "serving MCP over HTTP");
+    tracing::info!(%address, path = %settings.path, clients = tokens.entries().len(), "serving MCP over HTTP");
     let header_timeout = Duration::from_millis(settings.header_timeout_ms);
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));

@@ -39,6 +39,7 @@ pub mod jsonrpc;
 pub mod stdio;
 pub mod tasks;
 pub mod tasks_v1;
+pub mod tokens;
 
 use std::sync::Arc;
 

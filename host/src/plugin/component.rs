@@ -37,12 +37,11 @@ use wasmtime_wasi::p2::DynPollable;
 use super::bindings::PluginPre;
 use super::bindings::exports::taskhost::producer::producer::{Descriptor, Outcome, RunMode};
 use super::cache::Lookup;
+use super::contract::sniff;
+pub use super::contract::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
 use super::engine::PluginEngine;
 use super::fault;
 use super::state::{StoreState, StoreTag};
-
-/// The export every plugin must provide.
-pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.1.0";
 
 /// Where a plugin version came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -301,25 +300,6 @@ impl PluginEngine {
     }
 }
 
-/// Checks the header: WebAssembly at all, and a component, not a core module.
-pub(crate) fn sniff(bytes: &[u8]) -> anyhow::Result<()> {
-    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-        if bytes.len() >= 4 && &bytes[..4] == b"\0asm" {
-            bail!("the file is truncated: it ends inside the WebAssembly header ({} bytes)", bytes.len());
-        }
-        bail!("not a WebAssembly file: it does not start with the `\\0asm` magic number");
-    }
-    match bytes[4..8] {
-        [1, 0, 0, 0] => bail!(
-            "this is a core WebAssembly module, not a component: build the plugin for the \
-             `wasm32-wasip2` target (whose output is a component) or wrap the module with \
-             `wasm-tools component new`"
-        ),
-        [_, _, 1, 0] => Ok(()),
-        _ => bail!("unsupported WebAssembly version or layer {:02x?}: expected a component (WASI 0.2)", &bytes[4..8]),
-    }
-}
-
 /// Checks that the producer interface and each of its functions are exported.
 fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::Result<()> {
     let Some(iface) = component.get_export_index(None, PRODUCER_EXPORT) else {
@@ -344,17 +324,6 @@ fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::R
     }
     Ok(())
 }
-
-/// The functions of the `producer` interface, by their component export names.
-pub const CONTRACT_FUNCTIONS: &[&str] = &[
-    "describe",
-    "label",
-    "run",
-    "[method]task.cancel",
-    "[method]task.subscribe",
-    "[method]task.done",
-    "[method]task.read-output",
-];
 
 /// Type-checks each contract function against the WIT signature.
 fn check_signatures(store: &mut Store<StoreState>, instance: &Instance) -> anyhow::Result<()> {

@@ -25,6 +25,7 @@ pub mod bounds;
 pub mod cache;
 pub mod check;
 pub mod component;
+pub mod contract;
 mod driver;
 pub mod engine;
 pub mod fault;

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 
-use super::component::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
+use super::contract::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
 
 /// The WIT package of the contract.
 pub const CONTRACT_PACKAGE: &str = "taskhost:producer";
@@ -100,7 +100,7 @@ fn in_series(version: &str, series: &str) -> bool {
 /// (left to the compiler to explain).
 pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
     // A core module or a text file decodes as something else: say what it is.
-    super::component::sniff(bytes)?;
+    super::contract::sniff(bytes)?;
     let decoded = match wit_parser::decoding::decode(bytes) {
         Ok(decoded) => decoded,
         Err(err) => {
