@@ -690,16 +690,7 @@ impl TaskRegistry {
                     // owner hears of the end (and reads the held text).
                     Ok(ReadEndedTask { text, outcome }) => {
                         log.hold(&text);
-                        self.settle_record(
-                            id,
-                            Settlement {
-                                status: outcome.status.into(),
-                                detail: outcome.detail,
-                                output: outcome.output,
-                                forced: false,
-                                reported: false,
-                            },
-                        );
+                        self.settle(id, outcome);
                     }
                     Err(source) => {
                         return Err(TaskError::Producer {

@@ -187,3 +187,21 @@ pub async fn wait_for_text(path: &std::path::Path, needle: &str, within: Duratio
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A command running the `taskhost` binary as this user, or, with `uid`, as
+/// that user through `setpriv` (no capabilities, no supplementary groups)
+/// from a copy in `base` that the user owns: the build's binary may sit
+/// below a directory only root can enter (CI checks out below /root). The
+/// caller makes `base` and whatever else the server needs the user's own.
+pub fn taskhost_as(uid: Option<u32>, base: &std::path::Path) -> tokio::process::Command {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(uid) = uid else { return tokio::process::Command::new(BIN) };
+    let copy = base.join("taskhost");
+    std::fs::copy(BIN, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&copy, Some(uid), Some(uid)).unwrap();
+    let mut command = tokio::process::Command::new("setpriv");
+    command.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--inh-caps=-all"]);
+    command.arg(copy);
+    command
+}

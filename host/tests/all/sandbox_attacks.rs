@@ -10,7 +10,6 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -104,26 +103,7 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
         }
     }
 
-    // The other uid runs its own copy of the binary: the build's may sit
-    // below a directory only root can enter (CI checks out below /root).
-    let binary = match uid {
-        Some(_) => {
-            let copy = base.join("taskhost");
-            std::fs::copy(common::BIN, &copy).unwrap();
-            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-            copy
-        }
-        None => PathBuf::from(common::BIN),
-    };
-    let mut command = match uid {
-        Some(uid) => {
-            let mut c = tokio::process::Command::new("setpriv");
-            c.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--inh-caps=-all"]);
-            c.arg(&binary);
-            c
-        }
-        None => tokio::process::Command::new(common::BIN),
-    };
+    let mut command = common::taskhost_as(uid, &base);
     command
         .arg("serve")
         .current_dir(&workspace)

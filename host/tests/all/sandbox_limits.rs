@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -60,28 +59,12 @@ impl Server {
             format!("[process]\nmax_pids_per_tree = {MAX_PIDS}\nmax_memory_bytes_per_tree = {MAX_MEMORY}\n"),
         )
         .unwrap();
-        let binary = match uid {
-            Some(uid) => {
-                // The build's binary may sit below a directory only root can enter.
-                let copy = base.join("taskhost");
-                std::fs::copy(common::BIN, &copy).unwrap();
-                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-                for path in [&base, &workspace, &config] {
-                    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
-                }
-                copy
+        if let Some(uid) = uid {
+            for path in [&base, &workspace, &config] {
+                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
             }
-            None => PathBuf::from(common::BIN),
-        };
-        let mut command = match uid {
-            Some(uid) => {
-                let mut c = tokio::process::Command::new("setpriv");
-                c.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--inh-caps=-all"]);
-                c.arg(&binary);
-                c
-            }
-            None => tokio::process::Command::new(&binary),
-        };
+        }
+        let mut command = common::taskhost_as(uid, &base);
         command
             .arg("serve")
             .arg("--config")
