@@ -205,3 +205,19 @@ pub fn taskhost_as(uid: Option<u32>, base: &std::path::Path) -> tokio::process::
     command.arg(copy);
     command
 }
+
+/// `component` with a custom section `taskhost-test-build` holding `tag`
+/// appended: another file (another hash, so an uncached compile) that
+/// behaves exactly the same. Stands in for a rebuild of a plugin.
+pub fn rebuilt(component: &[u8], tag: &str) -> Vec<u8> {
+    const NAME: &[u8] = b"taskhost-test-build";
+    let mut payload = vec![NAME.len() as u8];
+    payload.extend_from_slice(NAME);
+    payload.extend_from_slice(tag.as_bytes());
+    assert!(payload.len() < 128, "one-byte LEB128 size");
+    let mut out = component.to_vec();
+    out.push(0);
+    out.push(payload.len() as u8);
+    out.extend_from_slice(&payload);
+    out
+}

@@ -26,21 +26,6 @@ const ALICE: &str = "alice-secret-0123456789abcdef";
 const BOB: &str = "bob-secret-0123456789abcdef0123";
 const ADMIN: &str = "admin-secret-0123456789abcdef0123";
 
-/// The ticker component with a custom section appended: different bytes
-/// (a new content hash), the same behaviour. Stands in for a rebuild.
-fn rebuilt(component: &[u8], tag: &str) -> Vec<u8> {
-    const NAME: &[u8] = b"taskhost-test-build";
-    let mut payload = vec![NAME.len() as u8];
-    payload.extend_from_slice(NAME);
-    payload.extend_from_slice(tag.as_bytes());
-    assert!(payload.len() < 128, "one-byte LEB128 size");
-    let mut out = component.to_vec();
-    out.push(0);
-    out.push(payload.len() as u8);
-    out.extend_from_slice(&payload);
-    out
-}
-
 struct Server {
     child: tokio::process::Child,
     /// `http://127.0.0.1:<port>`
@@ -52,7 +37,7 @@ struct Server {
 impl Server {
     async fn start(tag: &str) -> Self {
         let dir = temp_dir(tag);
-        std::fs::write(dir.join("ticker.wasm"), rebuilt(taskhost::builtin::TICKER_WASM, "build 1")).unwrap();
+        std::fs::write(dir.join("ticker.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 1")).unwrap();
         let config = format!(
             "[[serve.http.tokens]]\nname = \"alice\"\ntoken_env = \"TASKHOST_TEST_ALICE\"\n\n\
              [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n\n\
@@ -194,7 +179,8 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
     // The browser.
     let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     std::fs::create_dir_all(&screenshots).unwrap();
-    std::fs::write(server.dir.join("ticker.v2.wasm"), rebuilt(taskhost::builtin::TICKER_WASM, "build 2")).unwrap();
+    std::fs::write(server.dir.join("ticker.v2.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 2"))
+        .unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/dashboard_browser.py");
     let arguments = json!({
         "url": format!("{}/", server.origin),

@@ -14,21 +14,6 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The ticker component with a custom section appended: different bytes
-/// (a new content hash), the same behaviour. Stands in for a rebuild.
-fn rebuilt(component: &[u8], tag: &str) -> Vec<u8> {
-    const NAME: &[u8] = b"taskhost-test-build";
-    let mut payload = vec![NAME.len() as u8];
-    payload.extend_from_slice(NAME);
-    payload.extend_from_slice(tag.as_bytes());
-    assert!(payload.len() < 128, "one-byte LEB128 size");
-    let mut out = component.to_vec();
-    out.push(0);
-    out.push(payload.len() as u8);
-    out.extend_from_slice(&payload);
-    out
-}
-
 struct Console {
     child: Child,
     stdin: ChildStdin,
@@ -109,7 +94,7 @@ impl Console {
 fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
     let dir = common::temp_dir("dev-watch");
     let plugin = dir.join("ticker.wasm");
-    let v1 = rebuilt(taskhost::builtin::TICKER_WASM, "build 1");
+    let v1 = common::rebuilt(taskhost::builtin::TICKER_WASM, "build 1");
     std::fs::write(&plugin, &v1).unwrap();
 
     let mut console = Console::start(&plugin, &dir, &["--watch"]);
@@ -124,7 +109,7 @@ fn dev_watch_reloads_a_replaced_plugin_and_the_old_task_completes() {
 
     // A rebuild that writes the file in three steps: one reload, not three,
     // and never the half-written file.
-    let v2 = rebuilt(taskhost::builtin::TICKER_WASM, "build 2");
+    let v2 = common::rebuilt(taskhost::builtin::TICKER_WASM, "build 2");
     let mut file = std::fs::File::create(&plugin).unwrap();
     for chunk in v2.chunks(v2.len() / 3 + 1) {
         file.write_all(chunk).unwrap();
