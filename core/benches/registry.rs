@@ -66,7 +66,14 @@ fn timer_start(interval: Duration) -> TaskStart {
         };
         Ok(TaskHooks { control, done: Box::pin(done) })
     });
-    TaskStart { kind: "timer".into(), label: "timer".into(), owner: None, producer_info: None, run }
+    TaskStart {
+        kind: "timer".into(),
+        label: "timer".into(),
+        owner: None,
+        producer_info: None,
+        options: Default::default(),
+        run,
+    }
 }
 
 /// Starts `n` timer tasks settling after `interval_ms`; returns starts/s.

@@ -25,6 +25,10 @@ pub struct Descriptor {
     pub parameters: serde_json::Value,
     /// True: output is read as a consuming stream; false: final output only.
     pub streams_output: bool,
+    /// True: a task of this kind can take input while it runs
+    /// ([`crate::tasks::TaskControl::write_input`]); the host then offers
+    /// `interactive` on background starts and serves `task_input`.
+    pub takes_input: bool,
 }
 
 /// Whether a call waits for its task (foreground) or returns its id (background).
@@ -32,6 +36,17 @@ pub struct Descriptor {
 pub enum RunMode {
     Foreground,
     Background,
+    /// A background run that keeps its input open for `task_input` (asked
+    /// with `interactive: true`; only for kinds whose descriptor
+    /// `takes_input`). Without it a task's input is empty from the start.
+    Interactive,
+}
+
+impl RunMode {
+    /// The call returns a task id instead of waiting.
+    pub fn is_background(self) -> bool {
+        !matches!(self, Self::Foreground)
+    }
 }
 
 /// An invocation that passed the producer's own checks and is ready to start.

@@ -47,6 +47,7 @@ async fn start(registry: &TaskRegistry, producer: &dyn Producer, args: serde_jso
             label: prepared.label,
             owner: None,
             producer_info: prepared.producer_info,
+            options: Default::default(),
             run: prepared.run,
         })
         .await

@@ -40,6 +40,7 @@ impl OwnedRegistry {
                 label: prepared.label,
                 owner: Some(self.agent.clone()),
                 producer_info: prepared.producer_info,
+                options: Default::default(),
                 run: prepared.run,
             })
             .await

@@ -41,6 +41,10 @@ struct ScriptedState {
     cancel_mode: CancelMode,
     cancels: Vec<Option<String>>,
     abandoned: bool,
+    /// What `task_input` sent, and whether it closed the input.
+    input: String,
+    input_closed: bool,
+    output_signal: Option<crate::tasks::OutputSignal>,
 }
 
 impl ScriptedTask {
@@ -70,10 +74,23 @@ impl ScriptedTask {
         runner(async move { Ok(task.hooks()) })
     }
 
-    /// Makes output available to the next read.
+    /// Makes output available to the next read (and tells the registry).
     pub fn push_output(&self, text: &str) {
-        self.state().unread.push_str(text);
+        let signal = {
+            let mut state = self.state();
+            state.unread.push_str(text);
+            state.output_signal.clone()
+        };
         self.changed.notify_waiters();
+        if let Some(signal) = signal {
+            signal.raise();
+        }
+    }
+
+    /// Everything sent to the task's input so far, and whether it was closed.
+    pub fn input(&self) -> (String, bool) {
+        let state = self.state();
+        (state.input.clone(), state.input_closed)
     }
 
     /// Settles the task with this outcome (the first settle wins).
@@ -136,6 +153,20 @@ impl TaskControl for ScriptedTask {
     fn abandon(&self) {
         self.state().abandoned = true;
     }
+
+    fn watch_output(&self, signal: crate::tasks::OutputSignal) {
+        self.state().output_signal = Some(signal);
+    }
+
+    async fn write_input(&self, data: &[u8], close: bool) -> anyhow::Result<()> {
+        let mut state = self.state();
+        if state.input_closed {
+            anyhow::bail!("its input is already closed");
+        }
+        state.input.push_str(&String::from_utf8_lossy(data));
+        state.input_closed = close;
+        Ok(())
+    }
 }
 
 /// Serves the scripted kind as a tool. Arguments: `{"label": "..."}`.
@@ -158,6 +189,8 @@ impl ScriptedProducer {
                     "additionalProperties": false
                 }),
                 streams_output,
+                // Stream kinds take input, so the input paths can be driven.
+                takes_input: streams_output,
             }),
             started: Mutex::new(Vec::new()),
             runs: AtomicUsize::new(0),

@@ -79,6 +79,7 @@ fn descriptor() -> Descriptor {
             "additionalProperties": false
         }),
         streams_output: true,
+        takes_input: false,
     }
 }
 

@@ -194,6 +194,8 @@ struct Record {
     notice_delivered: bool,
     producer_info: Option<String>,
     streams_output: bool,
+    /// Whether `task_input` may write to it.
+    input: TaskInput,
     control: Arc<dyn TaskControl>,
     /// Every pull of stream output goes through it (see [`super::peek`]).
     output_log: Arc<tokio::sync::Mutex<OutputLog>>,
@@ -360,7 +362,7 @@ impl TaskRegistry {
     /// owner that is not this registry's live agent, and an owner at its cap
     /// of live tasks. A runner that fails or panics registers nothing.
     pub async fn start(&self, spec: TaskStart) -> Result<TaskId, TaskError> {
-        let TaskStart { kind, label, owner, producer_info, run } = spec;
+        let TaskStart { kind, label, owner, producer_info, options, run } = spec;
         let span = tracing::info_span!(
             "task_start",
             kind = %kind,
@@ -387,7 +389,7 @@ impl TaskRegistry {
 
         let control = hooks.control.clone();
         let owner_session = owner.as_ref().map(|agent| agent.session().clone());
-        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info }, hooks);
+        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
         control.watch_output(self.output_signal(&id, owner_session));
@@ -465,7 +467,7 @@ impl TaskRegistry {
     }
 
     fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
-        let Identity { kind, label, owner, producer_info } = identity;
+        let Identity { kind, label, owner, producer_info, options } = identity;
         let TaskHooks { control, done } = hooks;
         reservation.armed = false;
         let mut state = self.shared.lock();
@@ -529,6 +531,7 @@ impl TaskRegistry {
                 notice_delivered: false,
                 producer_info,
                 streams_output,
+                input: options.input,
                 control,
                 output_log: Arc::default(),
                 watcher,
@@ -847,6 +850,37 @@ impl TaskRegistry {
             return Ok(record.snapshot());
         }
         self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()))
+    }
+
+    /// Writes `data` to a live interactive task's input (and closes it when
+    /// `close` is set). Refused, naming the task and why: a kind that takes
+    /// no input, a task started without `interactive`, a finished task, a
+    /// foreign or unknown id. The producer's own refusal (input already
+    /// closed) comes back as [`TaskError::Producer`].
+    pub async fn input(&self, id: &TaskId, caller: Option<&Agent>, data: &[u8], close: bool) -> Result<(), TaskError> {
+        let control = {
+            let state = self.shared.lock();
+            let record = fenced(&state, id, caller)?;
+            match record.input {
+                TaskInput::Unsupported => {
+                    return Err(TaskError::NoInput { id: id.clone(), kind: record.kind.to_string() });
+                }
+                TaskInput::NotRequested => return Err(TaskError::NotInteractive(id.clone())),
+                TaskInput::Open => {}
+            }
+            if record.status.is_terminal() {
+                return Err(TaskError::InputToFinished {
+                    id: id.clone(),
+                    status_line: record.snapshot().status_line(),
+                });
+            }
+            record.control.clone()
+        };
+        AssertUnwindSafe(control.write_input(data, close))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
+            .map_err(|source| TaskError::Producer { context: format!("sending input to task {id} failed"), source })
     }
 
     /// Registers a listener called once per settled task with its terminal
@@ -1231,6 +1265,7 @@ struct Identity {
     label: String,
     owner: Option<Agent>,
     producer_info: Option<String>,
+    options: TaskOptions,
 }
 
 /// A start that passed preflight. Dropped without commit (the runner failed

@@ -131,6 +131,46 @@ pub trait TaskControl: Send + Sync + 'static {
     fn watch_output(&self, signal: OutputSignal) {
         let _ = signal;
     }
+
+    /// Writes `data` to the task's input, then closes it when `close` is
+    /// set. Asked only of tasks started with [`TaskInput::Open`] that are
+    /// still live; an error (the input was closed, the task's program no
+    /// longer reads) reaches the caller. The default takes no input.
+    async fn write_input(&self, data: &[u8], close: bool) -> anyhow::Result<()> {
+        let _ = (data, close);
+        anyhow::bail!("this task takes no input")
+    }
+}
+
+/// Whether a task can take input while it runs (`task_input`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TaskInput {
+    /// Its kind takes no input.
+    #[default]
+    Unsupported,
+    /// Its kind could, but the start did not ask for it (`interactive`
+    /// unset): its input is empty from the start.
+    NotRequested,
+    /// Started with `interactive: true`: input stays open until closed.
+    Open,
+}
+
+/// A milestone to tell the owner of while the task runs (`notify_on`).
+#[derive(Clone, Debug, Default)]
+pub struct NotifyOn {
+    /// A line of output matching it injects a notice, once until the owner
+    /// next reads the task.
+    pub pattern: Option<regex::Regex>,
+    /// Running this long with no new output injects a notice, once per stall.
+    pub stalled: Option<std::time::Duration>,
+}
+
+/// How a background start wants its task served, beyond the producer's
+/// own arguments.
+#[derive(Clone, Debug, Default)]
+pub struct TaskOptions {
+    pub input: TaskInput,
+    pub notify_on: Option<NotifyOn>,
 }
 
 /// The error a [`TaskControl::read_output`] returns when the read itself
@@ -208,6 +248,8 @@ pub struct TaskStart {
     /// Free-form producer facts shown to hosts, never to the model (the
     /// plugin version a wasm task runs on).
     pub producer_info: Option<String>,
+    /// Input and milestone options (the defaults: no input, no milestones).
+    pub options: TaskOptions,
     pub run: TaskRunner,
 }
 
@@ -311,6 +353,15 @@ pub enum TaskError {
     TooManyTasks { owner: String, limit: usize },
     #[error("the task registry is disposed; no new tasks can start")]
     Disposed,
+    #[error("task {id} is a {kind} task, and {kind} tasks take no input")]
+    NoInput { id: TaskId, kind: String },
+    #[error(
+        "task {0} was started without interactive: true, so its input is closed (it reads end-of-file); \
+         to send input, start the command again with run_in_background: true and interactive: true"
+    )]
+    NotInteractive(TaskId),
+    #[error("task {id} has already finished {status_line}; it takes no more input")]
+    InputToFinished { id: TaskId, status_line: String },
     #[error("the wait for task {0} was aborted")]
     WaitAborted(TaskId),
     #[error("{context}: {source:#}")]

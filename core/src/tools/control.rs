@@ -1,4 +1,5 @@
-//! The three kind-agnostic control tools: `task_output`, `task_list`, `task_kill`.
+//! The kind-agnostic control tools: `task_output`, `task_list`, `task_kill`,
+//! `task_input` (and `task_wait`).
 //!
 //! They are the registry's control surface: constructing [`ControlTools`]
 //! attaches the surface fence and starts completion notices; dropping it
@@ -75,12 +76,27 @@ impl ControlTools {
         toolbox.insert_control(Arc::new(TaskOutput(self.clone())));
         toolbox.insert_control(Arc::new(TaskList(self.clone())));
         toolbox.insert_control(Arc::new(TaskKill(self.clone())));
+        toolbox.insert_control(Arc::new(TaskInputTool(self.clone())));
     }
 }
+
+/// The most text one `task_input` call may send.
+pub const MAX_INPUT_BYTES: usize = 64 * 1024;
 
 struct TaskOutput(Arc<ControlTools>);
 struct TaskList(Arc<ControlTools>);
 struct TaskKill(Arc<ControlTools>);
+struct TaskInputTool(Arc<ControlTools>);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskInputArgs {
+    task_id: String,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    close: bool,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -213,6 +229,55 @@ impl Tool for TaskKill {
             }
         };
         Ok(ToolOutput::ok(text))
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for TaskInputTool {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "task_input".to_string(),
+            description: format!(
+                "Send text to the input of a background task started with interactive: true (a program waiting at a \
+                 prompt, a REPL, a command reading lines). The text is sent as is: end it with \\n to finish a line. \
+                 close: true closes the task's input after the text (the program then reads end-of-file). At most {} \
+                 bytes per call. Read what the task answers with task_output.",
+                MAX_INPUT_BYTES
+            ),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "task_id": {"type": "string", "description": "The id of the interactive task."},
+                    "text": {"type": "string", "description": "The text to send (may be empty with close: true)."},
+                    "close": {"type": "boolean", "description": "Close the task's input after sending. Default false."}
+                },
+                "required": ["task_id"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
+        let args: TaskInputArgs = parse_arguments("task_input", args)?;
+        let id = task_id("task_input", args.task_id)?;
+        if args.text.len() > MAX_INPUT_BYTES {
+            return Err(ToolError::InvalidArguments {
+                tool: "task_input".to_string(),
+                message: format!(
+                    "text is {} bytes; send at most {MAX_INPUT_BYTES} bytes per call (split it over several calls)",
+                    args.text.len()
+                ),
+            });
+        }
+        if args.text.is_empty() && !args.close {
+            return Err(ToolError::InvalidArguments {
+                tool: "task_input".to_string(),
+                message: "text is empty and close is false: nothing to do; pass text, close: true, or both".to_string(),
+            });
+        }
+        self.0.registry.input(&id, context.caller.as_ref(), args.text.as_bytes(), args.close).await?;
+        let closed = if args.close { " and closed its input" } else { "" };
+        Ok(ToolOutput::ok(format!("sent {} bytes to task {id}{closed}", args.text.len())))
     }
 }
 

@@ -20,11 +20,28 @@ use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, json_kind}
 use crate::panics::panic_message;
 use crate::producer::{Descriptor, Producer, RunMode};
 use crate::tasks::{
-    ReadEndedTask, TaskControl, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
+    NotifyOn, ReadEndedTask, TaskControl, TaskInput, TaskOptions, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart,
+    TaskStatus, TerminalStatus,
 };
 
 /// The host's flag on producer tools.
 pub const RUN_IN_BACKGROUND: &str = "run_in_background";
+
+/// The host's flag asking a background task to keep its input open
+/// (offered on kinds whose descriptor `takes_input`).
+pub const INTERACTIVE: &str = "interactive";
+
+/// The host's milestone option on background starts of stream kinds.
+pub const NOTIFY_ON: &str = "notify_on";
+
+/// The longest `notify_on.pattern`, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+
+/// The most memory a compiled `notify_on.pattern` may take.
+const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+
+/// Bounds of `notify_on.stalled_ms`.
+pub const STALLED_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=86_400_000;
 
 /// How long a foreground call may run, unless the instance says otherwise.
 pub const DEFAULT_FOREGROUND_TIMEOUT_MS: u64 = 600_000;
@@ -73,6 +90,110 @@ impl ProducerTool {
             })?);
         *cached = Some((descriptor.clone(), validator.clone()));
         Ok(validator)
+    }
+
+    /// The host's own options of a start (`interactive`, `notify_on`),
+    /// taken out of the arguments before the producer's schema sees them.
+    fn task_options(
+        &self,
+        descriptor: &Descriptor,
+        background: bool,
+        interactive: Option<Value>,
+        notify_on: Option<Value>,
+    ) -> Result<TaskOptions, ToolError> {
+        let interactive = match interactive {
+            None => false,
+            Some(Value::Bool(flag)) => flag,
+            Some(other) => {
+                return Err(self.invalid(format!("{INTERACTIVE} must be a boolean, got {}", json_kind(&other))));
+            }
+        };
+        let name = &self.options.name;
+        if interactive && !descriptor.takes_input {
+            return Err(self.invalid(format!("the {name} tool's tasks take no input; call it without {INTERACTIVE}")));
+        }
+        if interactive && !background {
+            return Err(self.invalid(format!(
+                "{INTERACTIVE} needs {RUN_IN_BACKGROUND}: true (a foreground call cannot be sent input); add it, or drop {INTERACTIVE}"
+            )));
+        }
+        let notify_on = match notify_on {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                if !descriptor.streams_output {
+                    return Err(self.invalid(format!(
+                        "the {name} tool's tasks have a final result, not streamed output; call it without {NOTIFY_ON}"
+                    )));
+                }
+                if !background {
+                    return Err(self
+                        .invalid(format!("{NOTIFY_ON} needs {RUN_IN_BACKGROUND}: true; add it, or drop {NOTIFY_ON}")));
+                }
+                Some(self.parse_notify_on(value)?)
+            }
+        };
+        let input = match (descriptor.takes_input, interactive) {
+            (false, _) => TaskInput::Unsupported,
+            (true, false) => TaskInput::NotRequested,
+            (true, true) => TaskInput::Open,
+        };
+        Ok(TaskOptions { input, notify_on })
+    }
+
+    fn parse_notify_on(&self, value: Value) -> Result<NotifyOn, ToolError> {
+        let Value::Object(fields) = value else {
+            return Err(self.invalid(format!(
+                "{NOTIFY_ON} must be an object like {{\"pattern\": \"ready\", \"stalled_ms\": 30000}}, got {}",
+                json_kind(&value)
+            )));
+        };
+        let mut notify_on = NotifyOn::default();
+        for (field, value) in fields {
+            match (field.as_str(), value) {
+                ("pattern", Value::String(pattern)) => {
+                    if pattern.len() > MAX_PATTERN_BYTES {
+                        return Err(self.invalid(format!(
+                            "{NOTIFY_ON}.pattern is {} bytes; the limit is {MAX_PATTERN_BYTES}",
+                            pattern.len()
+                        )));
+                    }
+                    let regex = regex::RegexBuilder::new(&pattern)
+                        .size_limit(PATTERN_SIZE_LIMIT)
+                        .build()
+                        .map_err(|error| self.invalid(format!("{NOTIFY_ON}.pattern is not a valid regex: {error}")))?;
+                    notify_on.pattern = Some(regex);
+                }
+                ("stalled_ms", Value::Number(number)) => {
+                    let ms = number.as_u64().filter(|ms| STALLED_MS_RANGE.contains(ms)).ok_or_else(|| {
+                        self.invalid(format!(
+                            "{NOTIFY_ON}.stalled_ms must be an integer from {} to {}, got {number}",
+                            STALLED_MS_RANGE.start(),
+                            STALLED_MS_RANGE.end()
+                        ))
+                    })?;
+                    notify_on.stalled = Some(Duration::from_millis(ms));
+                }
+                ("pattern", other) => {
+                    return Err(
+                        self.invalid(format!("{NOTIFY_ON}.pattern must be a string, got {}", json_kind(&other)))
+                    );
+                }
+                ("stalled_ms", other) => {
+                    return Err(
+                        self.invalid(format!("{NOTIFY_ON}.stalled_ms must be an integer, got {}", json_kind(&other)))
+                    );
+                }
+                (other, _) => {
+                    return Err(self.invalid(format!(
+                        "{NOTIFY_ON} has an unknown field {other:?}; it takes pattern and stalled_ms"
+                    )));
+                }
+            }
+        }
+        if notify_on.pattern.is_none() && notify_on.stalled.is_none() {
+            return Err(self.invalid(format!("{NOTIFY_ON} needs pattern, stalled_ms or both")));
+        }
+        Ok(notify_on)
     }
 
     fn invalid(&self, message: impl Into<String>) -> ToolError {
@@ -186,6 +307,38 @@ impl Tool for ProducerTool {
                                     later with task_output and stop the task with task_kill. Default false."
                 }),
             );
+            if descriptor.takes_input {
+                properties.insert(
+                    INTERACTIVE.to_string(),
+                    json!({
+                        "type": "boolean",
+                        "description": "With run_in_background: keep the task's input open, so task_input can send \
+                                        it text (a program that prompts or reads commands). Default false: its \
+                                        input is empty, and a read of it gets end-of-file at once."
+                    }),
+                );
+            }
+            if descriptor.streams_output {
+                properties.insert(
+                    NOTIFY_ON.to_string(),
+                    json!({
+                        "type": "object",
+                        "description": "With run_in_background: tell me while the task runs, without reading its \
+                                        output. pattern: a regex; the first output line matching it brings a \
+                                        notice (again after each task_output of the task). stalled_ms: a notice \
+                                        when the task printed nothing for this long (once per stall).",
+                        "properties": {
+                            "pattern": {"type": "string", "maxLength": MAX_PATTERN_BYTES},
+                            "stalled_ms": {
+                                "type": "integer",
+                                "minimum": STALLED_MS_RANGE.start(),
+                                "maximum": STALLED_MS_RANGE.end()
+                            }
+                        },
+                        "additionalProperties": false
+                    }),
+                );
+            }
         }
         ToolDefinition {
             name: self.options.name.clone(),
@@ -213,6 +366,9 @@ impl Tool for ProducerTool {
             )));
         }
         let descriptor = self.producer.descriptor();
+        let interactive = object.remove(INTERACTIVE);
+        let notify_on = object.remove(NOTIFY_ON);
+        let options = self.task_options(&descriptor, background, interactive, notify_on)?;
         let validator = self.validator(&descriptor)?;
         let problems: Vec<String> = validator
             .iter_errors(&args)
@@ -225,7 +381,11 @@ impl Tool for ProducerTool {
             return Err(self.invalid(problems.join("; ")));
         }
 
-        let mode = if background { RunMode::Background } else { RunMode::Foreground };
+        let mode = match (background, options.input) {
+            (false, _) => RunMode::Foreground,
+            (true, TaskInput::Open) => RunMode::Interactive,
+            (true, _) => RunMode::Background,
+        };
         if background && context.cancel.is_cancelled() {
             return Err(ToolError::Cancelled(self.options.name.clone()));
         }
@@ -248,6 +408,7 @@ impl Tool for ProducerTool {
                 label: prepared.label,
                 owner: context.caller.clone(),
                 producer_info: prepared.producer_info,
+                options,
                 run: prepared.run,
             })
             .await?;

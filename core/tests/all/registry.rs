@@ -36,6 +36,7 @@ fn spec(kind: &str, owner: Option<&Agent>, task: &Arc<ScriptedTask>) -> TaskStar
         label: format!("{kind} work"),
         owner: owner.cloned(),
         producer_info: None,
+        options: Default::default(),
         run: task.runner(),
     }
 }
@@ -49,6 +50,7 @@ fn counted_spec(kind: &str, owner: Option<&Agent>, runs: &Arc<AtomicUsize>) -> T
         label: "counted".into(),
         owner: owner.cloned(),
         producer_info: None,
+        options: Default::default(),
         run: Box::new(move || {
             runs.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move { Ok(task.hooks()) })
@@ -386,6 +388,7 @@ async fn start_atomicity() {
         label: "x".into(),
         owner: None,
         producer_info: None,
+        options: Default::default(),
         run: Box::new(|| Box::pin(async { anyhow::bail!("spawn failed") })),
     };
     let error = f.registry.start(failing).await.unwrap_err();
@@ -553,6 +556,7 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
         label: "slow start".into(),
         owner: Some(agent.clone()),
         producer_info: None,
+        options: Default::default(),
         run: Box::new({
             let (task, release) = (task.clone(), release.clone());
             move || {
@@ -591,6 +595,7 @@ fn panicking_start(kind: &str, owner: Option<&Agent>, in_run: bool) -> TaskStart
         label: "panics".into(),
         owner: owner.cloned(),
         producer_info: None,
+        options: Default::default(),
         run: Box::new(move || {
             Box::pin(async move {
                 let code = 7;
@@ -805,6 +810,7 @@ async fn the_event_stream_tells_starts_output_and_settlements() {
             label: prepared.label,
             owner: Some(agent.clone()),
             producer_info: None,
+            options: Default::default(),
             run: prepared.run,
         })
         .await

@@ -35,6 +35,7 @@ fn spec(owner: &Agent, task: &Arc<ScriptedTask>) -> TaskStart {
         label: "peeked work".into(),
         owner: Some(owner.clone()),
         producer_info: None,
+        options: Default::default(),
         run: task.runner(),
     }
 }

@@ -98,6 +98,7 @@ async fn run(seed: u64) {
                                 label: "stress".into(),
                                 owner: Some(owner.clone()),
                                 producer_info: None,
+                                options: Default::default(),
                                 run: task.runner(),
                             };
                             if let Ok(id) = registry.start(start).await {

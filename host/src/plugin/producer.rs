@@ -280,6 +280,7 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         description: bounds::cap(described.description, bounds::MAX_DESCRIPTION_BYTES, "description"),
         parameters,
         streams_output: described.streams_output,
+        takes_input: false,
     })
 }
 
@@ -359,7 +360,9 @@ impl Producer for WasmProducer {
         let run = runner(async move {
             let mode = match mode {
                 RunMode::Foreground => WitRunMode::Foreground,
-                RunMode::Background => WitRunMode::Background,
+                // A 0.1.0 descriptor never takes input, so the tool adapter
+                // never asks a plugin for an interactive run.
+                RunMode::Background | RunMode::Interactive => WitRunMode::Background,
             };
             fault::arm(&mut store, deadline);
             let task = match fault::bounded(deadline, guest.call_run(&mut store, &config, &args_json, mode)).await {

@@ -121,6 +121,7 @@ impl SubagentProducer {
             description: tool_description(&config),
             parameters: parameters(),
             streams_output: false,
+            takes_input: false,
         });
         Ok(Self { subagents, config, descriptor })
     }

@@ -284,6 +284,7 @@ impl taskhost::producer::Producer for Panicky {
             description: "Panics on request.".into(),
             parameters: json!({"type": "object", "properties": {"in": {"type": "string"}}}),
             streams_output: true,
+            takes_input: false,
         })
     }
 

@@ -72,6 +72,7 @@ async fn a_blocking_export_is_told_the_deadline_and_the_fix() {
             label: prepared.label,
             owner: Some(agent.clone()),
             producer_info: prepared.producer_info,
+            options: Default::default(),
             run: prepared.run,
         })
         .await

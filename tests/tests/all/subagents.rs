@@ -238,6 +238,7 @@ async fn a_failed_start_preflight_never_starts_a_child() {
             label: prepared.label,
             owner: Some(parent.clone()),
             producer_info: None,
+            options: Default::default(),
             run: prepared.run,
         })
         .await;

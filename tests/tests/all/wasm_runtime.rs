@@ -73,6 +73,7 @@ async fn start(fx: &Fixture, producer: &WasmProducer, args: Value) -> Result<tas
             label: prepared.label,
             owner: Some(fx.agent.clone()),
             producer_info: prepared.producer_info,
+            options: Default::default(),
             run: prepared.run,
         })
         .await
