@@ -14,7 +14,9 @@ use crate::producer::Producer;
 use crate::settings::TasksSettings;
 use crate::tasks::TaskRegistry;
 use crate::tools::control::ControlTools;
-use crate::tools::producer_tool::{DEFAULT_FOREGROUND_TIMEOUT_MS, ProducerTool, ProducerToolOptions};
+use crate::tools::producer_tool::{
+    DEFAULT_FOREGROUND_TIMEOUT_MS, DEFAULT_PROMOTE_AFTER_MS, ProducerTool, ProducerToolOptions,
+};
 use crate::tools::{CallContext, ToolDefinition, ToolError, ToolNameError, ToolOutput, Toolbox};
 
 /// A running taskhost.
@@ -71,6 +73,7 @@ impl Host {
                 name: name.to_string(),
                 background: true,
                 foreground_timeout: Duration::from_millis(DEFAULT_FOREGROUND_TIMEOUT_MS),
+                promote_after: Some(Duration::from_millis(DEFAULT_PROMOTE_AFTER_MS)),
             },
         )
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::tasks::RegistryConfig;
+use crate::tasks::{OutputLimits, RegistryConfig};
 use crate::tools::control::ControlToolsConfig;
 
 /// `[tasks]`: the registry and the control tools.
@@ -22,6 +22,13 @@ pub struct TasksSettings {
     pub max_wait_timeout_ms: u64,
     /// Finished tasks kept per owner; older reported ones are dropped.
     pub max_finished_tasks_per_owner: usize,
+    /// Output of a stream task kept in memory (its last bytes).
+    pub output_memory_bytes: usize,
+    /// Output of a stream task kept in its spill file (its first bytes), 0
+    /// for none.
+    pub output_spill_bytes: u64,
+    /// The most one consuming `task_output` read returns.
+    pub output_read_bytes: usize,
 }
 
 impl Default for TasksSettings {
@@ -34,6 +41,9 @@ impl Default for TasksSettings {
             wait_timeout_ms: control.wait_timeout_ms,
             max_wait_timeout_ms: control.max_wait_timeout_ms,
             max_finished_tasks_per_owner: registry.max_finished_tasks_per_owner,
+            output_memory_bytes: registry.output.memory_bytes,
+            output_spill_bytes: registry.output.spill_bytes,
+            output_read_bytes: registry.output.read_bytes,
         }
     }
 }
@@ -44,6 +54,13 @@ impl TasksSettings {
             max_live_tasks_per_owner: self.max_live_tasks_per_owner,
             teardown_timeout: (self.teardown_timeout_ms > 0).then(|| Duration::from_millis(self.teardown_timeout_ms)),
             max_finished_tasks_per_owner: self.max_finished_tasks_per_owner,
+            output: OutputLimits {
+                memory_bytes: self.output_memory_bytes,
+                spill_bytes: self.output_spill_bytes,
+                read_bytes: self.output_read_bytes,
+                // The host sets it (a directory its sandboxed commands cannot see).
+                spill_dir: None,
+            },
         }
     }
 
@@ -57,6 +74,19 @@ impl TasksSettings {
         anyhow::ensure!(
             self.max_finished_tasks_per_owner > 0,
             "[tasks] max_finished_tasks_per_owner must be at least 1 (the finished tasks each owner keeps)"
+        );
+        anyhow::ensure!(
+            (4096..=(64 << 20)).contains(&self.output_memory_bytes),
+            "[tasks] output_memory_bytes must be from 4096 to 67108864 (the output kept in memory per task)"
+        );
+        anyhow::ensure!(
+            (1024..=self.output_memory_bytes).contains(&self.output_read_bytes),
+            "[tasks] output_read_bytes must be from 1024 to output_memory_bytes ({})",
+            self.output_memory_bytes
+        );
+        anyhow::ensure!(
+            self.output_spill_bytes <= 1 << 40,
+            "[tasks] output_spill_bytes must be at most 1099511627776 (1 TiB); 0 keeps no spill file"
         );
         Ok(())
     }

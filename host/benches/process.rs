@@ -269,7 +269,12 @@ async fn run() {
     tools
         .add_producer(
             producer.clone(),
-            ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+            ProducerToolOptions {
+                name: "bash".into(),
+                background: true,
+                foreground_timeout: Duration::from_secs(60),
+                promote_after: None,
+            },
         )
         .expect("tool name is valid");
     let agent = tools.create_agent("bench", "bench").unwrap();

@@ -288,6 +288,10 @@ pub struct ProducerConfig {
     /// How long a foreground call may run before it is cancelled.
     #[serde(default = "default_foreground_timeout_ms")]
     pub foreground_timeout_ms: u64,
+    /// A foreground call still running after this long moves to the
+    /// background (only with `background` on; 0 disables).
+    #[serde(default = "default_promote_after_ms")]
+    pub promote_after_ms: u64,
     /// Capabilities granted to this instance's plugin. None by default: a
     /// plugin has no ambient authority.
     #[serde(default)]
@@ -391,6 +395,10 @@ fn default_foreground_timeout_ms() -> u64 {
     crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS
 }
 
+fn default_promote_after_ms() -> u64 {
+    crate::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS
+}
+
 impl ProducerConfig {
     /// How the host serves this entry's tool.
     pub fn tool_options(&self) -> crate::tools::producer_tool::ProducerToolOptions {
@@ -398,6 +406,8 @@ impl ProducerConfig {
             name: self.tool.clone(),
             background: self.background,
             foreground_timeout: Duration::from_millis(self.foreground_timeout_ms),
+            promote_after: (self.background && self.promote_after_ms > 0)
+                .then(|| Duration::from_millis(self.promote_after_ms)),
         }
     }
 
@@ -470,6 +480,7 @@ impl Config {
             config: empty_table(),
             background: true,
             foreground_timeout_ms: default_foreground_timeout_ms(),
+            promote_after_ms: default_promote_after_ms(),
             grants,
         };
         // bash may start only bash, in the server's working directory and

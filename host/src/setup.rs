@@ -193,6 +193,13 @@ pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Res
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents).await.with_context(context)?;
         host.add_producer(built, producer.tool_options()).map_err(anyhow::Error::new)?;
     }
+    // Task output beyond memory spills where no sandboxed command can look:
+    // inside the process capability's hidden directory when there is one.
+    let output_parent = match runtime.process_host.as_ref() {
+        Some(process_host) => process_host.spill_dir().to_path_buf(),
+        None => config.process.spill_root.clone().unwrap_or_else(std::env::temp_dir),
+    };
+    host.registry().set_output_spill_dir(&output_parent).context("creating the task output directory")?;
     Ok((host, plugins))
 }
 

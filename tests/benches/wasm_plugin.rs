@@ -32,6 +32,7 @@ fn registry() -> (TaskRegistry, SurfaceGuard) {
             max_live_tasks_per_owner: usize::MAX,
             teardown_timeout: Some(Duration::from_secs(30)),
             max_finished_tasks_per_owner: usize::MAX,
+            ..RegistryConfig::default()
         },
     );
     let surface = registry.attach_surface("bench");

@@ -2,16 +2,23 @@
 //!
 //! [`types`] holds the producer contract and the snapshots consumers see;
 //! [`registry`] holds the one concrete registry that owns every task;
-//! [`peek`] the output it keeps so viewers can watch without consuming.
+//! [`output`] the output it keeps of each stream task (reads, views and
+//! peeks are served from it); [`peek`] what a viewer's peek returns.
 
+mod output;
 mod peek;
 mod registry;
 mod types;
 
-pub use peek::{HELD_LIMIT, OutputPeek, TAIL_LIMIT};
+pub use output::{
+    DEFAULT_OUTPUT_MEMORY_BYTES, DEFAULT_OUTPUT_READ_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, DEFAULT_VIEW_LINES, LINE_LIMIT,
+    MAX_VIEW_LINES, OutputLimits, VIEW_LIMIT, ViewKind, ViewRequest,
+};
+pub use peek::{OutputPeek, TAIL_LIMIT};
 
 pub use registry::{
     DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT, ListenerGuard,
-    RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener, TaskRegistry, WeakTaskRegistry,
+    NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener, TaskRegistry,
+    WeakTaskRegistry, seconds,
 };
 pub use types::*;

@@ -47,11 +47,16 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::peek::{OutputLog, OutputPeek};
+use super::output::{OutputLimits, OutputLog};
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
 use crate::ids::{SessionId, TaskId, is_valid_kind};
 use crate::panics::panic_message;
+
+mod output_ops;
+
+use output_ops::TaskOutput;
+pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -66,6 +71,8 @@ pub struct RegistryConfig {
     /// Finished records kept per owner (and for unowned tasks). Older ones
     /// are dropped once reported or noticed; see the module invariants.
     pub max_finished_tasks_per_owner: usize,
+    /// How much output is kept per stream task, and where it spills.
+    pub output: OutputLimits,
 }
 
 /// The default of [`RegistryConfig::max_finished_tasks_per_owner`].
@@ -83,6 +90,7 @@ impl Default for RegistryConfig {
             max_live_tasks_per_owner: DEFAULT_MAX_LIVE_TASKS_PER_OWNER,
             teardown_timeout: Some(DEFAULT_TEARDOWN_TIMEOUT),
             max_finished_tasks_per_owner: DEFAULT_MAX_FINISHED_TASKS_PER_OWNER,
+            output: OutputLimits::default(),
         }
     }
 }
@@ -127,6 +135,17 @@ struct Shared {
     /// Wakes disposal when the last in-flight start finished.
     starts_drained: Notify,
     events: broadcast::Sender<TaskEvent>,
+    output_limits: Arc<OutputLimits>,
+    /// The registry's private directory of output spill files, once set.
+    output_dir: std::sync::OnceLock<std::path::PathBuf>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(dir) = self.output_dir.get() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -197,8 +216,10 @@ struct Record {
     /// Whether `task_input` may write to it.
     input: TaskInput,
     control: Arc<dyn TaskControl>,
-    /// Every pull of stream output goes through it (see [`super::peek`]).
-    output_log: Arc<tokio::sync::Mutex<OutputLog>>,
+    /// Every pull of stream output goes through it (see [`output_ops`]).
+    output_log: Arc<tokio::sync::Mutex<TaskOutput>>,
+    /// The `notify_on.stalled_ms` watcher, stopped at settlement.
+    stall_watcher: Option<tokio::task::AbortHandle>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
     watcher: tokio::task::AbortHandle,
     /// Fires after settlement (and its listeners); made on first demand,
@@ -318,8 +339,10 @@ impl Shared {
 
 impl TaskRegistry {
     pub fn new(agents: AgentRegistry, config: RegistryConfig) -> Self {
-        Self {
+        let registry = Self {
             shared: Arc::new(Shared {
+                output_limits: Arc::new(config.output.clone()),
+                output_dir: std::sync::OnceLock::new(),
                 agents,
                 config,
                 state: Mutex::new(State::default()),
@@ -327,7 +350,29 @@ impl TaskRegistry {
                 starts_drained: Notify::new(),
                 events: broadcast::channel(TASK_EVENT_BUFFER).0,
             }),
+        };
+        if let Some(parent) = registry.shared.config.output.spill_dir.clone()
+            && let Err(error) = registry.set_output_spill_dir(&parent)
+        {
+            tracing::warn!(dir = %parent.display(), %error, "cannot create the task output directory; output beyond memory is not kept");
         }
+        registry
+    }
+
+    /// Makes the private directory (mode 0700) stream tasks' output spills to
+    /// once it outgrows memory, inside `parent`; tasks started from now on
+    /// use it. Set once: a later call changes nothing. Choose a parent the
+    /// tasks' own processes cannot see (the host puts it in the process
+    /// capability's hidden spill directory).
+    pub fn set_output_spill_dir(&self, parent: &std::path::Path) -> std::io::Result<()> {
+        if self.shared.output_dir.get().is_some() {
+            return Ok(());
+        }
+        let dir = super::output::create_private_dir(parent)?;
+        if let Err(dir) = self.shared.output_dir.set(dir) {
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
     }
 
     pub fn agents(&self) -> &AgentRegistry {
@@ -397,6 +442,30 @@ impl TaskRegistry {
         if cancel_now {
             // The owner (or the registry) began disposing while this start
             // was in flight; its cleanup is waiting for this task to settle.
+            let registry = self.clone();
+            let id = id.clone();
+            tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
+        }
+        Ok(id)
+    }
+
+    /// Registers work that is already running (a foreground call promoted to
+    /// the background): the same preflight as [`Self::start`], then the
+    /// commit; `spec.run` is never called. A refusal hands the hooks back
+    /// untouched, so the caller keeps running the work.
+    #[allow(clippy::result_large_err)]
+    pub fn adopt(&self, spec: TaskStart, hooks: TaskHooks) -> Result<TaskId, (TaskError, TaskHooks)> {
+        let TaskStart { kind, label, owner, producer_info, options, run: _ } = spec;
+        let reservation = match self.preflight(&kind, &label, owner.as_ref()) {
+            Ok(reservation) => reservation,
+            Err(error) => return Err((error, hooks)),
+        };
+        let control = hooks.control.clone();
+        let owner_session = owner.as_ref().map(|agent| agent.session().clone());
+        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        tracing::info!(task = %id, "foreground run adopted as a background task");
+        control.watch_output(self.output_signal(&id, owner_session));
+        if cancel_now {
             let registry = self.clone();
             let id = id.clone();
             tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
@@ -508,6 +577,12 @@ impl TaskRegistry {
         // watcher's first settle simply waits for this commit to finish.
         let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
         let streams_output = control.streams_output();
+        let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
+        let output_log = Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
+            OutputLog::new(self.shared.output_limits.clone(), spill_path),
+            &options,
+        )));
+        let stall_watcher = if streams_output { self.watch_stalls(&id, &output_log) } else { None };
         state.tasks.insert(
             id.clone(),
             Record {
@@ -533,7 +608,8 @@ impl TaskRegistry {
                 streams_output,
                 input: options.input,
                 control,
-                output_log: Arc::default(),
+                output_log,
+                stall_watcher,
                 watcher,
                 settled: None,
             },
@@ -544,20 +620,6 @@ impl TaskRegistry {
             let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
         }
         (id, cancel_now)
-    }
-
-    /// The signal a producer raises when new output may be readable; it
-    /// becomes a [`TaskEvent::Output`] when anyone subscribed.
-    fn output_signal(&self, id: &TaskId, owner_session: Option<SessionId>) -> OutputSignal {
-        let registry = Arc::downgrade(&self.shared);
-        let id = id.clone();
-        OutputSignal::new(move || {
-            if let Some(shared) = registry.upgrade()
-                && shared.events.receiver_count() > 0
-            {
-                let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
-            }
-        })
     }
 
     /// A non-consuming snapshot. Fails for unknown ids and foreign callers.
@@ -603,108 +665,6 @@ impl TaskRegistry {
         let mut visible: Vec<&Record> = state.tasks.values().filter(|r| visible_to(r, caller)).collect();
         visible.sort_by_key(|r| r.seq);
         visible.into_iter().map(Record::snapshot).collect()
-    }
-
-    /// Reads a task's output: the consuming delta for stream kinds, or (for
-    /// final-output kinds) nothing while live and the final output, idempotently,
-    /// once settled. A read that returns the terminal state marks it reported.
-    pub async fn read(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskRead, TaskError> {
-        // The status is taken BEFORE the stream is drained: if it says
-        // terminal, the producer was quiescent, so the drain got everything.
-        let (snapshot, control, output_log, final_text) = {
-            let mut state = self.shared.lock();
-            let record = fenced_mut(&mut state, id, caller)?;
-            let newly_reported = record.status.is_terminal() && !record.reported;
-            if record.status.is_terminal() {
-                record.mark_reported();
-            }
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            let taken = (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text);
-            if newly_reported {
-                // This read is the report, so older finished tasks may now
-                // go (if this one goes too, the control taken above still
-                // serves the read below).
-                let bucket = record.bucket_key();
-                let dropped = prune_history(&mut state, &self.shared, bucket);
-                drop(state);
-                self.release_records(dropped);
-            }
-            taken
-        };
-        let text = match final_text {
-            Some(text) => text,
-            None => {
-                // Held across the pull: a peek in between would reorder output.
-                let mut log = output_log.lock().await;
-                let read = AssertUnwindSafe(control.read_output())
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
-                match read {
-                    Ok(text) => log.read(text),
-                    Err(error) => match error.downcast::<ReadEndedTask>() {
-                        // The read itself ended the task (a fault in it):
-                        // settle with that outcome, and answer with it.
-                        Ok(mut ended) => {
-                            ended.text = log.read(ended.text);
-                            drop(log);
-                            return Ok(self.settle_by_read(id, ended, snapshot));
-                        }
-                        Err(source) => {
-                            return Err(TaskError::Producer {
-                                context: format!("reading the output of task {id} failed"),
-                                source,
-                            });
-                        }
-                    },
-                }
-            }
-        };
-        Ok(TaskRead { text, snapshot })
-    }
-
-    /// A non-consuming read for viewers (the web dashboard): the task's
-    /// output after byte offset `since`, as far as the last
-    /// [`super::peek::TAIL_LIMIT`] bytes reach. Output the peek pulls from
-    /// the producer is held for the owner's next [`Self::read`], so the
-    /// owner still reads everything; the peek never reports the end (no
-    /// notice is suppressed). Final-output kinds: their output once settled.
-    /// Passes the owner fence like every read.
-    pub async fn peek(&self, id: &TaskId, caller: Option<&Agent>, since: u64) -> Result<OutputPeek, TaskError> {
-        let (snapshot, control, output_log, final_text) = {
-            let state = self.shared.lock();
-            let record = fenced(&state, id, caller)?;
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text)
-        };
-        if let Some(text) = final_text {
-            return Ok(OutputPeek::whole(text, snapshot));
-        }
-        let mut log = output_log.lock().await;
-        if log.may_pull() {
-            let pulled = AssertUnwindSafe(control.read_output())
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
-            match pulled {
-                Ok(text) => log.hold(&text),
-                Err(error) => match error.downcast::<ReadEndedTask>() {
-                    // The pull ended the task: settle it unreported, so the
-                    // owner hears of the end (and reads the held text).
-                    Ok(ReadEndedTask { text, outcome }) => {
-                        log.hold(&text);
-                        self.settle(id, outcome);
-                    }
-                    Err(source) => {
-                        return Err(TaskError::Producer {
-                            context: format!("reading the output of task {id} failed"),
-                            source,
-                        });
-                    }
-                },
-            }
-        }
-        Ok(log.since(since, snapshot))
     }
 
     /// Settles a task whose read ended it (first wins, so an outcome that
@@ -850,6 +810,81 @@ impl TaskRegistry {
             return Ok(record.snapshot());
         }
         self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()))
+    }
+
+    /// Waits until at least one of `ids` has finished, or `timeout` passed.
+    /// Returns the id that finished first (`None` on timeout; among tasks
+    /// already finished, the earliest) and every task's snapshot in the order
+    /// given. Consumes no output; every task found finished counts as
+    /// reported, so no completion notice follows for it. Refuses an unknown
+    /// or foreign id before waiting. An abort fails with
+    /// [`TaskError::WaitAborted`] and reports nothing.
+    pub async fn wait_any(
+        &self,
+        ids: &[TaskId],
+        timeout: Duration,
+        caller: Option<&Agent>,
+        abort: Option<&CancellationToken>,
+    ) -> Result<(Option<TaskId>, Vec<TaskSnapshot>), TaskError> {
+        let Some(first_id) = ids.first() else { return Ok((None, Vec::new())) };
+        let already = {
+            let state = self.shared.lock();
+            let mut earliest: Option<(SystemTime, &TaskId)> = None;
+            for id in ids {
+                let record = fenced(&state, id, caller)?;
+                if let Some(at) = record.finished_at.filter(|_| record.status.is_terminal())
+                    && earliest.is_none_or(|(first, _)| at < first)
+                {
+                    earliest = Some((at, id));
+                }
+            }
+            earliest.map(|(_, id)| id.clone())
+        };
+        let first = match already {
+            Some(id) => Some(id),
+            None => {
+                let local = abort.map_or_else(CancellationToken::new, CancellationToken::child_token);
+                let mut waits: futures::stream::FuturesUnordered<_> = ids
+                    .iter()
+                    .map(|id| {
+                        let local = &local;
+                        async move { (id, self.wait(id, timeout, caller, Some(local)).await) }
+                    })
+                    .collect();
+                let mut first = None;
+                while let Some((id, result)) = futures::StreamExt::next(&mut waits).await {
+                    match result {
+                        Ok(snapshot) if snapshot.status.is_terminal() => {
+                            first = Some(id.clone());
+                            break;
+                        }
+                        // Every wait shares the timeout: the first to time out ends it.
+                        Ok(_) => break,
+                        // Released meanwhile (its owner went away): the others still count.
+                        Err(TaskError::UnknownTask(_)) => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                // The other waits end without reporting.
+                local.cancel();
+                drop(waits);
+                if abort.is_some_and(CancellationToken::is_cancelled) {
+                    return Err(TaskError::WaitAborted(first_id.clone()));
+                }
+                first
+            }
+        };
+        let mut tasks = Vec::with_capacity(ids.len());
+        for id in ids {
+            let state = self.shared.lock();
+            let snapshot = match state.tasks.get(id) {
+                Some(record) if record.status.is_terminal() => self.report_terminal(state, id),
+                Some(record) => Some(record.snapshot()),
+                None => None,
+            };
+            tasks.extend(snapshot);
+        }
+        Ok((first, tasks))
     }
 
     /// Writes `data` to a live interactive task's input (and closes it when
@@ -1010,6 +1045,9 @@ impl TaskRegistry {
             // tell (owner teardown, registry disposal).
             if reported || owner_closing || silent {
                 record.reported = true;
+            }
+            if let Some(stall_watcher) = record.stall_watcher.take() {
+                stall_watcher.abort();
             }
             let done = record.done_event();
             let settled = record.settled.take();

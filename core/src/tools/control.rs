@@ -15,7 +15,10 @@ use serde_json::json;
 use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, Toolbox, parse_arguments};
 use crate::ids::TaskId;
 use crate::notices::deliver_completion_notices;
-use crate::tasks::{KillResult, ListenerGuard, SurfaceGuard, TaskRegistry};
+use crate::tasks::{
+    DEFAULT_VIEW_LINES, KillResult, ListenerGuard, MAX_VIEW_LINES, SurfaceGuard, TaskRegistry, TaskSnapshot,
+    VIEW_LIMIT, ViewKind, ViewRequest,
+};
 
 /// How long `task_output(wait: true)` waits when the call gives no `timeout_ms`.
 pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 30_000;
@@ -77,6 +80,7 @@ impl ControlTools {
         toolbox.insert_control(Arc::new(TaskList(self.clone())));
         toolbox.insert_control(Arc::new(TaskKill(self.clone())));
         toolbox.insert_control(Arc::new(TaskInputTool(self.clone())));
+        toolbox.insert_control(Arc::new(TaskWait(self.clone())));
     }
 }
 
@@ -105,6 +109,80 @@ struct TaskOutputArgs {
     #[serde(default)]
     wait: bool,
     timeout_ms: Option<u64>,
+    view: Option<String>,
+    lines: Option<u64>,
+    grep: Option<String>,
+}
+
+/// The longest `grep` pattern, in bytes.
+pub const MAX_GREP_BYTES: usize = 1024;
+
+/// `task_wait` takes 1 to this many ids.
+pub const MAX_WAIT_IDS: usize = 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskWaitArgs {
+    task_ids: Vec<String>,
+    timeout_ms: Option<u64>,
+}
+
+struct TaskWait(Arc<ControlTools>);
+
+fn invalid(tool: &str, message: impl Into<String>) -> ToolError {
+    ToolError::InvalidArguments { tool: tool.to_string(), message: message.into() }
+}
+
+/// The view a `task_output` call asks for, or `None` for the consuming read.
+fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError> {
+    let kind = match (args.view.as_deref(), &args.grep) {
+        (None | Some("new"), None) => {
+            if args.lines.is_some() {
+                return Err(invalid(
+                    "task_output",
+                    "lines works with view \"tail\", \"head\" or \"all\"; add a view, or drop lines",
+                ));
+            }
+            return Ok(None);
+        }
+        (Some("new"), Some(_)) => {
+            return Err(invalid(
+                "task_output",
+                "grep works with view \"tail\", \"head\" or \"all\" (views never consume); drop view \"new\"",
+            ));
+        }
+        // A grep alone searches everything kept.
+        (None, Some(_)) | (Some("all"), _) => ViewKind::All,
+        (Some("tail"), _) => ViewKind::Tail,
+        (Some("head"), _) => ViewKind::Head,
+        (Some(other), _) => {
+            return Err(invalid(
+                "task_output",
+                format!("unknown view {other:?}; use \"new\" (the default), \"tail\", \"head\" or \"all\""),
+            ));
+        }
+    };
+    let lines = match args.lines {
+        None => DEFAULT_VIEW_LINES,
+        Some(0) => return Err(invalid("task_output", "lines must be at least 1")),
+        Some(n) => (n as usize).min(MAX_VIEW_LINES),
+    };
+    let grep = match &args.grep {
+        None => None,
+        Some(pattern) if pattern.len() > MAX_GREP_BYTES => {
+            return Err(invalid(
+                "task_output",
+                format!("grep is {} bytes; the limit is {MAX_GREP_BYTES}", pattern.len()),
+            ));
+        }
+        Some(pattern) => Some(
+            regex::RegexBuilder::new(pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|error| invalid("task_output", format!("grep is not a valid regex: {error}")))?,
+        ),
+    };
+    Ok(Some(ViewRequest { kind, lines, grep }))
 }
 
 #[derive(Deserialize)]
@@ -139,15 +217,30 @@ impl Tool for TaskOutput {
                  since your previous read; for tasks with a final result (subagents) it returns the result once the task \
                  finished. The last line is the task's status, e.g. [status: running] or [status: completed, exit code: 0]. \
                  Non-blocking by default; pass wait: true to block until the task finishes or timeout_ms passes \
-                 (default {} ms, at most {} ms). A timed-out wait leaves the task running.",
-                self.0.config.wait_timeout_ms, self.0.config.max_wait_timeout_ms
+                 (default {} ms, at most {} ms). A timed-out wait leaves the task running. \
+                 To look without consuming, pass view: \"tail\" or \"head\" (the last or first lines, default {}, at \
+                 most {}) or \"all\" (everything kept, up to {} KiB), optionally with grep: a regex that keeps only \
+                 matching lines, each prefixed with its line number. A view works on running and finished tasks and never \
+                 changes what the next plain read returns.",
+                self.0.config.wait_timeout_ms,
+                self.0.config.max_wait_timeout_ms,
+                DEFAULT_VIEW_LINES,
+                MAX_VIEW_LINES,
+                VIEW_LIMIT / 1024
             ),
             input_schema: json!({
                 "type": "object",
                 "properties": {
                     "task_id": {"type": "string", "description": "The id of the task, as returned when it started."},
                     "wait": {"type": "boolean", "description": "Block until the task finishes or the timeout passes. Default false."},
-                    "timeout_ms": {"type": "integer", "minimum": 0, "description": "How long wait may block, in milliseconds."}
+                    "timeout_ms": {"type": "integer", "minimum": 0, "description": "How long wait may block, in milliseconds."},
+                    "view": {
+                        "type": "string",
+                        "enum": ["new", "tail", "head", "all"],
+                        "description": "new (default): what is new since your previous read, consumed. tail, head, all: a view that consumes nothing."
+                    },
+                    "lines": {"type": "integer", "minimum": 1, "description": "Lines of a tail or head view (default 40)."},
+                    "grep": {"type": "string", "description": "A regex: the view keeps only matching lines, numbered. Alone it searches everything kept."}
                 },
                 "required": ["task_id"],
                 "additionalProperties": false
@@ -157,6 +250,7 @@ impl Tool for TaskOutput {
 
     async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
         let args: TaskOutputArgs = parse_arguments("task_output", args)?;
+        let view = view_request(&args)?;
         let id = task_id("task_output", args.task_id)?;
         let caller = context.caller.as_ref();
         let tools = &self.0;
@@ -164,6 +258,10 @@ impl Tool for TaskOutput {
             let timeout_ms =
                 args.timeout_ms.unwrap_or(tools.config.wait_timeout_ms).min(tools.config.max_wait_timeout_ms);
             tools.registry.wait(&id, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+        }
+        if let Some(view) = view {
+            let (text, snapshot) = tools.registry.view(&id, caller, &view).await?;
+            return Ok(ToolOutput::ok(format!("{text}\n{}", snapshot.status_line())));
         }
         let read = tools.registry.read(&id, caller).await?;
         let body = if read.text.is_empty() { "(no new output)" } else { read.text.trim_end_matches('\n') };
@@ -185,8 +283,7 @@ impl Tool for TaskList {
         let TaskListArgs {} = parse_arguments("task_list", args)?;
         let caller = context.caller.as_ref();
         let tasks = self.0.registry.list(caller);
-        let mut lines: Vec<String> =
-            tasks.iter().map(|t| format!("{} [{}] {} — {}", t.id, t.kind, t.status, one_line(&t.label))).collect();
+        let mut lines: Vec<String> = tasks.iter().map(list_row).collect();
         if lines.is_empty() {
             lines.push("(no background tasks)".to_string());
         }
@@ -279,6 +376,69 @@ impl Tool for TaskInputTool {
         let closed = if args.close { " and closed its input" } else { "" };
         Ok(ToolOutput::ok(format!("sent {} bytes to task {id}{closed}", args.text.len())))
     }
+}
+
+#[async_trait::async_trait]
+impl Tool for TaskWait {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "task_wait".to_string(),
+            description: format!(
+                "Wait until at least one of several background tasks finished, or the timeout passed (default {} ms, at \
+                 most {} ms). The first line says which finished first (or that none did), then one line per task as \
+                 task_list shows it. Consumes no output: read it with task_output.",
+                self.0.config.wait_timeout_ms, self.0.config.max_wait_timeout_ms
+            ),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "task_ids": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "minItems": 1,
+                        "maxItems": MAX_WAIT_IDS,
+                        "description": "The ids of the tasks to wait for."
+                    },
+                    "timeout_ms": {"type": "integer", "minimum": 0, "description": "How long to wait at most, in milliseconds."}
+                },
+                "required": ["task_ids"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
+        let args: TaskWaitArgs = parse_arguments("task_wait", args)?;
+        if args.task_ids.is_empty() || args.task_ids.len() > MAX_WAIT_IDS {
+            return Err(invalid(
+                "task_wait",
+                format!("task_ids must hold 1 to {MAX_WAIT_IDS} ids, got {}", args.task_ids.len()),
+            ));
+        }
+        let mut ids: Vec<TaskId> = Vec::with_capacity(args.task_ids.len());
+        for raw in args.task_ids {
+            let id = task_id("task_wait", raw)?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        let config = &self.0.config;
+        let timeout_ms = args.timeout_ms.unwrap_or(config.wait_timeout_ms).min(config.max_wait_timeout_ms);
+        let caller = context.caller.as_ref();
+        let (first, tasks) =
+            self.0.registry.wait_any(&ids, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+        let mut lines = vec![match first {
+            Some(id) => format!("{id} finished first"),
+            None => format!("none finished within {timeout_ms} ms"),
+        }];
+        lines.extend(tasks.iter().map(list_row));
+        Ok(ToolOutput::ok(lines.join("\n")))
+    }
+}
+
+/// One task as `task_list` shows it.
+fn list_row(task: &TaskSnapshot) -> String {
+    format!("{} [{}] {} — {}", task.id, task.kind, task.status, one_line(&task.label))
 }
 
 /// Labels are one line in listings, whatever the producer gave.

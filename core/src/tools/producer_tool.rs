@@ -17,11 +17,12 @@ use futures::FutureExt as _;
 use serde_json::{Value, json};
 
 use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, json_kind};
+use crate::ids::TaskId;
 use crate::panics::panic_message;
 use crate::producer::{Descriptor, Producer, RunMode};
 use crate::tasks::{
-    NotifyOn, ReadEndedTask, TaskControl, TaskInput, TaskOptions, TaskOutcome, TaskRegistry, TaskSnapshot, TaskStart,
-    TaskStatus, TerminalStatus,
+    NotifyOn, ReadEndedTask, TaskControl, TaskHooks, TaskInput, TaskOptions, TaskOutcome, TaskRegistry, TaskSnapshot,
+    TaskStart, TaskStatus, TerminalStatus,
 };
 
 /// The host's flag on producer tools.
@@ -46,6 +47,10 @@ pub const STALLED_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=86_400_000;
 /// How long a foreground call may run, unless the instance says otherwise.
 pub const DEFAULT_FOREGROUND_TIMEOUT_MS: u64 = 600_000;
 
+/// When a foreground call still running moves to the background, unless the
+/// instance says otherwise (`promote_after_ms`; 0 disables).
+pub const DEFAULT_PROMOTE_AFTER_MS: u64 = 30_000;
+
 /// Per-instance settings of a producer tool.
 #[derive(Clone, Debug)]
 pub struct ProducerToolOptions {
@@ -55,6 +60,10 @@ pub struct ProducerToolOptions {
     pub background: bool,
     /// A foreground call is cancelled when it runs longer than this.
     pub foreground_timeout: Duration,
+    /// A foreground call still running after this long becomes a background
+    /// task of the caller (when its cap has room) and the call returns the
+    /// output so far. `None`: never; only meaningful with `background`.
+    pub promote_after: Option<Duration>,
 }
 
 /// A producer served as a tool.
@@ -203,9 +212,12 @@ impl ProducerTool {
     async fn run_foreground(
         &self,
         prepared: crate::producer::PreparedRun,
+        kind: &str,
         context: &CallContext,
     ) -> Result<ToolOutput, ToolError> {
         let name = &self.options.name;
+        let crate::producer::PreparedRun { label, producer_info, run } = prepared;
+        let prepared = crate::producer::PreparedRun { label: label.clone(), producer_info: producer_info.clone(), run };
         // A foreground run is contained like a background one: a panic in
         // the producer fails the call (or the task), never the caller.
         let hooks = AssertUnwindSafe((prepared.run)())
@@ -222,11 +234,42 @@ impl ProducerTool {
                 })
             })
             .boxed();
-        let timeout = self.options.foreground_timeout;
-        let stopped_because = tokio::select! {
-            outcome = &mut done => return Ok(foreground_result(&*control, outcome, None).await),
-            _ = tokio::time::sleep(timeout) => format!("timed out after {} ms", timeout.as_millis()),
-            _ = context.cancel.cancelled() => "the call was cancelled".to_string(),
+        let timeout = tokio::time::sleep(self.options.foreground_timeout);
+        tokio::pin!(timeout);
+        let promote_after = self.options.promote_after.filter(|_| self.options.background);
+        let mut promotion = promote_after.map(|after| Box::pin(tokio::time::sleep(after)));
+        let stopped_because = loop {
+            tokio::select! {
+                outcome = &mut done => return Ok(foreground_result(&*control, outcome, None).await),
+                _ = &mut timeout => {
+                    break format!("timed out after {} ms", self.options.foreground_timeout.as_millis());
+                }
+                _ = context.cancel.cancelled() => break "the call was cancelled".to_string(),
+                _ = async { promotion.as_mut().expect("guarded").await }, if promotion.is_some() => {
+                    promotion = None;
+                    let hooks = TaskHooks { control: control.clone(), done };
+                    let start = TaskStart {
+                        kind: kind.to_string(),
+                        label: label.clone(),
+                        owner: context.caller.clone(),
+                        producer_info: producer_info.clone(),
+                        options: TaskOptions::default(),
+                        run: Box::new(|| Box::pin(async { unreachable!("an adopted task is already running") })),
+                    };
+                    match self.registry.adopt(start, hooks) {
+                        Ok(id) => {
+                            let after = promote_after.expect("promotion was armed");
+                            return self.promoted(&id, after, context).await;
+                        }
+                        // The cap is full (or the registry refuses): stay in
+                        // the foreground until the call's own timeout.
+                        Err((error, hooks)) => {
+                            tracing::debug!(tool = %name, %error, "a long foreground call stays in the foreground");
+                            done = hooks.done;
+                        }
+                    }
+                }
+            }
         };
         tracing::info!(tool = %name, reason = %stopped_because, "stopping a foreground task");
         let cancelled = AssertUnwindSafe(control.cancel(Some(&stopped_because)))
@@ -252,6 +295,27 @@ impl ProducerTool {
                 })
             }
         }
+    }
+}
+
+impl ProducerTool {
+    /// The answer of a foreground call that moved to the background as task
+    /// `id`: the output so far (consumed), then the promotion line.
+    async fn promoted(&self, id: &TaskId, after: Duration, context: &CallContext) -> Result<ToolOutput, ToolError> {
+        tracing::info!(tool = %self.options.name, task = %id, "a long foreground call moved to the background");
+        let read = self.registry.read(id, context.caller.as_ref()).await?;
+        let body = read.text.trim_end_matches('\n');
+        if read.snapshot.status.is_terminal() {
+            // It finished in between: answer as the foreground call would.
+            let body = if body.is_empty() { "(no output)" } else { body };
+            let is_error = read.snapshot.status != TaskStatus::Completed;
+            return Ok(ToolOutput { text: format!("{body}\n{}", read.snapshot.status_line()), is_error });
+        }
+        let line = format!(
+            "[still running after {} s: moved to the background as task {id}. Read the rest with task_output.]",
+            crate::tasks::seconds(after)
+        );
+        Ok(ToolOutput::ok(if body.is_empty() { line } else { format!("{body}\n{line}") }))
     }
 }
 
@@ -397,7 +461,7 @@ impl Tool for ProducerTool {
             .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {
-            return self.run_foreground(prepared, context).await;
+            return self.run_foreground(prepared, &descriptor.kind, context).await;
         }
         // After the id is returned the call's cancellation is no longer wired
         // to the task: only task_kill and owner disposal stop it.

@@ -2,6 +2,7 @@
 //! suite (as wasmtime's `tests/all`). They link no plugin runtime, so they
 //! build in seconds.
 
+mod model_surface;
 mod registry;
 mod registry_peek;
 mod stress;

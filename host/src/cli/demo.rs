@@ -92,8 +92,12 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     println!("the lines after `|` are the exact tool results the model would read.");
 
     let v1 = engine.load_bytes("ticker", ticker.wasm).await?;
-    let options =
-        ProducerToolOptions { name: "ticker".into(), background: true, foreground_timeout: Duration::from_secs(60) };
+    let options = ProducerToolOptions {
+        name: "ticker".into(),
+        background: true,
+        foreground_timeout: Duration::from_secs(60),
+        promote_after: None,
+    };
     let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options).await?;
     demo.say(&format!(
         "Loaded the built-in `ticker` plugin ({} bytes of wasm, {} in {:.0} ms) as the tool `ticker`, version {}.",

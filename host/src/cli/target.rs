@@ -96,6 +96,7 @@ impl PluginTarget {
             config: table,
             background: true,
             foreground_timeout_ms: crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
+            promote_after_ms: crate::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS,
             grants: Grants { process },
         };
         Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))

@@ -446,7 +446,6 @@ async fn output(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>,
             "start": peek.start,
             "end": peek.end,
             "skipped": peek.skipped,
-            "held_back": peek.held_back,
             "task": task_json(&peek.snapshot),
         }))
         .into_response(),

@@ -70,7 +70,12 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     let host = Host::new(&TasksSettings::default()).unwrap();
     host.add_producer(
         producer.clone(),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: Duration::from_secs(60) },
+        ProducerToolOptions {
+            name: "bash".into(),
+            background: true,
+            foreground_timeout: Duration::from_secs(60),
+            promote_after: None,
+        },
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", format!("session-{test}")).unwrap();
@@ -317,7 +322,12 @@ async fn no_leak_after_a_trapping_plugin() {
     let host = Host::new(&TasksSettings::default()).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions { name: "misbehave".into(), background: true, foreground_timeout: BOUND },
+        ProducerToolOptions {
+            name: "misbehave".into(),
+            background: true,
+            foreground_timeout: BOUND,
+            promote_after: None,
+        },
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap").unwrap();
@@ -349,7 +359,12 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1_000, ..TasksSettings::default() }).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions { name: "misbehave".into(), background: true, foreground_timeout: BOUND },
+        ProducerToolOptions {
+            name: "misbehave".into(),
+            background: true,
+            foreground_timeout: BOUND,
+            promote_after: None,
+        },
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap-loop").unwrap();
@@ -384,7 +399,7 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1, ..TasksSettings::default() }).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND },
+        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND, promote_after: None },
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-history").unwrap();

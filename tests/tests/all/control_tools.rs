@@ -35,7 +35,12 @@ async fn tool_definitions_and_schemas() {
     // Disabled background: omitted from the schema, refused when forced.
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({})).unwrap()),
-        ProducerToolOptions { name: "ticker".into(), background: false, foreground_timeout: Duration::from_secs(5) },
+        ProducerToolOptions {
+            name: "ticker".into(),
+            background: false,
+            foreground_timeout: Duration::from_secs(5),
+            promote_after: None,
+        },
     )
     .expect("tool name is valid");
     let ticker = host.tool_definitions().into_iter().find(|d| d.name == "ticker").unwrap();
@@ -221,7 +226,12 @@ async fn foreground_runs_return_output_and_honour_timeouts() {
 
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({"default_message": "beat"})).unwrap()),
-        ProducerToolOptions { name: "slow".into(), background: true, foreground_timeout: Duration::from_millis(50) },
+        ProducerToolOptions {
+            name: "slow".into(),
+            background: true,
+            foreground_timeout: Duration::from_millis(50),
+            promote_after: None,
+        },
     )
     .expect("tool name is valid");
     let out = host.call_tool("slow", json!({"count": 100, "interval_ms": 20}), &context).await.unwrap();

@@ -57,7 +57,12 @@ fn host() -> (Host, Agent) {
 }
 
 fn options() -> ProducerToolOptions {
-    ProducerToolOptions { name: "ticker".into(), background: true, foreground_timeout: Duration::from_secs(60) }
+    ProducerToolOptions {
+        name: "ticker".into(),
+        background: true,
+        foreground_timeout: Duration::from_secs(60),
+        promote_after: None,
+    }
 }
 
 fn ticks(count: u32) -> String {

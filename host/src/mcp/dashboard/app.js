@@ -289,9 +289,6 @@ async function refreshOutput() {
       state.outputEnd = peek.end;
       pane.dataset.end = String(peek.end);
       pane.dataset.status = peek.task.status;
-      if (peek.held_back) {
-        $("output-note").textContent = "The owner has much unread output; more shows here after it reads.";
-      }
       if (atBottom) pane.scrollTop = pane.scrollHeight;
     } while (state.outputAgain);
   } catch (error) {

@@ -1,0 +1,385 @@
+//! The registry's output operations: the consuming read, the views, the
+//! dashboard's peek, the drain that pulls output as it appears, and the
+//! milestone notices (`notify_on`) that watch it.
+//!
+//! Model: every pull from a producer goes through the task's
+//! [`TaskOutput`] (its [`OutputLog`] and milestone state) under the task's
+//! own async mutex, never with the registry lock held across it, so output
+//! is never reordered and every reader sees one log. A producer's output
+//! signal schedules one drain at a time per task; reads and views pull
+//! first too, so they never miss output the drain has not reached yet.
+//!
+//! Invariants:
+//! - Views and peeks never move the consuming cursor and never report the
+//!   end (no notice is suppressed by looking).
+//! - A pattern notice is injected once, then not again until the owner next
+//!   reads or views the task; a stall notice once per stall (new output ends
+//!   the stall). Neither goes to an unowned task, a finished one, or a gone
+//!   owner. Quoted output is capped and stripped of control characters.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use tokio::time::Instant;
+
+use super::*;
+use crate::tasks::output::{OutputLog, ViewRequest};
+use crate::tasks::peek::{OutputPeek, TAIL_LIMIT};
+
+/// The bytes of an output line a pattern notice quotes at most.
+pub const NOTICE_LINE_LIMIT: usize = 200;
+
+/// One task's output and the milestones watching it.
+pub(super) struct TaskOutput {
+    pub(super) log: OutputLog,
+    pub(super) milestones: Option<Milestones>,
+}
+
+/// `notify_on` state of one task.
+pub(super) struct Milestones {
+    pattern: Option<regex::Regex>,
+    /// A match may notify (cleared by a notice, set by the owner's next read).
+    pattern_armed: bool,
+    stalled: Option<Duration>,
+    last_output: Instant,
+    stall_notified: bool,
+    /// For the stall notice's wording.
+    interactive: bool,
+}
+
+impl TaskOutput {
+    pub(super) fn new(log: OutputLog, options: &TaskOptions) -> Self {
+        let milestones = options.notify_on.as_ref().map(|notify_on| Milestones {
+            pattern: notify_on.pattern.clone(),
+            pattern_armed: true,
+            stalled: notify_on.stalled,
+            last_output: Instant::now(),
+            stall_notified: false,
+            interactive: options.input == TaskInput::Open,
+        });
+        Self { log, milestones }
+    }
+
+    /// The owner looked at the task: a pattern may notify again.
+    fn rearm(&mut self) {
+        if let Some(milestones) = self.milestones.as_mut() {
+            milestones.pattern_armed = true;
+        }
+    }
+}
+
+/// Raised by a producer's output signal: at most one drain is scheduled per
+/// task at a time.
+#[derive(Default)]
+pub(super) struct DrainFlag(AtomicBool);
+
+impl TaskRegistry {
+    /// Reads a task's output: the consuming delta for stream kinds, or (for
+    /// final-output kinds) nothing while live and the final output, idempotently,
+    /// once settled. A read that returns the terminal state marks it reported.
+    pub async fn read(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskRead, TaskError> {
+        // The status is taken BEFORE the stream is drained: if it says
+        // terminal, the producer was quiescent, so the drain got everything.
+        let (snapshot, control, output, final_text) = {
+            let mut state = self.shared.lock();
+            let record = fenced_mut(&mut state, id, caller)?;
+            let newly_reported = record.status.is_terminal() && !record.reported;
+            if record.status.is_terminal() {
+                record.mark_reported();
+            }
+            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
+            let taken = (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text);
+            if newly_reported {
+                // This read is the report, so older finished tasks may now
+                // go (if this one goes too, the control taken above still
+                // serves the read below).
+                let bucket = record.bucket_key();
+                let dropped = prune_history(&mut state, &self.shared, bucket);
+                drop(state);
+                self.release_records(dropped);
+            }
+            taken
+        };
+        if let Some(text) = final_text {
+            return Ok(TaskRead { text, snapshot });
+        }
+        let mut output = output.lock().await;
+        output.rearm();
+        match self.pull(id, &*control, &mut output).await? {
+            None => Ok(TaskRead { text: output.log.take_new(), snapshot }),
+            // The read itself ended the task (a fault in it): settle with
+            // that outcome, and answer with it.
+            Some(outcome) => {
+                let text = output.log.take_new();
+                drop(output);
+                Ok(self.settle_by_read(id, ReadEndedTask { text, outcome }, snapshot))
+            }
+        }
+    }
+
+    /// A view of a task's kept output (`tail`, `head`, `all`, optionally
+    /// `grep`), running or finished, final-output kinds included. Never
+    /// consumes and never reports the end; passes the owner fence. Returns
+    /// the view's text and the task as it is after the pull.
+    pub async fn view(
+        &self,
+        id: &TaskId,
+        caller: Option<&Agent>,
+        request: &ViewRequest,
+    ) -> Result<(String, TaskSnapshot), TaskError> {
+        let (control, output, final_text) = {
+            let state = self.shared.lock();
+            let record = fenced(&state, id, caller)?;
+            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
+            (record.control.clone(), record.output_log.clone(), final_text)
+        };
+        if let Some(text) = final_text {
+            let mut log = OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
+            log.append(&text, None);
+            return Ok((log.view(request), self.get(id, caller)?));
+        }
+        let mut output = output.lock().await;
+        output.rearm();
+        if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
+            self.settle(id, outcome);
+        }
+        let text = output.log.view(request);
+        drop(output);
+        Ok((text, self.get(id, caller)?))
+    }
+
+    /// A non-consuming read for viewers (the web dashboard): the task's
+    /// output after byte offset `since`, as far as the last [`TAIL_LIMIT`]
+    /// bytes the log keeps in memory reach. The peek never reports the end
+    /// (no notice is suppressed). Final-output kinds: their output once
+    /// settled. Passes the owner fence like every read.
+    pub async fn peek(&self, id: &TaskId, caller: Option<&Agent>, since: u64) -> Result<OutputPeek, TaskError> {
+        let (snapshot, control, output, final_text) = {
+            let state = self.shared.lock();
+            let record = fenced(&state, id, caller)?;
+            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
+            (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text)
+        };
+        if let Some(text) = final_text {
+            return Ok(OutputPeek::whole(text, snapshot));
+        }
+        let mut output = output.lock().await;
+        if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
+            // The pull ended the task: settle it unreported, so the owner
+            // hears of the end.
+            self.settle(id, outcome);
+        }
+        let end = output.log.total();
+        let requested = if since > end { 0 } else { since };
+        let (text, start) = output.log.since(since, TAIL_LIMIT);
+        Ok(OutputPeek { text: text.to_string(), start, end, skipped: start - requested.min(start), snapshot })
+    }
+
+    /// Pulls what the producer has new into the log. `Some(outcome)`: the
+    /// pull itself ended the task (a fault in the producer's read).
+    async fn pull(
+        &self,
+        id: &TaskId,
+        control: &dyn TaskControl,
+        output: &mut TaskOutput,
+    ) -> Result<Option<TaskOutcome>, TaskError> {
+        let pulled = AssertUnwindSafe(control.read_output())
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let (text, ended) = match pulled {
+            Ok(text) => (text, None),
+            Err(error) => match error.downcast::<ReadEndedTask>() {
+                Ok(ReadEndedTask { text, outcome }) => (text, Some(outcome)),
+                Err(source) => {
+                    return Err(TaskError::Producer {
+                        context: format!("reading the output of task {id} failed"),
+                        source,
+                    });
+                }
+            },
+        };
+        self.record_output(id, output, &text);
+        Ok(ended)
+    }
+
+    /// Appends pulled output to the log and runs the milestones on it.
+    fn record_output(&self, id: &TaskId, output: &mut TaskOutput, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let TaskOutput { log, milestones } = output;
+        let Some(milestones) = milestones.as_mut() else {
+            log.append(text, None);
+            return;
+        };
+        milestones.last_output = Instant::now();
+        milestones.stall_notified = false;
+        let mut matched: Option<String> = None;
+        match milestones.pattern.as_ref().filter(|_| milestones.pattern_armed) {
+            Some(pattern) => log.append(
+                text,
+                Some(&mut |line: &str| {
+                    if matched.is_none() && pattern.is_match(line) {
+                        matched = Some(line.to_string());
+                    }
+                }),
+            ),
+            None => log.append(text, None),
+        }
+        if let (Some(line), Some(pattern)) = (matched, milestones.pattern.as_ref()) {
+            milestones.pattern_armed = false;
+            let pattern = pattern.as_str().to_string();
+            self.inject_milestone(id, |task| {
+                format!(
+                    "background task {} ({}: {}) printed a line matching /{pattern}/: {} — still running. \
+                     Read its output with task_output.",
+                    task.id,
+                    task.kind,
+                    task.label,
+                    quoted(&line)
+                )
+            });
+        }
+    }
+
+    /// Injects a milestone notice about a live owned task into its owner's
+    /// session (tagged with the task, so its terminal report retracts it).
+    fn inject_milestone(&self, id: &TaskId, text: impl FnOnce(&TaskSnapshot) -> String) {
+        let (owner, text) = {
+            let state = self.shared.lock();
+            let Some(record) = state.tasks.get(id) else { return };
+            if record.status.is_terminal() {
+                return;
+            }
+            let Some(owner) = record.owner.as_ref().and_then(|o| o.agent.upgrade()) else { return };
+            (owner, text(&record.snapshot()))
+        };
+        match owner.inject_about(id, text) {
+            Ok(()) => tracing::debug!(task = %id, "milestone notice injected"),
+            Err(error) => tracing::debug!(task = %id, %error, "no milestone notice: the owner is gone"),
+        }
+    }
+
+    /// The signal a producer raises when new output may be readable: it
+    /// schedules a drain into the log (one at a time per task) and becomes a
+    /// [`TaskEvent::Output`] when anyone subscribed.
+    pub(super) fn output_signal(&self, id: &TaskId, owner_session: Option<SessionId>) -> OutputSignal {
+        let registry = Arc::downgrade(&self.shared);
+        let id = id.clone();
+        let scheduled = Arc::new(DrainFlag::default());
+        OutputSignal::new(move || {
+            let Some(shared) = registry.upgrade() else { return };
+            if !scheduled.0.swap(true, Ordering::AcqRel)
+                && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            {
+                let scheduled = scheduled.clone();
+                let registry = TaskRegistry { shared: shared.clone() };
+                let id = id.clone();
+                runtime.spawn(async move {
+                    // Cleared first: output signalled during this drain
+                    // schedules the next one.
+                    scheduled.0.store(false, Ordering::Release);
+                    registry.drain(&id).await;
+                });
+            }
+            if shared.events.receiver_count() > 0 {
+                let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
+            }
+        })
+    }
+
+    /// Pulls a live stream task's new output into its log.
+    async fn drain(&self, id: &TaskId) {
+        let (control, output) = {
+            let state = self.shared.lock();
+            let Some(record) = state.tasks.get(id) else { return };
+            if !record.streams_output {
+                return;
+            }
+            (record.control.clone(), record.output_log.clone())
+        };
+        let mut output = output.lock().await;
+        match self.pull(id, &*control, &mut output).await {
+            Ok(None) => {}
+            Ok(Some(outcome)) => {
+                drop(output);
+                self.settle(id, outcome);
+            }
+            Err(error) => {
+                tracing::debug!(task = %id, %error, "draining the task's output failed; the next read retries")
+            }
+        }
+    }
+
+    /// Watches a task with `notify_on.stalled_ms` for as long as it is live.
+    pub(super) fn watch_stalls(
+        &self,
+        id: &TaskId,
+        output: &Arc<tokio::sync::Mutex<TaskOutput>>,
+    ) -> Option<tokio::task::AbortHandle> {
+        let (stalled, interactive) = {
+            let milestones = output.try_lock().ok()?.milestones.as_ref().map(|m| (m.stalled, m.interactive))?;
+            (milestones.0?, milestones.1)
+        };
+        let registry = Arc::downgrade(&self.shared);
+        let output = output.clone();
+        let id = id.clone();
+        let watcher = async move {
+            loop {
+                let wake_at = {
+                    let output = output.lock().await;
+                    let Some(milestones) = output.milestones.as_ref() else { return };
+                    if milestones.stall_notified { Instant::now() + stalled } else { milestones.last_output + stalled }
+                };
+                tokio::time::sleep_until(wake_at).await;
+                let Some(shared) = registry.upgrade() else { return };
+                let registry = TaskRegistry { shared };
+                let mut output = output.lock().await;
+                let Some(milestones) = output.milestones.as_mut() else { return };
+                if milestones.stall_notified || milestones.last_output.elapsed() < stalled {
+                    continue;
+                }
+                milestones.stall_notified = true;
+                drop(output);
+                let seconds = seconds(stalled);
+                registry.inject_milestone(&id, |task| {
+                    let hint =
+                        if interactive { " (it may be waiting for input: task_input can send it some)" } else { "" };
+                    format!(
+                        "background task {} ({}: {}) has printed nothing for {seconds} s — still running{hint}.",
+                        task.id, task.kind, task.label
+                    )
+                });
+            }
+        };
+        Some(tokio::spawn(watcher).abort_handle())
+    }
+}
+
+/// A duration in seconds as the notices print it: `30`, `1.5`.
+pub fn seconds(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    if ms.is_multiple_of(1000) { format!("{}", ms / 1000) } else { format!("{:.1}", ms as f64 / 1000.0) }
+}
+
+/// A line of output quoted in a notice: at most [`NOTICE_LINE_LIMIT`]
+/// bytes, control characters shown escaped, so it reads as data.
+fn quoted(line: &str) -> String {
+    let mut text = String::new();
+    for c in line.chars() {
+        if text.len() >= NOTICE_LINE_LIMIT {
+            text.push('…');
+            break;
+        }
+        if c.is_control() && c != '\t' {
+            text.extend(c.escape_default());
+        } else {
+            text.push(c);
+        }
+    }
+    text
+}
