@@ -60,7 +60,7 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
 
         tools = (await client.list_tools()).tools
         names = sorted(tool.name for tool in tools)
-        assert names == ["bash", "task_kill", "task_list", "task_output", "ticker"], names
+        assert names == ["bash", "task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker"], names
         for tool in tools:
             assert tool.input_schema.get("type") == "object", (tool.name, tool.input_schema)
         ticker = next(tool for tool in tools if tool.name == "ticker")
@@ -123,6 +123,48 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
         assert len(progress) >= 2, progress
         assert all(later[0] > earlier[0] for earlier, later in zip(progress, progress[1:])), progress
         assert progress[0][1].startswith("ticker running for"), progress
+
+        # Beyond the three tools: a milestone notice, views, task_wait.
+        started = await client.call_tool(
+            "bash",
+            {
+                "command": "echo warming; sleep 0.2; echo 'listening on 4242'; sleep 30",
+                "run_in_background": True,
+                "notify_on": {"pattern": "listening on \\d+"},
+            },
+        )
+        assert only_text(started) == "started background task bash-2", text_blocks(started)
+        notice = None
+        for _ in range(100):
+            blocks = text_blocks(await client.call_tool("task_list", {}))
+            if len(blocks) == 2:
+                notice = blocks[1]
+                break
+            await anyio.sleep(0.1)
+        assert notice is not None, "no milestone notice rode on a result"
+        assert notice.startswith("background task bash-2 (bash: echo warming; sleep 0.2;"), notice
+        assert notice.endswith(
+            "printed a line matching /listening on \\d+/: listening on 4242 — still running. "
+            "Read its output with task_output."
+        ), notice
+        tail = only_text(await client.call_tool("task_output", {"task_id": "bash-2", "view": "tail", "lines": 1}))
+        assert tail == "listening on 4242\n[status: running]", tail
+        grep = only_text(await client.call_tool("task_output", {"task_id": "bash-2", "grep": "^listen"}))
+        assert grep == "2: listening on 4242\n[status: running]", grep
+        read = only_text(await client.call_tool("task_output", {"task_id": "bash-2"}))
+        assert read == "warming\nlistening on 4242\n[status: running]", read
+
+        await client.call_tool("ticker", {"count": 1, "interval_ms": 50, "run_in_background": True})
+        waited = only_text(await client.call_tool("task_wait", {"task_ids": ["bash-2", "ticker-4"], "timeout_ms": 10000}))
+        assert waited.startswith("ticker-4 finished first\nbash-2 [bash] running — echo warming"), waited
+        assert waited.endswith("\nticker-4 [ticker] completed — 1 ticks every 50 ms"), waited
+        none = only_text(await client.call_tool("task_wait", {"task_ids": ["bash-2"], "timeout_ms": 50}))
+        assert none.startswith("none finished within 50 ms\nbash-2 [bash] running"), none
+        refused = await client.call_tool("task_input", {"task_id": "bash-2", "text": "x"})
+        assert refused.is_error and only_text(refused) == "task bash-2 is a bash task, and bash tasks take no input", (
+            text_blocks(refused)
+        )
+        await client.call_tool("task_kill", {"task_id": "bash-2"})
     print(f"mode={mode} transport={transport}: ok")
 
 

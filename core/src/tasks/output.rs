@@ -247,6 +247,15 @@ impl OutputLog {
         while !self.window.is_char_boundary(index) {
             index += 1;
         }
+        // A cut read starts at a whole line when one starts in it.
+        let cut = self.window_start + (index as u64) > self.cursor;
+        if cut
+            && index > 0
+            && self.window.as_bytes()[index - 1] != b'\n'
+            && let Some(newline) = self.window[index..].find('\n').filter(|&at| index + at + 1 < self.window.len())
+        {
+            index += newline + 1;
+        }
         let skipped = self.window_start + index as u64 - self.cursor;
         self.cursor = self.total;
         let text = &self.window[index..];

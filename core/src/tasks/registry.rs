@@ -359,6 +359,11 @@ impl TaskRegistry {
         registry
     }
 
+    /// The private directory of output spill files, once set.
+    pub fn output_spill_dir(&self) -> Option<&std::path::Path> {
+        self.shared.output_dir.get().map(std::path::PathBuf::as_path)
+    }
+
     /// Makes the private directory (mode 0700) stream tasks' output spills to
     /// once it outgrows memory, inside `parent`; tasks started from now on
     /// use it. Set once: a later call changes nothing. Choose a parent the
@@ -1072,11 +1077,13 @@ impl TaskRegistry {
         if self.shared.events.receiver_count() > 0 {
             let _ = self.shared.events.send(TaskEvent::Settled { task: snapshot.clone() });
         }
+        // History is pruned before waiters wake: whoever saw the settlement
+        // also sees the records (and their files) it aged out gone.
+        let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
+        self.release_records(dropped);
         if let Some(settled) = settled {
             settled.cancel();
         }
-        let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
-        self.release_records(dropped);
     }
 
     /// Drops records taken out of the table (outside the lock: dropping a

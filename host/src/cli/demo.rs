@@ -7,7 +7,9 @@
 //! reload while a task runs (the old task finishes on the old version, new
 //! starts use the new one), a broken build refused while the old version
 //! keeps serving, a kill, a confined bash command and the kill of a bash tree
-//! with an escaped daemon, completion notices, and the task list. Each step
+//! with an escaped daemon, a long foreground call moved to the background,
+//! a milestone notice, views that consume nothing, `task_wait`, completion
+//! notices, and the task list. Each step
 //! checks what it claims, so the demo fails loudly instead of telling a
 //! wrong story.
 
@@ -153,6 +155,7 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     demo.call("task_kill", json!({"task_id": doomed, "reason": "no longer needed"})).await?;
 
     bash(&demo, &mut runtime).await?;
+    beyond_the_three_tools(&demo).await?;
 
     demo.say(&format!("The agent waits for {slow}, which finishes on v1 although v2 serves new starts."));
     let text = demo.call("task_output", json!({"task_id": slow, "wait": true, "timeout_ms": 10000})).await?;
@@ -179,6 +182,55 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What agents expect beyond reads and kills: a long foreground call moved
+/// to the background, a milestone notice, views that consume nothing, and
+/// waiting for whichever task finishes first.
+async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
+    demo.say(
+        "A foreground command that runs long moves to the background by itself (after 1 s here, 30 s by default).",
+    );
+    let text = demo
+        .call("bash", json!({"command": "for i in 1 2 3 4 5 6 7 8; do echo \"build step $i\"; sleep 0.25; done"}))
+        .await?;
+    let promoted = text
+        .rsplit("as task ")
+        .next()
+        .and_then(|rest| rest.split('.').next())
+        .filter(|_| text.contains("[still running after 1 s: moved to the background as task "))
+        .context("the long foreground call was not promoted")?
+        .to_string();
+
+    demo.say("A server started with notify_on: the agent is told when it is ready, without polling.");
+    let server = started_id(
+        &demo
+            .call(
+                "bash",
+                json!({
+                    "command": "echo starting; sleep 0.3; echo \"server ready on port 8080\"; sleep 600",
+                    "run_in_background": true,
+                    "notify_on": {"pattern": "ready on port \\d+"}
+                }),
+            )
+            .await?,
+    )?;
+    tokio::time::timeout(Duration::from_secs(10), demo.agent.message_injected())
+        .await
+        .context("no milestone notice arrived")?;
+    demo.notices();
+
+    demo.say(&format!("task_wait: whichever of {promoted} and {server} finishes first."));
+    let text = demo.call("task_wait", json!({"task_ids": [promoted, server], "timeout_ms": 10000})).await?;
+    ensure!(text.starts_with(&format!("{promoted} finished first")), "{promoted} did not finish first: {text}");
+
+    demo.say(&format!("Views look without consuming: the last two lines of {promoted}, then a grep."));
+    demo.call("task_output", json!({"task_id": promoted, "view": "tail", "lines": 2})).await?;
+    demo.call("task_output", json!({"task_id": promoted, "grep": "step [2-3]"})).await?;
+    let rest = demo.call("task_output", json!({"task_id": promoted})).await?;
+    ensure!(rest.contains("build step 8"), "the consuming read lost output after the views: {rest}");
+    demo.call("task_kill", json!({"task_id": server})).await?;
+    Ok(())
+}
+
 /// The built-in bash plugin exactly as `taskhost serve` offers it by
 /// default: a confined command, and the kill of a tree whose daemon left the
 /// process group.
@@ -188,7 +240,10 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
     let wasm = build_wasm_producer(&entry, std::path::Path::new("."), runtime, None)
         .await?
         .context("the default bash is a wasm plugin")?;
-    demo.host.add_producer(wasm.producer, entry.tool_options())?;
+    // As served, but promoting a long foreground call after 1 s instead of
+    // 30 s, so the demo can show it.
+    let options = ProducerToolOptions { promote_after: Some(Duration::from_secs(1)), ..entry.tool_options() };
+    demo.host.add_producer(wasm.producer, options)?;
     demo.say(&format!(
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
         taskhost_process::confine::support().describe()

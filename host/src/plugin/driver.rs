@@ -29,7 +29,9 @@
 //!   after [`bounds::SPIN_ROUNDS`] rounds in a row that were ready at once
 //!   yet not done, it backs off (1 ms doubling to 100 ms), so such a guest
 //!   cannot keep a core busy either. Reads and cancels are served at once
-//!   during a back-off and start the count again.
+//!   during a back-off; only a cancel or a read that returned output starts
+//!   the count again (the registry drains output on every readiness, so
+//!   empty reads come with every round of a spinning guest).
 //! - Every string the guest returns is bounded ([`bounds`]): a `read-output`
 //!   result over 1 MiB, a detail over 4 KiB are cut with a notice.
 //! - [`TaskControl::abandon`] aborts the driver, which drops the store at
@@ -253,11 +255,17 @@ async fn drive(
                     request = rx.recv() => request,
                     _ = &mut sleep => break,
                 };
-                empty_rounds = 0;
                 match serve(parts, request, deferred).await {
+                    // An empty read is served but does not end the back-off:
+                    // the host's own drain reads on every readiness, so only
+                    // output says the guest made progress.
                     Served::Continue => {}
+                    Served::Progress => empty_rounds = 0,
                     // A cancel may have finished the work: ask `done` now.
-                    Served::AskDone => break,
+                    Served::AskDone => {
+                        empty_rounds = 0;
+                        break;
+                    }
                     Served::End(end) => return end,
                 }
             }
@@ -266,7 +274,7 @@ async fn drive(
             Ok(pollable) => pollable,
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         };
-        // When the wait began, and whether a client request came meanwhile.
+        // When the wait began, and whether a cancel or output came meanwhile.
         let wait_began = tokio::time::Instant::now();
         let mut served_request = false;
         // Wait for readiness, serving requests meanwhile.
@@ -289,14 +297,15 @@ async fn drive(
                     );
                     return End::Settled(TaskOutcome::failed(detail));
                 }
-                Event::Request(request) => {
-                    served_request = true;
-                    match serve(parts, request, deferred).await {
-                        Served::Continue => {}
-                        Served::AskDone => break,
-                        Served::End(end) => return end,
+                Event::Request(request) => match serve(parts, request, deferred).await {
+                    Served::Continue => {}
+                    Served::Progress => served_request = true,
+                    Served::AskDone => {
+                        served_request = true;
+                        break;
                     }
-                }
+                    Served::End(end) => return end,
+                },
             }
         }
         if let Err(err) = parts.store.data_mut().table().drop(pollable) {
@@ -348,6 +357,8 @@ async fn drive(
 /// What serving one request means for the loop.
 enum Served {
     Continue,
+    /// A read returned output: the guest is making progress.
+    Progress,
     /// A cancel was delivered: ask `done` at once.
     AskDone,
     End(End),
@@ -359,8 +370,9 @@ async fn serve(parts: &mut TaskParts, request: Option<Request>, deferred: &mut V
         None => Served::End(End::Orphaned),
         Some(Request::Read(reply)) => match call_read_output(parts).await {
             Ok(text) => {
+                let progressed = !text.is_empty();
                 let _ = reply.send(ReadReply::Output(text));
-                Served::Continue
+                if progressed { Served::Progress } else { Served::Continue }
             }
             Err(fault) => {
                 deferred.push(Request::Read(reply));

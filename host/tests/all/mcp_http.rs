@@ -75,7 +75,7 @@ async fn two_tokens_are_two_isolated_owners() {
     let bob = server.client(BOB).await;
 
     let names: Vec<String> = alice.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["bash", "task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker"]);
 
     let started =
         call(alice.peer(), "ticker", json!({"count": 1000, "interval_ms": 50, "run_in_background": true})).await;
@@ -205,7 +205,7 @@ async fn bad_input_over_http_gets_clear_errors_and_the_server_keeps_serving() {
     assert!(is_error(&unknown));
     assert_eq!(
         only_text(&unknown),
-        "unknown tool \"no_such_tool\"; available tools: bash, task_kill, task_list, task_output, ticker"
+        "unknown tool \"no_such_tool\"; available tools: bash, task_input, task_kill, task_list, task_output, task_wait, ticker"
     );
     let bad = call(peer, "ticker", json!({"count": "three"})).await;
     assert!(is_error(&bad));
@@ -380,7 +380,7 @@ async fn tools_list_works(http: &reqwest::Client, server: &HttpServer, id: u64) 
     let (status, answer) = post(http, server, &[("mcp-protocol-version", "2025-11-25")], body).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["id"], json!(id), "{answer}");
-    assert_eq!(answer["result"]["tools"].as_array().map(Vec::len), Some(5), "{answer}");
+    assert_eq!(answer["result"]["tools"].as_array().map(Vec::len), Some(7), "{answer}");
 }
 
 fn rpc_error(id: serde_json::Value, code: i64, message: &str) -> serde_json::Value {
@@ -597,7 +597,7 @@ async fn http_judges_each_request_by_its_own_protocol() {
     let modern = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/list")];
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}).to_string();
     let (status, answer) = post(&http, &server, &modern, list).await;
-    assert_eq!((status, answer["result"]["tools"].as_array().map(Vec::len)), (200, Some(5)), "{answer}");
+    assert_eq!((status, answer["result"]["tools"].as_array().map(Vec::len)), (200, Some(7)), "{answer}");
     let (status, answer) = post(&http, &server, &[], initialize_body(2, "2025-11-25")).await;
     assert_eq!((status, answer["result"]["protocolVersion"].clone()), (200, json!("2025-11-25")), "{answer}");
     let ping = |id: u64| json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string();

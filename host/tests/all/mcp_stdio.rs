@@ -20,7 +20,7 @@ async fn tools_are_listed_with_their_schemas_and_the_instructions() {
     );
     let tools = server.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
-    assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["bash", "task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker"]);
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{} schema", tool.name);
         assert!(tool.description.as_deref().is_some_and(|d| !d.is_empty()), "{} has a description", tool.name);
@@ -320,7 +320,7 @@ async fn bad_input_on_stdio_gets_clear_errors_and_the_server_keeps_serving() {
     assert!(nulls.iter().any(|a| a["error"]["code"] == json!(-32600)));
     assert_eq!(
         tool_error(2),
-        "unknown tool \"no_such_tool\"; available tools: bash, task_kill, task_list, task_output, ticker"
+        "unknown tool \"no_such_tool\"; available tools: bash, task_input, task_kill, task_list, task_output, task_wait, ticker"
     );
     assert!(tool_error(3).starts_with("invalid arguments for ticker: at /count: -1 is less than the minimum of 0"));
     assert_eq!(tool_error(4), "unknown task id ticker-9: no background task has this id (task_list shows your tasks)");
@@ -401,7 +401,7 @@ async fn a_builtin_wasm_plugin_is_served_like_a_native_producer() {
     let peer = server.client.peer().clone();
     let tools = server.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
-    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker", "wasm_ticker"]);
+    assert_eq!(names, ["task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker", "wasm_ticker"]);
     let started =
         only_text(&call(&peer, "wasm_ticker", json!({"count": 2, "interval_ms": 10, "run_in_background": true})).await);
     let id = started.rsplit(' ').next().unwrap().to_string();
@@ -479,7 +479,7 @@ impl Raw {
         assert_eq!(answer["id"], json!(id), "the next answer is tools/list's: {answer}");
         let names: Vec<&str> =
             answer["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+        assert_eq!(names, ["bash", "task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker"]);
     }
 
     async fn close(mut self) {
@@ -668,7 +668,7 @@ async fn the_first_request_chooses_the_protocol_of_the_connection() {
     raw.send(list(1).to_string()).await;
     let answer = raw.answer().await;
     assert_eq!(answer["id"], json!(1));
-    assert_eq!(answer["result"]["tools"].as_array().map(Vec::len), Some(5), "{answer}");
+    assert_eq!(answer["result"]["tools"].as_array().map(Vec::len), Some(7), "{answer}");
     raw.send(
         json!({"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
@@ -697,7 +697,7 @@ async fn the_first_request_chooses_the_protocol_of_the_connection() {
     );
     raw.send(list(4).to_string()).await;
     let answer = raw.answer().await;
-    assert_eq!((answer["id"].clone(), answer["result"]["tools"].as_array().map(Vec::len)), (json!(4), Some(5)));
+    assert_eq!((answer["id"].clone(), answer["result"]["tools"].as_array().map(Vec::len)), (json!(4), Some(7)));
     raw.close().await;
 }
 
@@ -836,9 +836,11 @@ async fn a_2025_11_25_client_gets_tasks_it_can_list_cancel_and_read() {
         support,
         [
             ("bash".to_string(), json!("optional")),
+            ("task_input".to_string(), json!(null)),
             ("task_kill".to_string(), json!(null)),
             ("task_list".to_string(), json!(null)),
             ("task_output".to_string(), json!(null)),
+            ("task_wait".to_string(), json!(null)),
             ("ticker".to_string(), json!("optional")),
         ]
     );
@@ -893,4 +895,25 @@ async fn a_2025_11_25_client_gets_tasks_it_can_list_cancel_and_read() {
     assert_eq!((unknown["id"].clone(), unknown["error"]["code"].clone()), (json!(9), json!(-32602)), "{unknown}");
     raw.tools_list_works(10).await;
     raw.close().await;
+}
+
+/// Issue 15, item 1 over MCP: a foreground call still running after
+/// `promote_after_ms` answers its output so far and the promotion line; the
+/// rest is read from the background task it became, nothing lost or doubled.
+#[tokio::test]
+async fn a_long_foreground_call_is_promoted_over_mcp() {
+    let config = "[[producer]]\ntool = \"ticker\"\nplugin = \"native:ticker\"\npromote_after_ms = 300\n";
+    let server = StdioServer::start("stdio-promote", Some(config)).await;
+    let peer = server.client.peer().clone();
+    let answer = only_text(&call(&peer, "ticker", json!({"count": 4, "interval_ms": 200})).await);
+    let line = "[still running after 0.3 s: moved to the background as task ticker-1. Read the rest with task_output.]";
+    assert!(answer.ends_with(line), "{answer}");
+    let before = answer.strip_suffix(line).unwrap();
+    let rest = only_text(&call(&peer, "task_output", json!({"task_id": "ticker-1", "wait": true})).await);
+    let rest = rest.strip_suffix("[status: completed, ticks: 4]").expect("the promoted task completes");
+    assert_eq!(format!("{before}{rest}"), "tick 1\ntick 2\ntick 3\ntick 4\n");
+    let listed = only_text(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(listed, "ticker-1 [ticker] completed — 4 ticks every 200 ms");
+    let (status, _) = server.disconnect().await;
+    assert!(status.success());
 }

@@ -253,8 +253,14 @@ impl GuestTask for BashTask {
         self.process.kill();
     }
 
+    /// In the background: ready on output as well as on exit, so the host
+    /// drains output as it appears (views, milestone notices). In the
+    /// foreground the output is read once, at the end: only the exit counts.
     fn subscribe(&self) -> Pollable {
-        self.process.subscribe_exit()
+        match self.mode {
+            Mode::Background => self.process.subscribe(),
+            Mode::Foreground => self.process.subscribe_exit(),
+        }
     }
 
     fn done(&self) -> Option<Outcome> {

@@ -28,7 +28,8 @@ struct Fixture {
     host: Host,
     agent: Agent,
     context: CallContext,
-    processes: Arc<ProcessHost>,
+    /// Holds the spill directory (the output spill files live in it).
+    _processes: Arc<ProcessHost>,
     producer: Arc<WasmProducer>,
     mark: ProcessMark,
     _engine: PluginEngine,
@@ -68,6 +69,7 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     }
     let producer = Arc::new(producer);
     let host = Host::new(&TasksSettings::default()).unwrap();
+    host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         producer.clone(),
         ProducerToolOptions {
@@ -80,7 +82,7 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     .expect("tool name is valid");
     let agent = host.create_agent("agent", format!("session-{test}")).unwrap();
     let context = CallContext::for_agent(&agent);
-    Fixture { host, agent, context, processes, producer, mark, _engine: engine }
+    Fixture { host, agent, context, _processes: processes, producer, mark, _engine: engine }
 }
 
 async fn fixture(test: &str) -> Fixture {
@@ -158,23 +160,38 @@ async fn foreground_returns_output_stderr_section_and_exit_code() {
     assert_eq!(reply, "no newline\n[status: completed, exit code: 0]");
 }
 
+/// Output nobody reads is drained by the host as it appears: nothing is
+/// dropped, a late read returns the latest 64 KiB (whole lines) and says
+/// what it skipped, and views still reach every line, through the task's
+/// private spill file beyond the memory window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_spill_names_a_file_holding_the_full_output() {
+async fn unread_background_output_is_kept_for_views_and_a_late_read_says_what_it_skipped() {
     let fx = fixture("spill").await;
     let id = fx.start("for i in $(seq 1 30000); do echo \"row $i\"; done").await;
     let snapshot = fx.host.registry().wait(&id, BOUND, Some(&fx.agent), None).await.expect("wait");
     assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
-    let read = fx.host.registry().read(&id, Some(&fx.agent)).await.unwrap();
     let expected = lines("row", 30000);
+    let spill = fx.host.registry().output_spill_dir().expect("set").join(format!("{id}.out"));
+    assert_eq!(std::fs::read_to_string(&spill).expect("the task's output spill file"), expected);
+    let head = fx.call("task_output", json!({"task_id": id.as_str(), "view": "head", "lines": 2})).await;
+    assert_eq!(head, "row 1\nrow 2\n[status: completed, exit code: 0]");
+    let grep = fx.call("task_output", json!({"task_id": id.as_str(), "grep": "^row (1|15000|30000)$"})).await;
+    assert_eq!(grep, "1: row 1\n15000: row 15000\n30000: row 30000\n[status: completed, exit code: 0]");
+    let read = fx.host.registry().read(&id, Some(&fx.agent)).await.unwrap();
     let (notice, tail) = read.text.split_once('\n').expect("a notice line");
-    let path = notice
-        .strip_prefix("[some output was dropped from memory; full output: ")
-        .and_then(|p| p.strip_suffix(']'))
-        .unwrap_or_else(|| panic!("no drop notice: {notice:?}"));
-    assert!(path.starts_with(fx.processes.spill_dir().to_str().unwrap()), "{path}");
-    assert_eq!(tail.len(), 64_000);
+    let skipped: usize = notice
+        .strip_prefix("[")
+        .and_then(|rest| {
+            rest.strip_suffix(
+                " bytes of output skipped here; task_output with view \"head\", \"all\" or grep shows what is kept]",
+            )
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no skip notice: {notice:?}"));
+    assert!(tail.len() <= 64 * 1024 && tail.len() > 60 * 1024, "{}", tail.len());
+    assert!(tail.starts_with("row "), "a cut read starts at a whole line");
+    assert_eq!(skipped + tail.len(), expected.len());
     assert!(expected.ends_with(tail));
-    assert_eq!(std::fs::read_to_string(path).expect("spill file readable"), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,8 +402,8 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     host.dispose().await;
 }
 
-/// A finished task that ages out of its owner's history takes its spill
-/// files with it.
+/// A finished task that ages out of its owner's history takes its output
+/// spill file with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_dropped_from_the_history_removes_its_spill_files() {
     let engine = engine();
@@ -397,6 +414,7 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
         .expect("describe")
         .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant()) });
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1, ..TasksSettings::default() }).unwrap();
+    host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         Arc::new(producer),
         ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND, promote_after: None },
@@ -417,17 +435,13 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
         }
     };
     let (first, out) = run("for i in $(seq 1 30000); do echo \"row $i\"; done").await;
-    let path = out
-        .lines()
-        .find_map(|l| l.strip_prefix("[some output was dropped from memory; full output: "))
-        .and_then(|p| p.strip_suffix(']'))
-        .unwrap_or_else(|| panic!("no spill notice in {}", &out[..200]))
-        .to_string();
-    assert!(std::path::Path::new(&path).exists(), "{path}");
+    assert!(out.starts_with("["), "a read past 64 KiB says what it skipped: {}", &out[..200]);
+    let path = host.registry().output_spill_dir().expect("set").join(format!("{first}.out"));
+    assert!(path.exists(), "{}", path.display());
     let (second, _) = run("echo small").await;
     // Reported, over the cap of one: the first task is gone, and its file.
     assert!(host.registry().get(&TaskId::new(first.as_str()), Some(&agent)).is_err(), "{first} dropped");
     assert!(host.registry().get(&TaskId::new(second.as_str()), Some(&agent)).is_ok());
-    assert!(!std::path::Path::new(&path).exists(), "the spill file {path} went with its task");
+    assert!(!path.exists(), "the spill file {} went with its task", path.display());
     host.dispose().await;
 }
