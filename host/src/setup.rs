@@ -204,7 +204,7 @@ mod tests {
     async fn defaults_serve_bash_the_ticker_and_the_control_tools() {
         let host = host_from_config(&Config::default(), Path::new(".")).await.unwrap();
         let names: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
-        assert_eq!(names, ["bash", "task_kill", "task_list", "task_output", "ticker"]);
+        assert_eq!(names, ["bash", "task_input", "task_kill", "task_list", "task_output", "ticker"]);
     }
 
     #[test]
