@@ -25,7 +25,7 @@ fn host() -> Host {
 async fn tool_definitions_and_schemas() {
     let host = host();
     let names: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
-    assert_eq!(names, ["task_kill", "task_list", "task_output", "ticker"]);
+    assert_eq!(names, ["task_input", "task_kill", "task_list", "task_output", "ticker"]);
     let ticker = host.tool_definitions().into_iter().find(|d| d.name == "ticker").unwrap();
     assert_eq!(ticker.input_schema["properties"]["run_in_background"]["type"], "boolean");
     let output = host.tool_definitions().into_iter().find(|d| d.name == "task_output").unwrap();
@@ -172,7 +172,11 @@ async fn bad_arguments_and_ids_get_clear_errors() {
             json!({"count": 1, "run_in_background": "yes"}),
             "ERROR: invalid arguments for ticker: run_in_background must be a boolean, got a string",
         ),
-        ("nope", json!({}), "ERROR: unknown tool \"nope\"; available tools: task_kill, task_list, task_output, ticker"),
+        (
+            "nope",
+            json!({}),
+            "ERROR: unknown tool \"nope\"; available tools: task_input, task_kill, task_list, task_output, ticker",
+        ),
     ];
     for (tool, args, expected) in cases {
         let got = call(&host, &b, tool, args.clone()).await;
