@@ -138,3 +138,28 @@ async fn a_0_1_plugin_runs_next_to_0_2_plugins_in_one_host() {
     let end = fx.wait_end(&ticker).await;
     assert!(end.ends_with("[status: completed]") || end.contains("[status: completed"), "{end}");
 }
+
+/// The frozen 0.1.0 WIT the host serves (`wit/v0.1.0/`) and the copy the
+/// fixture was built from are the same files: a frozen version never
+/// changes, and the fixture really is a 0.1.0 plugin.
+#[test]
+fn the_frozen_wit_is_the_one_the_0_1_fixture_was_built_against() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let frozen = root.join("wit/v0.1.0");
+    let fixture = root.join("tests/fixtures/contract-v0_1/wit");
+    let mut compared = 0;
+    for dir in ["", "deps"] {
+        for entry in std::fs::read_dir(frozen.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "wit") {
+                let name = path.strip_prefix(&frozen).unwrap();
+                let copy = std::fs::read(fixture.join(name)).unwrap_or_else(|e| panic!("{}: {e}", name.display()));
+                assert!(std::fs::read(&path).unwrap() == copy, "{} differs from the fixture's copy", name.display());
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 9, "producer, process, subagents and six WASI deps");
+    let producer = std::fs::read_to_string(frozen.join("producer.wit")).unwrap();
+    assert!(producer.contains("package taskhost:producer@0.1.0;"));
+}
