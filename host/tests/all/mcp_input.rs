@@ -61,18 +61,32 @@ async fn an_interactive_bash_read_loop_over_stdio() {
         "got beta\ninput closed\n[status: completed, exit code: 0]"
     );
 
-    // Without interactive, stdin is empty: `cat` ends at once, and input is refused.
-    let plain = call(&peer, "bash", json!({"command": "cat; echo eof; sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&plain), "started background task bash-2");
-    assert_eq!(read_until(&peer, "bash-2", "eof").await, "eof\n");
+    // A program that closed its stdin: the keeper and the init the server
+    // started (exec'd keeper mode) do not hold the pipe, so the write fails.
+    let deaf = "exec 0<&-; echo \"stdin closed\"; exec sleep 600";
+    let started = call(&peer, "bash", json!({"command": deaf, "run_in_background": true, "interactive": true})).await;
+    assert_eq!(only_text(&started), "started background task bash-2");
+    assert_eq!(read_until(&peer, "bash-2", "stdin closed").await, "stdin closed\n");
     let refused = call(&peer, "task_input", json!({"task_id": "bash-2", "text": "x\n"})).await;
     assert!(is_error(&refused));
     assert_eq!(
         only_text(&refused),
-        "task bash-2 was started without interactive: true, so its input is closed (it reads end-of-file); to send \
-         input, start the command again with run_in_background: true and interactive: true"
+        "sending input to task bash-2 failed: the program no longer reads its stdin (it exited or closed it)"
     );
     call(&peer, "task_kill", json!({"task_id": "bash-2"})).await;
+
+    // Without interactive, stdin is empty: `cat` ends at once, and input is refused.
+    let plain = call(&peer, "bash", json!({"command": "cat; echo eof; sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&plain), "started background task bash-3");
+    assert_eq!(read_until(&peer, "bash-3", "eof").await, "eof\n");
+    let refused = call(&peer, "task_input", json!({"task_id": "bash-3", "text": "x\n"})).await;
+    assert!(is_error(&refused));
+    assert_eq!(
+        only_text(&refused),
+        "task bash-3 was started without interactive: true, so its input is closed (it reads end-of-file); to send \
+         input, start the command again with run_in_background: true and interactive: true"
+    );
+    call(&peer, "task_kill", json!({"task_id": "bash-3"})).await;
 
     let (status, log) = server.disconnect().await;
     assert!(status.success(), "exit status {status}; log:\n{log}");

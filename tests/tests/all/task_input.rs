@@ -203,6 +203,17 @@ async fn input_refusals_name_the_task_and_say_why() {
         format!("ERROR: sending input to task {open} failed: its stdin is already closed")
     );
 
+    // A program that closed its stdin but runs on: nothing else in its tree
+    // (keeper, init) holds the pipe, so the write fails at once.
+    let deaf = fx.start("exec 0<&-; echo \"stdin closed\"; exec sleep 600", true).await;
+    assert_eq!(fx.read_until(&deaf, "stdin closed").await, "stdin closed\n");
+    assert_eq!(
+        fx.input(&deaf, "anyone?\n", false).await,
+        format!(
+            "ERROR: sending input to task {deaf} failed: the program no longer reads its stdin (it exited or closed it)"
+        )
+    );
+
     // A finished task.
     let done = fx.start("echo bye", true).await;
     assert_eq!(fx.wait_end(&done).await, "bye\n[status: completed, exit code: 0]");
@@ -223,7 +234,7 @@ async fn input_refusals_name_the_task_and_say_why() {
          sent input); add it, or drop interactive"
     );
 
-    for id in [&plain, &ticker, &open] {
+    for id in [&plain, &ticker, &open, &deaf] {
         fx.call("task_kill", json!({"task_id": id})).await;
     }
     fx.mark.assert_none_within(Duration::from_secs(10)).await;
