@@ -612,7 +612,9 @@ impl ChildPlan {
     /// Forks K from this process. Not `std::process::Command`: it would
     /// block until the command's `exec`, i.e. until the whole set-up ran, on
     /// a scheduler that may be busy.
-    pub(crate) fn fork(&self) -> io::Result<Forked> {
+    /// `stdin`: the read end of the tree's stdin pipe, or `None` for
+    /// `/dev/null`.
+    pub(crate) fn fork(&self, stdin: Option<RawFd>) -> io::Result<Forked> {
         let (stdout, stdout_w) = pipe()?;
         let (stderr, stderr_w) = pipe()?;
         // SAFETY: the child runs only `in_child`, which is async-signal-safe.
@@ -622,7 +624,7 @@ impl ChildPlan {
         }
         if pid == 0 {
             // SAFETY: a freshly forked child.
-            unsafe { self.in_child(stdout_w.as_raw_fd(), stderr_w.as_raw_fd()) }
+            unsafe { self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()) }
         }
         // Also from this side (as shells do), so the group exists as soon as
         // this returns and a kill cannot miss it.
@@ -636,12 +638,16 @@ impl ChildPlan {
     ///
     /// # Safety
     /// Must be called only in a freshly forked child.
-    pub(crate) unsafe fn in_child(&self, stdout: RawFd, stderr: RawFd) -> ! {
+    /// `stdin` is `/dev/null` or the read end of the tree's stdin pipe; K
+    /// and I point their own fd 0 back at `/dev/null` ([`Self::release_fds`]),
+    /// so only the command holds the pipe.
+    pub(crate) unsafe fn in_child(&self, stdin: RawFd, stdout: RawFd, stderr: RawFd) -> ! {
         // SAFETY: only in a freshly forked child (the caller's contract); async-signal-safe syscalls
         // on data prepared before the fork (see the module invariants).
         unsafe {
-            // stdin is /dev/null; dup2 clears close-on-exec on 0, 1 and 2.
-            libc::dup2(self.devnull, 0);
+            // dup2 clears close-on-exec on 0, 1 and 2 (a no-op when the
+            // descriptor already is the target, as in an exec'd keeper).
+            libc::dup2(stdin, 0);
             libc::dup2(stdout, 1);
             libc::dup2(stderr, 2);
             libc::setpgid(0, 0);

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use super::confine::Applied;
 use super::limits::TreeCgroup;
 use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
+use super::stdin::{StdinError, StdinPipe};
 
 /// How long output may stay open after the leader exited before the readers
 /// give up (a process that left the group holds the pipe; only possible
@@ -216,6 +217,7 @@ pub fn live_count() -> usize {
 /// A running (or finished) process tree. Dropping it kills the tree.
 pub struct Process {
     shared: Arc<Shared>,
+    stdin: Option<Arc<StdinPipe>>,
     span: tracing::Span,
 }
 
@@ -232,6 +234,8 @@ pub(crate) struct Started {
     pub pidfd: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// The write end of the tree's stdin pipe, if it asked for one.
+    pub stdin: Option<OwnedFd>,
     pub memory_cap: usize,
     pub spill_cap: u64,
     pub spill_owner: Arc<super::output::OwnerSpill>,
@@ -281,7 +285,8 @@ impl Process {
         let deadline = s.timeout.map(|t| Instant::now() + t);
         let fut = supervise(shared.clone(), pidfd, deadline, kill_rx);
         tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
-        Ok(Self { shared, span: s.span })
+        let stdin = s.stdin.map(|fd| StdinPipe::start(fd, s.span.clone())).transpose()?;
+        Ok(Self { shared, stdin, span: s.span })
     }
 
     /// The leader's pid in the host's PID namespace (also the group id).
@@ -344,6 +349,27 @@ impl Process {
         spill_files(&self.shared)
     }
 
+    /// Writes `data` to the tree's stdin pipe without blocking: what the
+    /// pipe does not take at once waits in a bounded host-side queue (see
+    /// [`crate::stdin`]). Refused whole, with the reason, when the process
+    /// has no pipe, its stdin was closed, the program no longer reads it, or
+    /// the queue would overflow.
+    pub fn write_stdin(&self, data: &[u8]) -> Result<(), StdinError> {
+        self.stdin.as_ref().ok_or(StdinError::NotPiped)?.write(data)
+    }
+
+    /// Closes the tree's stdin pipe once everything written was taken: the
+    /// program then reads end-of-file. Refused when there is no pipe or it
+    /// is already closed.
+    pub fn close_stdin(&self) -> Result<(), StdinError> {
+        self.stdin.as_ref().ok_or(StdinError::NotPiped)?.close()
+    }
+
+    /// Bytes written to stdin that the pipe has not taken yet.
+    pub fn stdin_pending(&self) -> usize {
+        self.stdin.as_ref().map_or(0, |stdin| stdin.pending())
+    }
+
     /// A non-owning view of this process.
     pub fn watch(&self) -> ProcessWatch {
         ProcessWatch { shared: self.shared.clone() }
@@ -375,6 +401,9 @@ fn spill_files(shared: &Shared) -> Vec<Arc<SpillFile>> {
 
 impl Drop for Process {
     fn drop(&mut self) {
+        if let Some(stdin) = &self.stdin {
+            stdin.shut();
+        }
         if self.shared.signal_group(libc::SIGKILL) {
             let _enter = self.span.enter();
             tracing::debug!(pid = self.shared.pid, "process dropped while alive: SIGKILL to its group");

@@ -27,8 +27,8 @@
 //! follow), paths..., mounts(-1: no mount namespace, else
 //! the number of entries that follow), mount entries..., cwd, program, "--",
 //! argv...]` (mount entries as [`super::sandbox::MountPlan::to_args`]); the
-//! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null),
-//! stdout and stderr; the process group is already its own.
+//! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null,
+//! or the read end of the tree's stdin pipe), stdout and stderr; the process group is already its own.
 //!
 //! Invariants: the keeper writes nothing to stdout or stderr of its own (they
 //! are the command's), except a `taskhost: …` line before exiting 126 when
@@ -88,7 +88,7 @@ fn keeper_main(args: Vec<OsString>) -> ! {
     match plan_from_args(&args) {
         // SAFETY: a fresh, single-threaded process whose stdio and process
         // group `spawn` set up; `in_child` only ever execs or exits.
-        Ok(plan) => unsafe { plan.in_child(1, 2) },
+        Ok(plan) => unsafe { plan.in_child(0, 1, 2) },
         Err(error) => {
             eprintln!("taskhost: the process keeper cannot start: {error}");
             std::process::exit(126)
@@ -144,15 +144,16 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
 }
 
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
-/// once its `exec` succeeded.
-pub(crate) fn spawn(plan: &ChildPlan) -> io::Result<Forked> {
+/// once its `exec` succeeded. `stdin`: the read end of the tree's stdin pipe,
+/// or `None` for `/dev/null`.
+pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
     let (stdout, stdout_w) = super::confine::pipe()?;
     let (stderr, stderr_w) = super::confine::pipe()?;
     // Sources must not sit on the target numbers 0..=4, or one dup2 would
     // clobber another's source: move any that do out of the way.
     let lifeline = above_targets(plan.lifeline)?;
     let landlock = plan.landlock.as_ref().map(|fd| above_targets(fd.as_raw_fd())).transpose()?;
-    let devnull = above_targets(plan.devnull)?;
+    let stdin_src = above_targets(stdin.unwrap_or(plan.devnull))?;
     let (stdout_src, stderr_src) = (above_targets(stdout_w.as_raw_fd())?, above_targets(stderr_w.as_raw_fd())?);
 
     let lifeline_target = 3;
@@ -189,7 +190,7 @@ pub(crate) fn spawn(plan: &ChildPlan) -> io::Result<Forked> {
         }
         let result: io::Result<libc::pid_t> = (|| {
             for (from, to) in
-                [(devnull.raw, 0), (stdout_src.raw, 1), (stderr_src.raw, 2), (lifeline.raw, lifeline_target)]
+                [(stdin_src.raw, 0), (stdout_src.raw, 1), (stderr_src.raw, 2), (lifeline.raw, lifeline_target)]
                     .into_iter()
                     .chain(landlock.as_ref().map(|fd| (fd.raw, landlock_target)))
             {

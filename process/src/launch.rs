@@ -12,6 +12,7 @@
 //! start forks.
 
 use std::io;
+use std::os::fd::RawFd;
 
 use crate::confine::{ChildPlan, Forked};
 use crate::keeper;
@@ -19,14 +20,15 @@ use crate::keeper;
 /// Starts the tree described by `plan` and returns as soon as K exists: the
 /// tree sets itself up concurrently, and failures from then on reach the
 /// process's stderr and exit code 126 (set-up) or 127 (exec), as shells do.
-pub(crate) fn start(plan: &ChildPlan) -> io::Result<Forked> {
+/// `stdin`: the read end of the tree's stdin pipe, or `None` for `/dev/null`.
+pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
     if !keeper::exec_keeper_available() {
-        return plan.fork();
+        return plan.fork(stdin);
     }
-    match keeper::spawn(plan) {
+    match keeper::spawn(plan, stdin) {
         Err(error) if keeper::cannot_exec(&error) => {
             keeper::disable_exec_keeper(&error);
-            plan.fork()
+            plan.fork(stdin)
         }
         other => other,
     }

@@ -12,8 +12,9 @@
 //!
 //! Invariants:
 //! - Nothing starts that the grant does not allow; refusals say why.
-//! - stdin is `/dev/null`; the environment is rebuilt, never inherited as is
-//!   ([`env`]).
+//! - stdin is `/dev/null` unless the request asks for a pipe
+//!   ([`StdinMode::Pipe`], written without ever blocking: [`stdin`]); the
+//!   environment is rebuilt, never inherited as is ([`env`]).
 //! - No task process outlives its [`Process`], its task, or the host: the
 //!   handle kills on drop; with PID namespaces, the tree dies with its
 //!   command; a death signal ties every tree to the host process.
@@ -34,6 +35,7 @@ mod launch;
 pub mod limits;
 pub mod output;
 mod sandbox;
+mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -51,6 +53,7 @@ pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
 pub use limits::{Mechanism as LimitMechanism, TreeLimits};
 pub use output::{OwnerSpill, SpillFile, StreamChunk};
+pub use stdin::{STDIN_BUFFER_BYTES, StdinError, StdinMode};
 
 /// One process to start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -69,6 +72,9 @@ pub struct SpawnRequest {
     pub kill_grace: Option<Duration>,
     /// Kill the tree (as [`Process::kill`]) when it runs longer than this.
     pub timeout: Option<Duration>,
+    /// `/dev/null` (the default) or a pipe written with
+    /// [`Process::write_stdin`].
+    pub stdin: StdinMode,
 }
 
 /// Why a spawn did not happen.
@@ -292,9 +298,19 @@ impl ProcessHost {
                 .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let stdin_pipe = match request.stdin {
+            StdinMode::Empty => None,
+            StdinMode::Pipe => {
+                stdin::ignore_sigpipe();
+                Some(confine::pipe().map_err(failed)?)
+            }
+        };
         // Starting here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
-        let forked = launch::start(&plan).map_err(failed)?;
+        let stdin_read = stdin_pipe.as_ref().map(|(read, _)| std::os::fd::AsRawFd::as_raw_fd(read));
+        let forked = launch::start(&plan, stdin_read).map_err(failed)?;
+        // Only the tree holds the read end now.
+        let stdin_write = stdin_pipe.map(|(_, write)| write);
         self.limiter.make_ahead_in_background();
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
@@ -334,6 +350,7 @@ impl ProcessHost {
             pidfd,
             stdout,
             stderr,
+            stdin: stdin_write,
             memory_cap,
             spill_cap,
             spill_owner: owner.clone(),

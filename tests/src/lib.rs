@@ -12,7 +12,8 @@
 //!   config and arguments), [`fixtures::WRONG_WORLD_PATH`] (a valid
 //!   component of another world), [`fixtures::TICKER_NEXT_PATH`] (kind
 //!   `ticker` with another argument schema: the next build of a reloaded
-//!   ticker), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
+//!   ticker), [`fixtures::CONTRACT_V0_1_PATH`] (a producer built against
+//!   the frozen `taskhost:producer@0.1.0`), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
 //!   core module as WAT text: compile it with `wat::parse_file`). A truncated
 //!   component is made at run time with [`truncated`].
 

@@ -110,6 +110,7 @@ impl Guest for Plugin {
             description: DESCRIPTION.into(),
             parameters: SCHEMA.into(),
             streams_output: true,
+            takes_input: false,
         })
     }
 
@@ -203,6 +204,11 @@ impl GuestTask for Lines {
         self.catch_up();
         std::mem::take(&mut self.state.borrow_mut().output)
     }
+
+    /// Only asked of kinds whose descriptor says `takes_input`.
+    fn write_input(&self, _data: Vec<u8>, _close: bool) -> Result<(), String> {
+        Err(format!("{KIND} tasks take no input"))
+    }
 }
 
 export!(Plugin);
@@ -220,7 +226,7 @@ taskhost call target/wasm32-wasip2/release/{file}.wasm '{"count": 3}' --backgrou
 ```
 
 `wit/` is the contract of the taskhost that created this crate
-(`taskhost:producer@0.1.0`); `src/lib.rs` implements it.
+(`taskhost:producer@0.2.0`); `src/lib.rs` implements it.
 "#;
 
 pub fn run(args: NewArgs) -> anyhow::Result<()> {

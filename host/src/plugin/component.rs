@@ -8,7 +8,9 @@
 //! contract version, read without compiling ([`super::preflight`], skipped
 //! when the compiled code is cached); they compile (truncated or corrupt files fail here); every
 //! import is one the host provides (named when not); the component exports
-//! `taskhost:producer/producer@0.1.0` with every function of the contract, at
+//! `taskhost:producer/producer@<version>` of a contract version the host
+//! serves (0.1.z or 0.2.z: that export's version is the plugin's
+//! [`ContractVersion`]) with every function of that version's contract, at
 //! the right signature (checked one by one in a throwaway instance).
 //!
 //! Invariants:
@@ -34,14 +36,14 @@ use wasmtime::Store;
 use wasmtime::component::{Component, Instance, Resource, ResourceAny};
 use wasmtime_wasi::p2::DynPollable;
 
-use super::bindings::PluginPre;
-use super::bindings::exports::taskhost::producer::producer::{Descriptor, Outcome, RunMode};
+use super::bindings::{v0_1, v0_2};
 use super::cache::Lookup;
-use super::contract::sniff;
-pub use super::contract::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
+pub use super::contract::{CONTRACT_FUNCTIONS, ContractVersion, PRODUCER_EXPORT};
+use super::contract::{PRODUCER_EXPORT_PREFIX, sniff};
 use super::engine::PluginEngine;
 use super::fault;
 use super::state::{StoreState, StoreTag};
+use super::versions::PluginPre;
 
 /// Where a plugin version came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +70,8 @@ pub struct PluginVersion {
     hash: String,
     source: PluginSource,
     component: Component,
-    pre: PluginPre<StoreState>,
+    contract: ContractVersion,
+    pre: PluginPre,
     compile_source: CompileSource,
     load_time: Duration,
     imports: Vec<String>,
@@ -128,8 +131,13 @@ impl PluginVersion {
         &self.component
     }
 
-    pub(crate) fn pre(&self) -> &PluginPre<StoreState> {
+    pub(crate) fn pre(&self) -> &PluginPre {
         &self.pre
+    }
+
+    /// The contract version the plugin was built against.
+    pub fn contract(&self) -> ContractVersion {
+        self.contract
     }
 
     /// A new store for this version, tagged with `purpose`.
@@ -187,8 +195,8 @@ impl PluginEngine {
                 super::host::PROVIDED_IMPORTS
             )
         })?;
-        check_export_names(self, &component)?;
-        let pre = PluginPre::new(instance_pre)
+        let (contract, export) = check_export_names(self, &component)?;
+        let pre = PluginPre::new(contract, instance_pre)
             .map_err(anyhow::Error::from)
             .context("the component does not match the `plugin` world")?;
 
@@ -199,6 +207,7 @@ impl PluginEngine {
             hash,
             source,
             component,
+            contract,
             pre,
             compile_source,
             load_time: Duration::ZERO,
@@ -217,13 +226,14 @@ impl PluginEngine {
                     fault::classify(&store, deadline, "instantiation", &err)
                 )
             })?;
-        check_signatures(&mut store, &instance)?;
+        check_signatures(&mut store, &instance, contract, &export)?;
         drop(store);
 
         let version = PluginVersion { load_time: started.elapsed(), ..version };
         tracing::info!(
             plugin = %version.name,
             version = %version.version,
+            contract = %version.contract,
             compile = ?version.compile_source,
             load_ms = version.load_time.as_secs_f64() * 1000.0,
             "plugin loaded"
@@ -300,63 +310,99 @@ impl PluginEngine {
     }
 }
 
-/// Checks that the producer interface and each of its functions are exported.
-fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::Result<()> {
-    let Some(iface) = component.get_export_index(None, PRODUCER_EXPORT) else {
-        let exports = component
-            .component_type()
-            .exports(engine.engine())
-            .map(|(name, _)| format!("`{name}`"))
-            .collect::<Vec<_>>();
-        let exports = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+/// Finds the `producer` export, reads the contract version from its name,
+/// and checks that each function of that version is exported.
+fn check_export_names(engine: &PluginEngine, component: &Component) -> anyhow::Result<(ContractVersion, String)> {
+    let exports: Vec<String> =
+        component.component_type().exports(engine.engine()).map(|(name, _)| name.to_string()).collect();
+    let found = exports.iter().find(|name| name.starts_with(PRODUCER_EXPORT_PREFIX));
+    let Some((name, contract)) = found.and_then(|name| Some((name, ContractVersion::of_export(name)?))) else {
+        if let Some(name) = found {
+            bail!(
+                "the component exports `{name}`, a contract version this host does not serve; this host \
+                 speaks {} (newest: {PRODUCER_EXPORT}): build the plugin against the `wit/` of this taskhost",
+                ContractVersion::spoken()
+            );
+        }
+        let exports = if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ")
+        };
         bail!(
             "the component does not export `{PRODUCER_EXPORT}`, so it is not a taskhost producer \
              (world `taskhost:producer/plugin`); it exports {exports}"
         );
     };
-    let missing = CONTRACT_FUNCTIONS
+    let iface =
+        component.get_export_index(None, name).ok_or_else(|| anyhow!("the component lost its `{name}` export"))?;
+    let missing = contract
+        .functions()
         .iter()
         .filter(|f| component.get_export_index(Some(&iface), f).is_none())
         .map(|f| format!("`{f}`"))
         .collect::<Vec<_>>();
     if !missing.is_empty() {
-        bail!("the export `{PRODUCER_EXPORT}` lacks {} of the contract", missing.join(", "));
+        bail!("the export `{name}` lacks {} of the contract", missing.join(", "));
     }
-    Ok(())
+    Ok((contract, name.clone()))
 }
 
-/// Type-checks each contract function against the WIT signature.
-fn check_signatures(store: &mut Store<StoreState>, instance: &Instance) -> anyhow::Result<()> {
+/// Type-checks each contract function against the WIT signature of the
+/// plugin's contract version.
+fn check_signatures(
+    store: &mut Store<StoreState>,
+    instance: &Instance,
+    contract: ContractVersion,
+    export: &str,
+) -> anyhow::Result<()> {
     let iface = instance
-        .get_export_index(&mut *store, None, PRODUCER_EXPORT)
-        .ok_or_else(|| anyhow!("the component does not export `{PRODUCER_EXPORT}`"))?;
+        .get_export_index(&mut *store, None, export)
+        .ok_or_else(|| anyhow!("the component does not export `{export}`"))?;
     macro_rules! check {
         ($name:literal, $sig:literal, $params:ty, $results:ty) => {{
             let index = instance
                 .get_export_index(&mut *store, Some(&iface), $name)
-                .ok_or_else(|| anyhow!("the export `{PRODUCER_EXPORT}` lacks `{}`", $name))?;
+                .ok_or_else(|| anyhow!("the export `{export}` lacks `{}`", $name))?;
             instance.get_typed_func::<$params, $results>(&mut *store, &index).map_err(|err| {
-                anyhow!("`{}` in `{PRODUCER_EXPORT}` has the wrong signature (expected `{}`): {err:#}", $name, $sig)
+                anyhow!("`{}` in `{export}` has the wrong signature (expected `{}`): {err:#}", $name, $sig)
             })?;
         }};
     }
-    check!("describe", "func(config: string) -> result<descriptor, string>", (&str,), (Result<Descriptor, String>,));
-    check!(
-        "label",
-        "func(config: string, args: string) -> result<string, string>",
-        (&str, &str),
-        (Result<String, String>,)
-    );
-    check!(
-        "run",
-        "func(config: string, args: string, mode: run-mode) -> result<task, string>",
-        (&str, &str, RunMode),
-        (Result<ResourceAny, String>,)
-    );
-    check!("[method]task.cancel", "func(reason: option<string>)", (ResourceAny, Option<&str>), ());
-    check!("[method]task.subscribe", "func() -> pollable", (ResourceAny,), (Resource<DynPollable>,));
-    check!("[method]task.done", "func() -> option<outcome>", (ResourceAny,), (Option<Outcome>,));
-    check!("[method]task.read-output", "func() -> string", (ResourceAny,), (String,));
+    macro_rules! check_common {
+        ($($segment:ident)::+) => {{
+            use $($segment)::+::{Descriptor, Outcome, RunMode};
+            check!("describe", "func(config: string) -> result<descriptor, string>", (&str,), (Result<Descriptor, String>,));
+            check!(
+                "label",
+                "func(config: string, args: string) -> result<string, string>",
+                (&str, &str),
+                (Result<String, String>,)
+            );
+            check!(
+                "run",
+                "func(config: string, args: string, mode: run-mode) -> result<task, string>",
+                (&str, &str, RunMode),
+                (Result<ResourceAny, String>,)
+            );
+            check!("[method]task.cancel", "func(reason: option<string>)", (ResourceAny, Option<&str>), ());
+            check!("[method]task.subscribe", "func() -> pollable", (ResourceAny,), (Resource<DynPollable>,));
+            check!("[method]task.done", "func() -> option<outcome>", (ResourceAny,), (Option<Outcome>,));
+            check!("[method]task.read-output", "func() -> string", (ResourceAny,), (String,));
+        }};
+    }
+    match contract {
+        ContractVersion::V0_1 => check_common!(v0_1::exports::taskhost::producer::producer),
+        ContractVersion::V0_2 => {
+            check_common!(v0_2::exports::taskhost::producer::producer);
+            check!(
+                "[method]task.write-input",
+                "func(data: list<u8>, close: bool) -> result<_, string>",
+                (ResourceAny, &[u8], bool),
+                (Result<(), String>,)
+            );
+        }
+    }
     Ok(())
 }
 

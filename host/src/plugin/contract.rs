@@ -1,14 +1,21 @@
-//! The producer contract as names: the export a plugin must provide, its
-//! functions, and the header check that tells a component from anything
-//! else. What both the pre-compile check ([`super::preflight`]) and the
-//! loader ([`super::component`]) hold a plugin to, so they cannot drift.
+//! The producer contract as names: the contract versions this host serves,
+//! the export a plugin of each must provide, its functions, and the header
+//! check that tells a component from anything else. What both the
+//! pre-compile check ([`super::preflight`]) and the loader
+//! ([`super::component`]) hold a plugin to, so they cannot drift.
+//!
+//! Invariant: a plugin's version is the version in the name of its
+//! `taskhost:producer/producer@<version>` export; [`ContractVersion::of_export`]
+//! is the one place that maps it to a minor the host serves (any patch of
+//! 0.1 or 0.2, per the versioning policy in `wit/producer.wit`).
 
 use anyhow::bail;
 
-/// The export every plugin must provide.
-pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.1.0";
+/// The export every plugin of the current contract provides.
+pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.2.0";
 
-/// The functions of the `producer` interface, by their component export names.
+/// The functions of the current `producer` interface, by their component
+/// export names.
 pub const CONTRACT_FUNCTIONS: &[&str] = &[
     "describe",
     "label",
@@ -17,7 +24,109 @@ pub const CONTRACT_FUNCTIONS: &[&str] = &[
     "[method]task.subscribe",
     "[method]task.done",
     "[method]task.read-output",
+    "[method]task.write-input",
 ];
+
+/// The export of the frozen 0.1.0 contract.
+pub const PRODUCER_EXPORT_V0_1: &str = "taskhost:producer/producer@0.1.0";
+
+/// The functions of the 0.1.0 `producer` interface.
+pub const CONTRACT_FUNCTIONS_V0_1: &[&str] = &[
+    "describe",
+    "label",
+    "run",
+    "[method]task.cancel",
+    "[method]task.subscribe",
+    "[method]task.done",
+    "[method]task.read-output",
+];
+
+/// The prefix of every `producer` export name, before its version.
+pub const PRODUCER_EXPORT_PREFIX: &str = "taskhost:producer/producer@";
+
+/// A contract minor this host serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContractVersion {
+    /// `taskhost:producer@0.1.z`, frozen in `wit/v0.1.0/`.
+    V0_1,
+    /// `taskhost:producer@0.2.z`, the current `wit/`.
+    V0_2,
+}
+
+impl ContractVersion {
+    /// Every version served, oldest first.
+    pub const ALL: [ContractVersion; 2] = [ContractVersion::V0_1, ContractVersion::V0_2];
+
+    /// The newest version: what `wit/` is.
+    pub const CURRENT: ContractVersion = ContractVersion::V0_2;
+
+    /// `major.minor`, as the skew message says it (`0.1`).
+    pub fn series(self) -> &'static str {
+        match self {
+            Self::V0_1 => "0.1",
+            Self::V0_2 => "0.2",
+        }
+    }
+
+    /// The full version of the WIT the host holds for it (`0.1.0`).
+    pub fn wit_version(self) -> &'static str {
+        match self {
+            Self::V0_1 => "0.1.0",
+            Self::V0_2 => "0.2.0",
+        }
+    }
+
+    /// The `producer` export of this version's WIT.
+    pub fn producer_export(self) -> &'static str {
+        match self {
+            Self::V0_1 => PRODUCER_EXPORT_V0_1,
+            Self::V0_2 => PRODUCER_EXPORT,
+        }
+    }
+
+    /// The functions of this version's `producer` interface.
+    pub fn functions(self) -> &'static [&'static str] {
+        match self {
+            Self::V0_1 => CONTRACT_FUNCTIONS_V0_1,
+            Self::V0_2 => CONTRACT_FUNCTIONS,
+        }
+    }
+
+    /// The version a `major.minor.patch[-pre]` string belongs to, if served.
+    pub fn of_version(version: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| in_series(version, v.series()))
+    }
+
+    /// The version of a `taskhost:producer/producer@<version>` export name.
+    pub fn of_export(name: &str) -> Option<Self> {
+        Self::of_version(name.strip_prefix(PRODUCER_EXPORT_PREFIX)?)
+    }
+
+    /// `0.1.x and 0.2.x`: what the host speaks, for messages.
+    pub fn spoken() -> String {
+        let all: Vec<String> = Self::ALL.iter().map(|v| format!("{}.x", v.series())).collect();
+        all.join(" and ")
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "taskhost:producer@{}", self.wit_version())
+    }
+}
+
+/// Whether `version` is semver-compatible with the `major.minor` `series`
+/// (for 0.x, the minor must match; for 1.0 and later, the major).
+pub(crate) fn in_series(version: &str, series: &str) -> bool {
+    let mut have = version.split(['.', '-', '+']);
+    let mut want = series.split('.');
+    let (Some(major), Some(minor)) = (have.next(), have.next()) else { return false };
+    let (Some(want_major), Some(want_minor)) = (want.next(), want.next()) else { return false };
+    if major != want_major {
+        return false;
+    }
+    major != "0" || minor == want_minor
+}
 
 /// Checks the header: WebAssembly at all, and a component, not a core module.
 pub(crate) fn sniff(bytes: &[u8]) -> anyhow::Result<()> {

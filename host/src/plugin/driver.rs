@@ -34,6 +34,10 @@
 //!   empty reads come with every round of a spinning guest).
 //! - Every string the guest returns is bounded ([`bounds`]): a `read-output`
 //!   result over 1 MiB, a detail over 4 KiB are cut with a notice.
+//! - Input ([`TaskControl::write_input`]) is one more request served by the
+//!   same loop (`task.write-input`, armed like every call); input sent to a
+//!   task that ended meanwhile is refused with the task's end, never lost
+//!   silently.
 //! - [`TaskControl::abandon`] aborts the driver, which drops the store at
 //!   once, even in the middle of a guest call. Dropping every handle to the
 //!   control (the registry forgot the task) does the same.
@@ -50,17 +54,18 @@ use wasmtime::component::{Resource, ResourceAny};
 use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings::io::poll::HostPollable as _;
 
-use super::bindings::exports::taskhost::producer::producer::Guest;
-use super::bindings::taskhost::producer::types::{Outcome, TerminalStatus as WitStatus};
 use super::bounds;
 use super::fault::{self, Fault};
 use super::state::StoreState;
-use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome, TerminalStatus};
+use super::versions::Guest;
+use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome};
 use taskhost_process::SpillFile;
 
 enum Request {
     Read(oneshot::Sender<ReadReply>),
     Cancel(Option<String>, oneshot::Sender<()>),
+    /// `task.write-input(data, close)`; the reply is the guest's answer.
+    Input(Vec<u8>, bool, oneshot::Sender<anyhow::Result<()>>),
 }
 
 /// A read's answer: output, or the end the task reached.
@@ -172,6 +177,16 @@ impl TaskControl for WasmTaskControl {
         }
     }
 
+    async fn write_input(&self, data: &[u8], close: bool) -> anyhow::Result<()> {
+        let (reply, replied) = oneshot::channel();
+        if self.tx.send(Request::Input(data.to_vec(), close, reply)).is_ok()
+            && let Ok(answer) = replied.await
+        {
+            return answer;
+        }
+        Err(anyhow!("the task ended before its input could be delivered"))
+    }
+
     fn watch_output(&self, signal: OutputSignal) {
         let _ = self.shared.output_signal.set(signal);
     }
@@ -225,6 +240,9 @@ impl Driver {
                 }
                 Request::Cancel(_, reply) => {
                     let _ = reply.send(());
+                }
+                Request::Input(_, _, reply) => {
+                    let _ = reply.send(Err(anyhow!("the task ended before its input could be delivered")));
                 }
             }
         }
@@ -317,7 +335,6 @@ async fn drive(
         }
         match call_done(parts).await {
             Ok(Some(outcome)) => {
-                let outcome = convert(outcome);
                 // Drain what is left, so later reads still get it.
                 return match call_read_output(parts).await {
                     Ok(text) => {
@@ -389,25 +406,25 @@ async fn serve(parts: &mut TaskParts, request: Option<Request>, deferred: &mut V
                 Served::End(End::Settled(TaskOutcome::failed(fault.detail)))
             }
         },
+        Some(Request::Input(data, close, reply)) => match call_write_input(parts, &data, close).await {
+            Ok(answer) => {
+                let _ =
+                    reply.send(answer.map_err(|message| {
+                        anyhow!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message"))
+                    }));
+                Served::Continue
+            }
+            Err(fault) => {
+                deferred.push(Request::Input(data, close, reply));
+                Served::End(End::Settled(TaskOutcome::failed(fault.detail)))
+            }
+        },
     }
 }
 
 enum Event {
     Ready(wasmtime::Result<()>),
     Request(Option<Request>),
-}
-
-fn convert(outcome: Outcome) -> TaskOutcome {
-    let status = match outcome.status {
-        WitStatus::Completed => TerminalStatus::Completed,
-        WitStatus::Killed => TerminalStatus::Killed,
-        WitStatus::Failed => TerminalStatus::Failed,
-    };
-    TaskOutcome {
-        status,
-        detail: outcome.detail.map(|d| bounds::cap(d, bounds::MAX_DETAIL_BYTES, "outcome detail")),
-        output: outcome.output.map(|o| bounds::cap(o, bounds::MAX_CHUNK_BYTES, "final output")),
-    }
 }
 
 /// Runs one armed call and classifies its error.
@@ -429,18 +446,18 @@ macro_rules! guest_call {
     }};
 }
 
-async fn call_done(parts: &mut TaskParts) -> Result<Option<Outcome>, Fault> {
-    guest_call!(parts, "task.done", |store, guest, task| guest.task().call_done(store, task))
+async fn call_done(parts: &mut TaskParts) -> Result<Option<TaskOutcome>, Fault> {
+    guest_call!(parts, "task.done", |store, guest, task| guest.done(store, task))
 }
 
 async fn call_subscribe(parts: &mut TaskParts) -> Result<Resource<DynPollable>, Fault> {
-    guest_call!(parts, "task.subscribe", |store, guest, task| guest.task().call_subscribe(store, task))
+    guest_call!(parts, "task.subscribe", |store, guest, task| guest.subscribe(store, task))
 }
 
 /// One `read-output` call, its result bounded: more than
 /// [`bounds::MAX_CHUNK_BYTES`] at once breaks the contract and is cut.
 async fn call_read_output(parts: &mut TaskParts) -> Result<String, Fault> {
-    let text = guest_call!(parts, "task.read-output", |store, guest, task| guest.task().call_read_output(store, task))?;
+    let text = guest_call!(parts, "task.read-output", |store, guest, task| guest.read_output(store, task))?;
     if text.len() > bounds::MAX_CHUNK_BYTES {
         tracing::warn!(
             bytes = text.len(),
@@ -452,5 +469,9 @@ async fn call_read_output(parts: &mut TaskParts) -> Result<String, Fault> {
 }
 
 async fn call_cancel(parts: &mut TaskParts, reason: Option<&str>) -> Result<(), Fault> {
-    guest_call!(parts, "task.cancel", |store, guest, task| guest.task().call_cancel(store, task, reason))
+    guest_call!(parts, "task.cancel", |store, guest, task| guest.cancel(store, task, reason))
+}
+
+async fn call_write_input(parts: &mut TaskParts, data: &[u8], close: bool) -> Result<Result<(), String>, Fault> {
+    guest_call!(parts, "task.write-input", |store, guest, task| guest.write_input(store, task, data, close))
 }

@@ -34,8 +34,10 @@ pub mod preflight;
 pub mod producer;
 pub mod resources;
 pub mod state;
+mod versions;
 
 pub use check::{CheckReport, check_plugin, check_plugin_with};
 pub use component::{CompileSource, PluginSource, PluginVersion};
+pub use contract::ContractVersion;
 pub use engine::{PluginEngine, PluginRuntimeConfig};
 pub use producer::{ServingVersion, WasmProducer};

@@ -6,7 +6,7 @@
 //! component that cannot work here with a message that says what to change:
 //! an import taskhost does not provide (naming it, and the build flag when a
 //! known toolchain adds it by default), a contract version skew ("built
-//! against taskhost:producer@0.2.0; this host speaks 0.1.x"), a missing
+//! against taskhost:producer@0.3.0; this host speaks 0.1.x and 0.2.x"), a missing
 //! `producer` export or contract function. Compiling a large component
 //! (Python, JavaScript) takes seconds; this takes milliseconds.
 //!
@@ -21,16 +21,13 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 
-use super::contract::{CONTRACT_FUNCTIONS, PRODUCER_EXPORT};
+use super::contract::{ContractVersion, PRODUCER_EXPORT, in_series};
 
 /// The WIT package of the contract.
 pub const CONTRACT_PACKAGE: &str = "taskhost:producer";
 
-/// The contract version this host speaks, as `major.minor` (a plugin built
-/// against any `0.1.z` loads).
-pub const CONTRACT_SERIES: &str = "0.1";
-
-/// The taskhost interfaces a plugin may import (all at [`CONTRACT_SERIES`]).
+/// The taskhost interfaces a plugin may import (at a version the host
+/// serves, [`ContractVersion::ALL`]).
 pub const CONTRACT_IMPORTS: &[&str] = &["types", "host-log", "process", "subagents"];
 
 /// The WASI 0.2 packages the host links (sandboxed, see [`super::state`]).
@@ -82,19 +79,6 @@ impl<'a> Name<'a> {
     }
 }
 
-/// Whether `version` is semver-compatible with the `major.minor` `series`
-/// (for 0.x, the minor must match; for 1.0 and later, the major).
-fn in_series(version: &str, series: &str) -> bool {
-    let mut have = version.split(['.', '-', '+']);
-    let mut want = series.split('.');
-    let (Some(major), Some(minor)) = (have.next(), have.next()) else { return false };
-    let (Some(want_major), Some(want_minor)) = (want.next(), want.next()) else { return false };
-    if major != want_major {
-        return false;
-    }
-    major != "0" || minor == want_minor
-}
-
 /// Checks a component's imports and exports against the `plugin` world,
 /// without compiling it. `Ok(None)` when the bytes could not be decoded
 /// (left to the compiler to explain).
@@ -129,16 +113,17 @@ pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
         .filter_map(|full| Name::parse(full))
         .filter(|name| name.namespace == "taskhost" && name.package == "producer")
         .map(|name| name.version)
-        .find(|version| !version.is_some_and(|v| in_series(v, CONTRACT_SERIES)));
+        .find(|version| !version.is_some_and(|v| ContractVersion::of_version(v).is_some()));
     if let Some(version) = skewed {
         let built = match version {
             Some(version) => format!("{CONTRACT_PACKAGE}@{version}"),
             None => format!("an unversioned {CONTRACT_PACKAGE}"),
         };
         bail!(
-            "the component was built against {built}; this host speaks {CONTRACT_SERIES}.x \
-             ({PRODUCER_EXPORT}): build the plugin against the `wit/` of this taskhost, or serve it \
-             with a taskhost that speaks its version"
+            "the component was built against {built}; this host speaks {} \
+             (newest: {PRODUCER_EXPORT}): build the plugin against the `wit/` of this taskhost, or serve it \
+             with a taskhost that speaks its version",
+            ContractVersion::spoken()
         );
     }
 
@@ -177,14 +162,20 @@ pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
             String::new()
         }
         Some((version, id)) => {
+            let contract = ContractVersion::of_version(&version).unwrap_or(ContractVersion::CURRENT);
             let functions = &resolve.interfaces[id].functions;
-            let missing: Vec<String> =
-                CONTRACT_FUNCTIONS.iter().filter(|f| !functions.contains_key(**f)).map(|f| format!("`{f}`")).collect();
+            let missing: Vec<String> = contract
+                .functions()
+                .iter()
+                .filter(|f| !functions.contains_key(**f))
+                .map(|f| format!("`{f}`"))
+                .collect();
             if !missing.is_empty() {
                 let _ = writeln!(
                     problems,
-                    "- the export `{PRODUCER_EXPORT}` lacks {} of the contract: implement every function \
+                    "- the export `{}` lacks {} of the contract: implement every function \
                      of the `producer` interface",
+                    contract.producer_export(),
                     missing.join(", ")
                 );
             }
@@ -244,14 +235,28 @@ fn import_problem(full: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// The host's contract constants are the parsed `wit/`: the producer
-    /// export and its functions, the taskhost interfaces a plugin may import,
-    /// the contract and WASI versions. A WIT change that the constants (and
-    /// so the checks and messages) do not follow fails here.
+    /// The host's contract constants are the parsed WIT of every version it
+    /// serves (`wit/` for the current one, `wit/v<version>/` for frozen
+    /// ones): the producer export and its functions, the taskhost interfaces
+    /// a plugin may import, the contract and WASI versions. A WIT change that
+    /// the constants (and so the checks and messages) do not follow fails
+    /// here.
     #[test]
     fn the_contract_constants_match_the_parsed_wit() {
+        for contract in ContractVersion::ALL {
+            let dir = match contract {
+                ContractVersion::CURRENT => concat!(env!("CARGO_MANIFEST_DIR"), "/../wit").to_string(),
+                frozen => format!("{}/../wit/v{}", env!("CARGO_MANIFEST_DIR"), frozen.wit_version()),
+            };
+            check_constants_against(contract, &dir);
+        }
+        assert_eq!(ContractVersion::CURRENT, *ContractVersion::ALL.last().unwrap());
+        assert_eq!(ContractVersion::spoken(), "0.1.x and 0.2.x");
+    }
+
+    fn check_constants_against(contract: ContractVersion, dir: &str) {
         let mut resolve = wit_parser::Resolve::new();
-        let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit")).expect("wit/ parses");
+        let (package, _) = resolve.push_dir(dir).unwrap_or_else(|e| panic!("{dir} parses: {e:#}"));
         let world = resolve.select_world(&[package], Some("plugin")).expect("the plugin world");
         let world = &resolve.worlds[world];
         let name_of = |key: &wit_parser::WorldKey| match key {
@@ -260,27 +265,36 @@ mod tests {
         };
 
         let exports: Vec<String> = world.exports.keys().map(name_of).collect();
-        assert_eq!(exports, [PRODUCER_EXPORT], "the world's exports");
+        assert_eq!(exports, [contract.producer_export()], "the world's exports in {dir}");
+        assert_eq!(ContractVersion::of_export(contract.producer_export()), Some(contract));
         let producer = world.exports.values().next().unwrap();
         let wit_parser::WorldItem::Interface { id, .. } = producer else { panic!("producer is an interface") };
         let functions: Vec<&str> = resolve.interfaces[*id].functions.keys().map(String::as_str).collect();
-        let mut expected = CONTRACT_FUNCTIONS.to_vec();
+        let mut expected = contract.functions().to_vec();
         let mut got = functions.clone();
         expected.sort_unstable();
         got.sort_unstable();
-        assert_eq!(got, expected, "the producer interface's functions");
+        assert_eq!(got, expected, "the producer interface's functions in {dir}");
 
         let package_version = resolve.packages[package].name.version.as_ref().expect("versioned").to_string();
-        assert!(in_series(&package_version, CONTRACT_SERIES), "{package_version} vs {CONTRACT_SERIES}");
-        assert!(PRODUCER_EXPORT.ends_with(&format!("@{package_version}")), "{PRODUCER_EXPORT}");
+        assert_eq!(package_version, contract.wit_version(), "{dir}");
+        assert!(in_series(&package_version, contract.series()), "{package_version} vs {}", contract.series());
+        assert!(contract.producer_export().ends_with(&format!("@{package_version}")), "{contract}");
 
         // Every import of the world (and what it pulls in) is one the
-        // pre-compile check accepts, and every taskhost interface the check
-        // accepts exists in the package.
+        // pre-compile check accepts and the linker provides, and every
+        // taskhost interface the check accepts exists in the package.
         let imports: Vec<String> = world.imports.keys().map(name_of).collect();
         for import in &imports {
             if let Some(problem) = import_problem(import) {
                 panic!("the world's own import {import} would be refused: {problem}");
+            }
+            // `types` holds only types: nothing to link.
+            if import.starts_with("taskhost:") && !import.starts_with("taskhost:producer/types@") {
+                assert!(
+                    crate::plugin::host::PROVIDED_IMPORTS.contains(import.as_str()),
+                    "PROVIDED_IMPORTS does not name {import}"
+                );
             }
         }
         let defined: Vec<&str> =
@@ -289,11 +303,11 @@ mod tests {
         accepted.sort_unstable();
         let mut defined_sorted = defined.clone();
         defined_sorted.sort_unstable();
-        assert_eq!(defined_sorted, accepted, "the package's importable interfaces");
+        assert_eq!(defined_sorted, accepted, "the package's importable interfaces in {dir}");
         for dep in resolve.packages.iter().map(|(_, p)| &p.name).filter(|n| n.namespace == "wasi") {
             assert!(
                 WASI_PACKAGES.contains(&dep.name.as_str()),
-                "wit/deps has wasi:{} the host does not link",
+                "{dir}/deps has wasi:{} the host does not link",
                 dep.name
             );
             let version = dep.version.as_ref().expect("versioned").to_string();
@@ -318,6 +332,7 @@ mod tests {
         assert_eq!(import_problem("wasi:io/poll@0.2.0"), None);
         assert_eq!(import_problem("wasi:clocks/monotonic-clock@0.2.12"), None);
         assert_eq!(import_problem("taskhost:producer/host-log@0.1.0"), None);
+        assert_eq!(import_problem("taskhost:producer/process@0.2.0"), None);
         let http = import_problem("wasi:http/types@0.2.3").unwrap();
         assert!(http.contains("`wasi:http/types@0.2.3`") && http.contains("-d http -d fetch-event"), "{http}");
         let p3 = import_problem("wasi:io/poll@0.3.0").unwrap();

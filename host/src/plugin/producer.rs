@@ -30,13 +30,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use anyhow::{Context as _, anyhow, bail};
 use wasmtime::Store;
 
-use super::bindings::Plugin;
-use super::bindings::taskhost::producer::types::RunMode as WitRunMode;
 use super::bounds;
 use super::component::PluginVersion;
 use super::driver::{self, TaskParts};
 use super::fault;
 use super::state::StoreState;
+use super::versions::Guest;
 use crate::plugin::resources::ProcessCapability;
 use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 
@@ -217,10 +216,9 @@ impl WasmProducer {
 /// Calls `describe(config)` in a throwaway store and checks the result.
 pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Result<Descriptor> {
     let deadline = version.engine().config().call_deadline();
-    let (mut store, plugin) = instantiate(version, "describe".into()).await?;
+    let (mut store, guest) = instantiate(version, "describe".into()).await?;
     fault::arm(&mut store, deadline);
-    let described =
-        fault::bounded(deadline, plugin.taskhost_producer_producer().call_describe(&mut store, config_json)).await;
+    let described = fault::bounded(deadline, guest.describe(&mut store, config_json)).await;
     let described = match described {
         Ok(Ok(d)) => d,
         Ok(Err(message)) => bail!(
@@ -280,7 +278,7 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         description: bounds::cap(described.description, bounds::MAX_DESCRIPTION_BYTES, "description"),
         parameters,
         streams_output: described.streams_output,
-        takes_input: false,
+        takes_input: described.takes_input,
     })
 }
 
@@ -293,7 +291,7 @@ fn preview(text: &str) -> String {
 }
 
 /// A fresh store and instance of `version`.
-async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Plugin)> {
+async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Guest)> {
     let mut store = version.new_store(purpose);
     fault::arm(&mut store, version.engine().config().call_deadline());
     let deadline = version.engine().config().call_deadline();
@@ -337,7 +335,7 @@ impl Producer for WasmProducer {
         let args_json = serde_json::to_string(&args).context("cannot encode the arguments")?;
         let config = self.config_json.clone();
 
-        let (mut store, plugin) = instantiate(&version, format!("run {run_number}").into()).await?;
+        let (mut store, guest) = instantiate(&version, format!("run {run_number}").into()).await?;
         store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
         if let Some(owner) = crate::producer::preparing_for() {
             store.data_mut().process().set_owner(&owner);
@@ -345,9 +343,8 @@ impl Producer for WasmProducer {
         if let Some(subagents) = &self.subagents {
             store.data_mut().grant_subagents(subagents.clone());
         }
-        let guest = plugin.taskhost_producer_producer().clone();
         fault::arm(&mut store, deadline);
-        let label = match fault::bounded(deadline, guest.call_label(&mut store, &config, &args_json)).await {
+        let label = match fault::bounded(deadline, guest.label(&mut store, &config, &args_json)).await {
             Ok(Ok(label)) => one_line(&bounds::cap(label, bounds::MAX_LABEL_BYTES, "label")),
             Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
             Err(err) => bail!(fault::classify(&store, deadline, "label", &err)),
@@ -358,14 +355,10 @@ impl Producer for WasmProducer {
         let seq = active.serving.seq;
         let live = self.live.clone();
         let run = runner(async move {
-            let mode = match mode {
-                RunMode::Foreground => WitRunMode::Foreground,
-                // A 0.1.0 descriptor never takes input, so the tool adapter
-                // never asks a plugin for an interactive run.
-                RunMode::Background | RunMode::Interactive => WitRunMode::Background,
-            };
+            // A 0.1 descriptor never takes input, so the tool adapter never
+            // asks a 0.1 plugin for an interactive run (see `versions`).
             fault::arm(&mut store, deadline);
-            let task = match fault::bounded(deadline, guest.call_run(&mut store, &config, &args_json, mode)).await {
+            let task = match fault::bounded(deadline, guest.run(&mut store, &config, &args_json, mode)).await {
                 Ok(Ok(task)) => task,
                 Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
                 Err(err) => bail!(fault::classify(&store, deadline, "run", &err)),

@@ -10,6 +10,11 @@
 //!   under a `[stderr]` header, each preceded by
 //!   `[some output was dropped from memory; full output: <path>]` when a
 //!   reader fell more than the memory cap behind.
+//! - Interactive (a background start with `interactive: true`): as
+//!   background, and the process gets a stdin pipe; `write-input` writes to
+//!   it (never blocking: the host queues what the pipe cannot take yet) and
+//!   closes it on `close`. Every other run's stdin is `/dev/null`, so a
+//!   command that reads stdin by accident gets end-of-file at once.
 //! - Foreground: the host waits for `done` and reads once: the output, with
 //!   `[output truncated; full output: <path>]` when a stream outgrew the
 //!   memory cap (the tail is kept). `timeout_ms` (default 120 000, at most
@@ -36,7 +41,7 @@ use format::{Chunk, Mode, Utf8Carry, format_delta};
 use serde::Deserialize;
 use taskhost_plugin_sdk::log;
 use taskhost_plugin_sdk::prelude::*;
-use taskhost_plugin_sdk::process::{self, ExitStatus, OutputChunk, Process, SpawnRequest};
+use taskhost_plugin_sdk::process::{self, ExitStatus, OutputChunk, Process, SpawnRequest, StdinMode};
 use taskhost_plugin_sdk::serde_json::json;
 
 const KIND: &str = "bash";
@@ -135,7 +140,8 @@ impl Guest for Bash {
         let config = BashConfig::parse(&config)?;
         let description = format!(
             "Runs a bash command and returns its output: stdout, then stderr under a [stderr] header, \
-             and the exit code. stdin is /dev/null, so use non-interactive flags; NO_COLOR=1, TERM=dumb \
+             and the exit code. stdin is /dev/null (unless started in the background with interactive: true, \
+             then send it lines with task_input), so use non-interactive flags; NO_COLOR=1, TERM=dumb \
              and PAGER=cat are set. A foreground call waits up to timeout_ms (default {}, at most {}) \
              and then kills the command and everything it started. Run long or endless commands \
              (servers, watchers, long builds) in the background when that is offered: you get a task \
@@ -171,7 +177,7 @@ impl Guest for Bash {
             "required": ["command"],
             "additionalProperties": false
         });
-        Ok(Descriptor::new(KIND, &description, &schema, true))
+        Ok(Descriptor::new(KIND, &description, &schema, true).taking_input())
     }
 
     fn label(config: String, args: String) -> Result<String, String> {
@@ -184,8 +190,9 @@ impl Guest for Bash {
         let args = BashArgs::parse(&args, &config)?;
         let timeout_ms = match mode {
             RunMode::Foreground => Some(args.timeout_ms.unwrap_or(config.default_timeout_ms)),
-            RunMode::Background => None,
+            RunMode::Background | RunMode::Interactive => None,
         };
+        let interactive = mode == RunMode::Interactive;
         let request = SpawnRequest {
             argv: vec![config.shell.clone(), "-c".into(), args.command.clone()],
             cwd: config.cwd.clone(),
@@ -194,6 +201,7 @@ impl Guest for Bash {
             spill_cap: config.spill_cap_bytes,
             kill_grace_ms: config.kill_grace_ms,
             timeout_ms,
+            stdin: if interactive { StdinMode::Pipe } else { StdinMode::Empty },
         };
         let process = process::spawn(&request)?;
         log::debug!(
@@ -204,9 +212,9 @@ impl Guest for Bash {
         );
         let mode = match mode {
             RunMode::Foreground => Mode::Foreground,
-            RunMode::Background => Mode::Background,
+            RunMode::Background | RunMode::Interactive => Mode::Background,
         };
-        Ok(Task::new(BashTask { process, mode, timeout_ms, state: RefCell::new(State::default()) }))
+        Ok(Task::new(BashTask { process, mode, interactive, timeout_ms, state: RefCell::new(State::default()) }))
     }
 }
 
@@ -214,6 +222,8 @@ impl Guest for Bash {
 struct BashTask {
     process: Process,
     mode: Mode,
+    /// Started with a stdin pipe (`run-mode::interactive`).
+    interactive: bool,
     /// The foreground timeout the host enforces.
     timeout_ms: Option<u64>,
     state: RefCell<State>,
@@ -261,6 +271,19 @@ impl GuestTask for BashTask {
             Mode::Background => self.process.subscribe(),
             Mode::Foreground => self.process.subscribe_exit(),
         }
+    }
+
+    fn write_input(&self, data: Vec<u8>, close: bool) -> Result<(), String> {
+        if !self.interactive {
+            return Err("the command was started without interactive: true; its stdin is empty".into());
+        }
+        if !data.is_empty() {
+            self.process.write_stdin(&data)?;
+        }
+        if close {
+            self.process.close_stdin()?;
+        }
+        Ok(())
     }
 
     fn done(&self) -> Option<Outcome> {

@@ -1,7 +1,8 @@
 //! The guest SDK for taskhost producer plugins.
 //!
 //! A producer plugin is a WebAssembly component (built for `wasm32-wasip2`)
-//! that exports `taskhost:producer/producer@0.1.0`. This crate generates the
+//! that exports `taskhost:producer/producer@0.2.0` (the contract in `wit/`;
+//! a host that speaks 0.2 also serves plugins built against 0.1.0). This crate generates the
 //! bindings for the `plugin` world of the WIT package once, re-exports them
 //! under short names, and adds the few helpers every producer needs, so a
 //! plugin crate holds only its own logic:
@@ -20,7 +21,7 @@
 //!     }
 //! }
 //!
-//! impl GuestTask for MyTask { /* cancel, subscribe, done, read_output */ }
+//! impl GuestTask for MyTask { /* cancel, subscribe, done, read_output, write_input */ }
 //!
 //! taskhost_plugin_sdk::export!(MyPlugin);
 //! ```
@@ -150,6 +151,23 @@ impl Descriptor {
             description: description.into(),
             parameters: schema.to_string(),
             streams_output,
+            takes_input: false,
         }
     }
+
+    /// Says that background tasks of this kind take input while they run:
+    /// the host then offers `interactive: true` on background starts, runs
+    /// them with [`RunMode::Interactive`], and relays the model's
+    /// `task_input` calls to [`GuestTask::write_input`].
+    pub fn taking_input(mut self) -> Self {
+        self.takes_input = true;
+        self
+    }
+}
+
+/// The error a task of a kind that takes no input returns from
+/// [`GuestTask::write_input`] (the host never asks it: its descriptor does
+/// not say `takes-input`).
+pub fn no_input(kind: &str) -> String {
+    format!("{kind} tasks take no input")
 }

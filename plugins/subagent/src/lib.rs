@@ -117,6 +117,10 @@ struct SubagentTask {
 }
 
 impl GuestTask for SubagentTask {
+    fn write_input(&self, _data: Vec<u8>, _close: bool) -> Result<(), String> {
+        Err(taskhost_plugin_sdk::no_input(KIND))
+    }
+
     fn cancel(&self, reason: Option<String>) {
         if self.phase.get() == Phase::Running {
             self.run.cancel(reason.as_deref());

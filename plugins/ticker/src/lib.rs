@@ -212,6 +212,10 @@ impl TickerTask {
 }
 
 impl GuestTask for TickerTask {
+    fn write_input(&self, _data: Vec<u8>, _close: bool) -> Result<(), String> {
+        Err(taskhost_plugin_sdk::no_input(KIND))
+    }
+
     fn cancel(&self, reason: Option<String>) {
         let mut progress = self.progress.borrow_mut();
         // Ticks that were due before the cancel were emitted by then as far

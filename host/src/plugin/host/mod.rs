@@ -5,6 +5,8 @@
 //! - [`log`]: `host-log`, into `tracing`.
 //! - [`process`]: the `process` capability (the `taskhost-process` crate).
 //! - [`subagents`]: the `subagents` capability ([`crate::subagents`]).
+//! - [`v0_1`]: the same three at the frozen contract 0.1.0, delegating to
+//!   the modules above (the linker holds both versions side by side).
 //!
 //! The per-store state and guest-held resources they hand out live in
 //! [`super::resources`], which the bindings name (so it depends on neither).
@@ -17,6 +19,7 @@
 pub mod log;
 pub mod process;
 pub mod subagents;
+pub mod v0_1;
 
 use wasmtime::component::Linker;
 
@@ -45,10 +48,13 @@ pub fn linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> {
     log::add_to_linker(&mut linker, log_view)?;
     process::add_to_linker(&mut linker, process_view)?;
     subagents::add_to_linker(&mut linker, subagents_view)?;
+    v0_1::add_to_linker(&mut linker, log_view, process_view, subagents_view)?;
     Ok(linker)
 }
 
 /// The interfaces [`linker`] provides, for error messages.
 pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.1.0, \
-     taskhost:producer/process@0.1.0 and taskhost:producer/subagents@0.1.0 (both refused unless granted)";
+     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.2.0, \
+     taskhost:producer/process@0.2.0 and taskhost:producer/subagents@0.2.0 (both refused unless granted), \
+     and the same three at the previous contract (taskhost:producer/host-log@0.1.0, \
+     taskhost:producer/process@0.1.0, taskhost:producer/subagents@0.1.0)";

@@ -7,12 +7,15 @@
 //! linked into. The capability itself is the `taskhost-process` crate.
 //!
 //! Invariants: refusals are values (`result::err` with the reason), never
-//! traps; a process dies with its resource (see [`crate::plugin::resources`]).
+//! traps; a process dies with its resource (see [`crate::plugin::resources`]);
+//! stdin writes never block (see `taskhost_process::Process::write_stdin`).
+//! This is the current (0.2) interface; [`super::v0_1`] serves the frozen
+//! 0.1 one by delegating here.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use taskhost_process::{ExitStatus, Process, Refusal, SpawnError, SpawnRequest, Stream};
+use taskhost_process::{ExitStatus, Process, Refusal, SpawnError, SpawnRequest, StdinMode, Stream};
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::DynPollable;
 
@@ -75,6 +78,10 @@ impl wit::Host for ProcessView<'_> {
             spill_cap: request.spill_cap,
             kill_grace: request.kill_grace_ms.map(Duration::from_millis),
             timeout: request.timeout_ms.map(Duration::from_millis),
+            stdin: match request.stdin {
+                wit::StdinMode::Empty => StdinMode::Empty,
+                wit::StdinMode::Pipe => StdinMode::Pipe,
+            },
         };
         let span = tracing::Span::current();
         let owner = match ctx.owner.clone() {
@@ -154,6 +161,20 @@ impl wit::HostProcess for ProcessView<'_> {
         let table = &mut *self.table;
         table.get(&this)?.process.kill();
         Ok(())
+    }
+
+    async fn write_stdin(
+        &mut self,
+        this: Resource<ProcessResource>,
+        data: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let table = &mut *self.table;
+        Ok(table.get(&this)?.process.write_stdin(&data).map_err(|e| e.to_string()))
+    }
+
+    async fn close_stdin(&mut self, this: Resource<ProcessResource>) -> wasmtime::Result<Result<(), String>> {
+        let table = &mut *self.table;
+        Ok(table.get(&this)?.process.close_stdin().map_err(|e| e.to_string()))
     }
 
     async fn drop(&mut self, this: Resource<ProcessResource>) -> wasmtime::Result<()> {
