@@ -161,10 +161,30 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
         none = only_text(await client.call_tool("task_wait", {"task_ids": ["bash-2"], "timeout_ms": 50}))
         assert none.startswith("none finished within 50 ms\nbash-2 [bash] running"), none
         refused = await client.call_tool("task_input", {"task_id": "bash-2", "text": "x"})
-        assert refused.is_error and only_text(refused) == "task bash-2 is a bash task, and bash tasks take no input", (
-            text_blocks(refused)
-        )
+        assert refused.is_error and only_text(refused).startswith(
+            "task bash-2 was started without interactive: true"
+        ), text_blocks(refused)
         await client.call_tool("task_kill", {"task_id": "bash-2"})
+
+        # Input to an interactive command.
+        started = await client.call_tool(
+            "bash",
+            {"command": "while read line; do echo \"got $line\"; done; echo bye", "run_in_background": True, "interactive": True},
+        )
+        assert only_text(started) == "started background task bash-3", text_blocks(started)
+        sent = only_text(await client.call_tool("task_input", {"task_id": "bash-3", "text": "hello\n"}))
+        assert sent == "sent 6 bytes to task bash-3", sent
+        answered = ""
+        for _ in range(100):
+            answered += only_text(await client.call_tool("task_output", {"task_id": "bash-3"})).rsplit("\n", 1)[0]
+            if "got hello" in answered:
+                break
+            await anyio.sleep(0.05)
+        assert "got hello" in answered, answered
+        closed = only_text(await client.call_tool("task_input", {"task_id": "bash-3", "close": True}))
+        assert closed == "sent 0 bytes to task bash-3 and closed its input", closed
+        ended = only_text(await client.call_tool("task_output", {"task_id": "bash-3", "wait": True}))
+        assert ended.endswith("bye\n[status: completed, exit code: 0]"), ended
     print(f"mode={mode} transport={transport}: ok")
 
 

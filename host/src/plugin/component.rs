@@ -215,17 +215,24 @@ impl PluginEngine {
             runs: AtomicU64::new(0),
         };
         // Signatures can only be checked against an instance: make one.
-        let mut store = version.new_store("validate");
-        fault::arm(&mut store, self.config().call_deadline());
         let deadline = self.config().call_deadline();
-        let instance = fault::bounded(deadline, version.pre.instance_pre().instantiate_async(&mut store))
-            .await
-            .map_err(|err| {
-                anyhow!(
-                    "cannot instantiate the component: {}",
-                    fault::classify(&store, deadline, "instantiation", &err)
-                )
-            })?;
+        let mut retries = 0;
+        let (mut store, instantiated) = loop {
+            let mut store = version.new_store("validate");
+            fault::arm(&mut store, deadline);
+            let instantiated = fault::bounded(deadline, version.pre.instance_pre().instantiate_async(&mut store)).await;
+            match instantiated {
+                Err(err) if retries < super::versions::TRANSIENT_RETRIES && super::versions::is_transient(&err) => {
+                    retries += 1;
+                    tracing::debug!(plugin = %version.name, error = %format!("{err:#}"), "instantiation failed for a passing reason; trying again");
+                    tokio::task::yield_now().await;
+                }
+                instantiated => break (store, instantiated),
+            }
+        };
+        let instance = instantiated.map_err(|err| {
+            anyhow!("cannot instantiate the component: {}", fault::classify(&store, deadline, "instantiation", &err))
+        })?;
         check_signatures(&mut store, &instance, contract, &export)?;
         drop(store);
 

@@ -292,10 +292,22 @@ fn preview(text: &str) -> String {
 
 /// A fresh store and instance of `version`.
 async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Guest)> {
-    let mut store = version.new_store(purpose);
-    fault::arm(&mut store, version.engine().config().call_deadline());
     let deadline = version.engine().config().call_deadline();
-    let plugin = fault::bounded(deadline, version.pre().instantiate_async(&mut store)).await.map_err(|err| {
+    let mut retries = 0;
+    let (store, instantiated) = loop {
+        let mut store = version.new_store(purpose.clone());
+        fault::arm(&mut store, deadline);
+        let instantiated = fault::bounded(deadline, version.pre().instantiate_async(&mut store)).await;
+        match instantiated {
+            Err(err) if retries < super::versions::TRANSIENT_RETRIES && super::versions::is_transient(&err) => {
+                retries += 1;
+                tracing::debug!(plugin = %version.name(), error = %format!("{err:#}"), "instantiation failed for a passing reason; trying again");
+                tokio::task::yield_now().await;
+            }
+            instantiated => break (store, instantiated),
+        }
+    };
+    let plugin = instantiated.map_err(|err| {
         let text = format!("{err:#}");
         if text.contains("maximum concurrent limit of") {
             anyhow!(

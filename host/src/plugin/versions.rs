@@ -60,6 +60,20 @@ impl PluginPre {
     }
 }
 
+/// How many times an instantiation that failed for the kernel's passing
+/// reason ([`is_transient`]) is tried again, each in a fresh store.
+pub(crate) const TRANSIENT_RETRIES: u32 = 3;
+
+/// Whether an instantiation failed for a passing reason of the kernel's, not
+/// the plugin's: wasmtime seals the memfd of a module's memory image when it
+/// first creates it, and Linux refuses `F_SEAL_WRITE` with `EBUSY` while the
+/// fresh pages are still pinned by a per-CPU batch (seen under load, about
+/// one load in thirty of an 18 MB Python component). wasmtime does not keep
+/// the failure, so another try makes the image.
+pub(crate) fn is_transient(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| cause.to_string().contains("cannot add seals to the memfd"))
+}
+
 /// The `producer` exports of one instance, whatever its version.
 #[derive(Clone)]
 pub(crate) enum Guest {
