@@ -1,13 +1,19 @@
-//! `taskhost new <name> --lang rust`: a producer skeleton that builds and
-//! passes `taskhost check` as written.
+//! `taskhost new <name> --lang rust|python|js`: a producer skeleton that
+//! builds and passes `taskhost check` as written.
 //!
 //! Model: the skeleton is self-contained: it carries its own copy of this
 //! host's `wit/` (embedded in the binary, so the contract version always
-//! matches the host that wrote it) and generates its bindings with
-//! `wit-bindgen` from crates.io; it needs nothing from this repository. It is
-//! a streaming producer with cancel (numbered lines on a clock pollable), the
-//! smallest plugin that shows the whole execution model. Nothing existing is
-//! overwritten: the target directory must not exist.
+//! matches the host that wrote it) and generates its bindings from it with
+//! the language's tool (`wit-bindgen` from crates.io, componentize-py from
+//! the Python package index, ComponentizeJS from the npm registry, each at
+//! the version this repository's examples are built and tested with); it
+//! needs nothing from this repository. Every language writes the same
+//! plugin: a streaming producer with cancel (numbered lines on a clock
+//! pollable), the smallest plugin that shows the whole execution model.
+//! The JavaScript skeleton's `package-lock.json` is the one of
+//! `plugins/examples/js-ticker` with the name replaced, so `npm ci` installs
+//! exactly the toolchain CI tests. Nothing existing is overwritten: the
+//! target directory must not exist.
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +25,14 @@ use super::target::usage;
 pub enum Lang {
     /// A Rust crate built for `wasm32-wasip2` with `wit-bindgen`.
     Rust,
+    /// A Python module built with componentize-py.
+    Python,
+    /// A JavaScript module built with ComponentizeJS.
+    Js,
 }
+
+/// The componentize-py version the Python skeleton and example are built with.
+pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Exit codes: 0 created; 1 the files could not be written; 2 a usage mistake.")]
@@ -229,6 +242,287 @@ taskhost call target/wasm32-wasip2/release/{file}.wasm '{"count": 3}' --backgrou
 (`taskhost:producer@0.2.0`); `src/lib.rs` implements it.
 "#;
 
+const PY_APP: &str = r##""""`{name}`: a taskhost producer plugin. It streams `count` numbered lines,
+one every `interval_ms` milliseconds, and stops when cancelled.
+
+The execution model (see `wit/producer.wit`): every export returns at once;
+never sleep or loop waiting. The host waits on the pollable `subscribe`
+returns, then calls `done` and `read_output`. Nothing runs between calls, so
+each call first emits every line that is due by now. An export's error is a
+raised `Err("message")`.
+"""
+
+import json
+from typing import Optional
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.exports import producer
+from wit_world.imports import monotonic_clock, poll
+from wit_world.imports.types import Descriptor, Outcome, RunMode, TerminalStatus
+
+KIND = "{name}"
+DESCRIPTION = "Emits a numbered line every interval_ms milliseconds, count times."
+# The arguments' JSON Schema. Never declare `run_in_background`: the host adds it.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 3, "description": "How many lines."},
+        "interval_ms": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 100,
+                        "description": "Milliseconds between lines."},
+    },
+    "additionalProperties": False,
+}
+
+
+def parse_args(args: str):
+    """The arguments, already validated by the host against SCHEMA."""
+    try:
+        value = json.loads(args)
+    except ValueError as error:
+        raise Err(f"invalid arguments: {error}")
+    return value.get("count", 3), value.get("interval_ms", 100)
+
+
+class Producer(wit_world.exports.Producer):
+    def describe(self, config: str) -> Descriptor:
+        return Descriptor(KIND, DESCRIPTION, json.dumps(SCHEMA), True)
+
+    def label(self, config: str, args: str) -> str:
+        count, interval_ms = parse_args(args)
+        return f"{count} lines, one every {interval_ms} ms"
+
+    def run(self, config: str, args: str, mode: RunMode) -> producer.Task:
+        count, interval_ms = parse_args(args)
+        return Lines(count, interval_ms * 1_000_000)
+
+
+class Lines(producer.Task):
+    """One task: its own instance, so its state lives here, not in globals."""
+
+    def __init__(self, count: int, interval_ns: int):
+        self.start = monotonic_clock.now()
+        self.count = count
+        self.interval_ns = interval_ns
+        self.emitted = 0
+        self.cancelled = False
+        self.output = ""
+
+    def due(self, n: int) -> int:
+        """When line `n` (from 1) is due: computed from the start, so no drift."""
+        return self.start + n * self.interval_ns
+
+    def catch_up(self) -> None:
+        """Emits every line due by now."""
+        now = monotonic_clock.now()
+        while not self.cancelled and self.emitted < self.count and self.due(self.emitted + 1) <= now:
+            self.emitted += 1
+            self.output += f"line {self.emitted}\n"
+
+    def cancel(self, reason: Optional[str]) -> None:
+        self.catch_up()
+        self.cancelled = True
+
+    def subscribe(self) -> poll.Pollable:
+        self.catch_up()
+        if self.cancelled or self.emitted >= self.count:
+            return monotonic_clock.subscribe_duration(0)
+        return monotonic_clock.subscribe_instant(self.due(self.emitted + 1))
+
+    def done(self) -> Optional[Outcome]:
+        self.catch_up()
+        if self.cancelled:
+            status = TerminalStatus.KILLED
+        elif self.emitted >= self.count:
+            status = TerminalStatus.COMPLETED
+        else:
+            return None
+        return Outcome(status, f"lines: {self.emitted}", None)
+
+    def read_output(self) -> str:
+        self.catch_up()
+        text, self.output = self.output, ""
+        return text
+"##;
+
+const PY_README: &str = r#"# {name}
+
+A taskhost producer plugin (Python, built with componentize-py). Build,
+check and call it:
+
+```sh
+python3 -m pip install componentize-py=={componentize_py}     # once
+componentize-py -d wit -w plugin componentize app -o {name}.wasm
+taskhost check {name}.wasm
+taskhost call {name}.wasm '{"count": 3}' --background
+```
+
+`wit/` is the contract of the taskhost that created this directory
+(`taskhost:producer@0.1.0`); `app.py` implements it. To see the generated
+bindings (the `wit_world` package) for your editor:
+`componentize-py -d wit -w plugin bindings bindings`.
+
+componentize-py output differs on every build of the same source, so every
+rebuild is a new plugin version to taskhost (and compiled afresh).
+"#;
+
+const JS_INDEX: &str = r#"// `{name}`: a taskhost producer plugin. It streams `count` numbered lines,
+// one every `interval_ms` milliseconds, and stops when cancelled.
+//
+// The execution model (see `wit/producer.wit`): every export returns at
+// once; never wait in a loop or on a promise. The host waits on the pollable
+// `subscribe` returns, then calls `done` and `readOutput`. Nothing runs
+// between calls, so each call first emits every line that is due by now.
+//
+// ComponentizeJS's mapping of the WIT: the export `producer` is an object
+// with the interface's functions and its resource as a class; an export's
+// error is a thrown string; clock instants (u64) are BigInts; enums are
+// their WIT names as strings.
+
+import { now, subscribeDuration, subscribeInstant } from 'wasi:clocks/monotonic-clock@0.2.12';
+
+const KIND = '{name}';
+const DESCRIPTION = 'Emits a numbered line every interval_ms milliseconds, count times.';
+// The arguments' JSON Schema. Never declare `run_in_background`: the host adds it.
+const SCHEMA = {
+  type: 'object',
+  properties: {
+    count: { type: 'integer', minimum: 0, maximum: 1000, default: 3, description: 'How many lines.' },
+    interval_ms: { type: 'integer', minimum: 0, maximum: 60000, default: 100, description: 'Milliseconds between lines.' },
+  },
+  additionalProperties: false,
+};
+
+/** The arguments, already validated by the host against SCHEMA. */
+function parseArgs(args) {
+  let value;
+  try {
+    value = JSON.parse(args);
+  } catch (error) {
+    throw `invalid arguments: ${error.message}`;
+  }
+  return { count: value.count ?? 3, intervalMs: value.interval_ms ?? 100 };
+}
+
+/** One task: its own instance, so its state lives here, not in globals. */
+class Lines {
+  constructor(count, intervalMs) {
+    this.start = now();
+    this.count = count;
+    this.intervalNs = BigInt(intervalMs) * 1000000n;
+    this.emitted = 0;
+    this.cancelled = false;
+    this.output = '';
+  }
+
+  /** When line `n` (from 1) is due: computed from the start, so no drift. */
+  due(n) {
+    return this.start + BigInt(n) * this.intervalNs;
+  }
+
+  /** Emits every line due by now. */
+  catchUp() {
+    const at = now();
+    while (!this.cancelled && this.emitted < this.count && this.due(this.emitted + 1) <= at) {
+      this.emitted += 1;
+      this.output += `line ${this.emitted}\n`;
+    }
+  }
+
+  cancel(_reason) {
+    this.catchUp();
+    this.cancelled = true;
+  }
+
+  subscribe() {
+    this.catchUp();
+    if (this.cancelled || this.emitted >= this.count) return subscribeDuration(0n);
+    return subscribeInstant(this.due(this.emitted + 1));
+  }
+
+  done() {
+    this.catchUp();
+    let status;
+    if (this.cancelled) status = 'killed';
+    else if (this.emitted >= this.count) status = 'completed';
+    else return undefined;
+    return { status, detail: `lines: ${this.emitted}` };
+  }
+
+  readOutput() {
+    this.catchUp();
+    const text = this.output;
+    this.output = '';
+    return text;
+  }
+}
+
+export const producer = {
+  describe(_config) {
+    return { kind: KIND, description: DESCRIPTION, parameters: JSON.stringify(SCHEMA), streamsOutput: true };
+  },
+  label(_config, args) {
+    const { count, intervalMs } = parseArgs(args);
+    return `${count} lines, one every ${intervalMs} ms`;
+  },
+  run(_config, args, _mode) {
+    const { count, intervalMs } = parseArgs(args);
+    return new Lines(count, intervalMs);
+  },
+  Task: Lines,
+};
+"#;
+
+/// The skeleton's `package.json`: its name, version and dependencies must
+/// match [`JS_LOCK`]'s root entry, or `npm ci` refuses the lockfile.
+/// ComponentizeJS 0.23.0 imports `@bytecodealliance/preview2-shim` at run
+/// time but declares it only as a development dependency, so it is listed
+/// here (else `npm ci` leaves it out and the build fails to start).
+const JS_PACKAGE: &str = r#"{
+  "name": "{name}",
+  "version": "0.1.0",
+  "private": true,
+  "type": "module",
+  "scripts": {
+    "build": "componentize-js src/index.js --wit wit --world-name plugin -d http -d fetch-event -o {name}.wasm"
+  },
+  "devDependencies": {
+    "@bytecodealliance/componentize-js": "0.23.0",
+    "@bytecodealliance/preview2-shim": "0.25.0"
+  }
+}
+"#;
+
+/// The JavaScript example's lockfile (its name is replaced): the toolchain
+/// CI builds and tests the example with.
+const JS_LOCK: &str = include_str!("../../../plugins/examples/js-ticker/package-lock.json");
+
+const JS_README: &str = r#"# {name}
+
+A taskhost producer plugin (JavaScript, built with ComponentizeJS). Build,
+check and call it:
+
+```sh
+npm ci                 # installs ComponentizeJS as package-lock.json pins it
+npm run build
+taskhost check {name}.wasm
+taskhost call {name}.wasm '{"count": 3}' --background
+```
+
+`wit/` is the contract of the taskhost that created this directory
+(`taskhost:producer@0.1.0`); `src/index.js` implements it. The build
+disables `http` and `fetch-event` (`-d http -d fetch-event`): taskhost
+grants no `wasi:http` and refuses a component that imports it.
+
+ComponentizeJS output differs on every build of the same source, so every
+rebuild is a new plugin version to taskhost (and compiled afresh).
+"#;
+
+/// The JavaScript skeleton's lockfile: [`JS_LOCK`] under the skeleton's name.
+fn js_lock(name: &str) -> String {
+    JS_LOCK.replacen("\"name\": \"js-ticker\"", &format!("\"name\": {name:?}"), 2)
+}
+
 pub fn run(args: NewArgs) -> anyhow::Result<()> {
     let name = args.name.as_str();
     let valid = name.len() <= 64
@@ -252,16 +546,47 @@ pub fn run(args: NewArgs) -> anyhow::Result<()> {
             write(&dir, "src/lib.rs", &LIB_RS.replace("{name}", name))?;
             write(&dir, "README.md", &README.replace("{name}", name).replace("{file}", &file))?;
             write(&dir, ".gitignore", "/target\n")?;
-            for (path, text) in WIT {
-                write(&dir, &format!("wit/{path}"), text)?;
-            }
         }
+        Lang::Python => {
+            write(&dir, "app.py", &PY_APP.replace("{name}", name))?;
+            let readme = PY_README.replace("{name}", name).replace("{componentize_py}", COMPONENTIZE_PY_VERSION);
+            write(&dir, "README.md", &readme)?;
+            write(&dir, ".gitignore", "*.wasm\n__pycache__/\n/bindings\n")?;
+        }
+        Lang::Js => {
+            write(&dir, "src/index.js", &JS_INDEX.replace("{name}", name))?;
+            write(&dir, "package.json", &JS_PACKAGE.replace("{name}", name))?;
+            write(&dir, "package-lock.json", &js_lock(name))?;
+            write(&dir, "README.md", &JS_README.replace("{name}", name))?;
+            write(&dir, ".gitignore", "*.wasm\n/node_modules\n")?;
+        }
+    }
+    for (path, text) in WIT {
+        write(&dir, &format!("wit/{path}"), text)?;
     }
     println!("created {} ({:?})", dir.display(), args.lang);
     println!("  cd {}", dir.display());
-    println!("  cargo build --release --target wasm32-wasip2");
-    println!("  taskhost check target/wasm32-wasip2/release/{file}.wasm");
+    for step in build_steps(args.lang, name) {
+        println!("  {step}");
+    }
     Ok(())
+}
+
+/// The commands that build and check a new skeleton, from its directory.
+pub fn build_steps(lang: Lang, name: &str) -> Vec<String> {
+    let file = name.replace('-', "_");
+    match lang {
+        Lang::Rust => vec![
+            "cargo build --release --target wasm32-wasip2".into(),
+            format!("taskhost check target/wasm32-wasip2/release/{file}.wasm"),
+        ],
+        Lang::Python => vec![
+            format!("python3 -m pip install componentize-py=={COMPONENTIZE_PY_VERSION}   # once"),
+            format!("componentize-py -d wit -w plugin componentize app -o {name}.wasm"),
+            format!("taskhost check {name}.wasm"),
+        ],
+        Lang::Js => vec!["npm ci".into(), "npm run build".into(), format!("taskhost check {name}.wasm")],
+    }
 }
 
 fn write(dir: &Path, relative: &str, text: &str) -> anyhow::Result<()> {

@@ -279,3 +279,91 @@ fn new_rust_skeleton_builds_and_passes_check() {
     assert!(text(&call.stdout).contains("line 1\nline 2\nline 3\n[status: completed, lines: 3]"), "{call:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `program args` in `dir`; a missing program fails with what to run.
+fn run_tool(dir: &Path, program: &str, args: &[&str]) -> Output {
+    match Command::new(program).args(args).current_dir(dir).output() {
+        Ok(output) => output,
+        Err(err) => panic!("cannot run {program} ({err}): install the plugin toolchains with .ci/setup"),
+    }
+}
+
+/// Checks `wasm` (named `name`) and calls it in the background: it streams
+/// three lines and completes, as every skeleton does.
+fn assert_skeleton_works(dir: &Path, wasm: &Path, name: &str) {
+    let wasm = wasm.to_str().unwrap();
+    let check = taskhost(dir, &["check", wasm]);
+    assert_eq!(check.status.code(), Some(0), "{check:?}");
+    assert!(text(&check.stdout).contains(&format!("\"name\": \"{name}\"")), "{check:?}");
+    let call = taskhost(dir, &["call", wasm, r#"{"count": 3, "interval_ms": 5}"#, "--background"]);
+    assert_eq!(call.status.code(), Some(0), "{call:?}");
+    assert!(text(&call.stdout).contains("line 1\nline 2\nline 3\n[status: completed, lines: 3]"), "{call:?}");
+}
+
+/// `new --lang python` writes a module that builds with the pinned
+/// componentize-py, with the very command the binary prints, and passes
+/// `check`; its task streams and completes through `call`. A missing
+/// componentize-py fails the test (CI installs it with `.ci/setup`).
+#[test]
+fn new_python_skeleton_builds_and_passes_check() {
+    let dir = common::temp_dir("new-python");
+    let output = taskhost(&dir, &["new", "py-lines", "--lang", "python"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = text(&output.stdout);
+    let build = "componentize-py -d wit -w plugin componentize app -o py-lines.wasm";
+    assert!(stdout.contains(build), "{stdout}");
+    let skeleton = dir.join("py-lines");
+    assert!(skeleton.join("wit/producer.wit").is_file() && skeleton.join("app.py").is_file());
+
+    let version = run_tool(&skeleton, "componentize-py", &["--version"]);
+    let pinned = format!("componentize-py {}", taskhost::cli::new::COMPONENTIZE_PY_VERSION);
+    assert_eq!(text(&version.stdout).trim(), pinned, "run .ci/setup for the pinned componentize-py");
+    let args: Vec<&str> = build.split(' ').skip(1).collect();
+    let built = run_tool(&skeleton, "componentize-py", &args);
+    assert!(built.status.success(), "the skeleton does not build: {}", text(&built.stderr));
+    assert_skeleton_works(&dir, &skeleton.join("py-lines.wasm"), "py-lines");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `new --lang js` writes a package whose lockfile is the JavaScript
+/// example's (so `npm ci` installs the toolchain CI tests), which builds
+/// with `npm run build` and passes `check`. The example's installed
+/// `node_modules` stands in for the skeleton's `npm ci` (the same lockfile
+/// gives the same tree); a missing one fails the test (run `.ci/setup`).
+#[test]
+fn new_js_skeleton_builds_and_passes_check() {
+    let dir = common::temp_dir("new-js");
+    let output = taskhost(&dir, &["new", "js-lines", "--lang", "js"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("npm ci\n  npm run build\n  taskhost check js-lines.wasm"), "{stdout}");
+    let skeleton = dir.join("js-lines");
+
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/examples/js-ticker");
+    let lock = |path: &Path| {
+        let lock: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        lock["packages"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| !k.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        lock(&skeleton.join("package-lock.json")),
+        lock(&example.join("package-lock.json")),
+        "the skeleton pins the example's toolchain"
+    );
+    let modules = example.join("node_modules");
+    assert!(
+        modules.join(".bin/componentize-js").exists(),
+        "ComponentizeJS is not installed in {}: run .ci/setup",
+        example.display()
+    );
+    std::os::unix::fs::symlink(&modules, skeleton.join("node_modules")).unwrap();
+    let built = run_tool(&skeleton, "npm", &["run", "build"]);
+    assert!(built.status.success(), "the skeleton does not build: {}{}", text(&built.stdout), text(&built.stderr));
+    assert_skeleton_works(&dir, &skeleton.join("js-lines.wasm"), "js-lines");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,6 +13,7 @@ mod control_tools;
 mod grant_programs;
 mod plugin_bounds;
 mod plugin_errors;
+mod polyglot;
 mod reload;
 mod subagent_plugin;
 mod subagents;

@@ -1,0 +1,277 @@
+//! The Python and JavaScript example producers (`plugins/examples/python-ticker`,
+//! built with componentize-py, and `plugins/examples/js-ticker`, built with
+//! ComponentizeJS) end to end: each is built by its own `build.sh`, checked
+//! by `taskhost check` (the exact tool definition the model sees), called
+//! through the real binary (`taskhost call … --background`, streamed and
+//! with `--wait`), and killed in-process through the task registry (the
+//! guest's `cancel` must end the task `killed` after the lines it emitted).
+//!
+//! Invariants:
+//! - A missing toolchain FAILS every test here with a message that says to
+//!   run `.ci/setup` (which installs both); nothing passes silently.
+//! - Builds are cached in `target/tmp/polyglot/`: each `build.sh` keeps its
+//!   output while the hash of its sources, the WIT and the toolchain version
+//!   (stored next to it as `<name>.wasm.source`) is unchanged, so repeated
+//!   runs neither rebuild nor (the `.wasm` being the same file) recompile:
+//!   the binary's compile cache (`XDG_CACHE_HOME`) and the in-process
+//!   engine's share one directory there. In one run, an example is built
+//!   and first compiled once (a `OnceLock`), before any test uses it.
+//! - Synchronization is on signals only: process exit, registry output
+//!   events and `wait`; never on sleeps.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use taskhost::agents::AgentRegistry;
+use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::producer::{Producer as _, RunMode};
+use taskhost::tasks::{RegistryConfig, TaskEvent, TaskRegistry, TaskStart, TaskStatus};
+
+const BIN: &str = env!("CARGO_BIN_EXE_taskhost-cli");
+
+/// Every wait for a task is bounded by this (a debug host on a loaded machine).
+const BOUND: Duration = Duration::from_secs(60);
+
+/// One example plugin and how to build it.
+struct Example {
+    /// Its directory under `plugins/examples/` and its task kind.
+    name: &'static str,
+    /// The toolchain it needs, for the failure message.
+    toolchain: &'static str,
+    built: OnceLock<PathBuf>,
+}
+
+static PYTHON: Example = Example { name: "python-ticker", toolchain: "componentize-py", built: OnceLock::new() };
+static JS: Example = Example { name: "js-ticker", toolchain: "ComponentizeJS", built: OnceLock::new() };
+
+/// `target/tmp/polyglot`: the build outputs and the compile cache.
+fn work_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("polyglot")
+}
+
+/// The compile cache directory of the binary (under `XDG_CACHE_HOME`) and of
+/// the in-process engine.
+fn components_dir() -> PathBuf {
+    work_dir().join("xdg-cache/taskhost/components")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs the real binary with the shared compile cache.
+fn taskhost(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("XDG_CACHE_HOME", work_dir().join("xdg-cache"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run taskhost")
+}
+
+impl Example {
+    /// The built component: built (or found up to date) by `build.sh` and
+    /// compiled into the cache by one `taskhost check`, once per run.
+    fn wasm(&self) -> &Path {
+        self.built.get_or_init(|| {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/examples").join(self.name).join("build.sh");
+            let out = work_dir().join(format!("{}.wasm", self.name));
+            let build = Command::new(&script).arg(&out).output().expect("run build.sh");
+            match build.status.code() {
+                Some(0) => {}
+                Some(127) => panic!(
+                    "{} is not installed, so the {} example cannot be built: run .ci/setup\n{}",
+                    self.toolchain,
+                    self.name,
+                    text(&build.stderr)
+                ),
+                _ => panic!("{} does not build: {build:?}\n{}", script.display(), text(&build.stderr)),
+            }
+            let warm = taskhost(&["check", out.to_str().unwrap()]);
+            assert_eq!(warm.status.code(), Some(0), "{warm:?}");
+            out
+        })
+    }
+
+    fn path(&self) -> &str {
+        self.wasm().to_str().unwrap()
+    }
+}
+
+/// The tool definition both examples give, with their kind and language.
+fn expected_definition(kind: &str, language: &str) -> Value {
+    json!({
+        "name": kind,
+        "description": format!("Emits a numbered line every interval_ms milliseconds, count times (a {language} plugin)."),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "count": {
+                    "type": "integer", "minimum": 0, "maximum": 100000, "default": 3,
+                    "description": "How many lines to emit."
+                },
+                "interval_ms": {
+                    "type": "integer", "minimum": 0, "maximum": 3600000, "default": 1000,
+                    "description": "Milliseconds between two lines."
+                },
+                "message": {
+                    "type": "string", "default": "tick",
+                    "description": "The text of each line, followed by its number."
+                },
+                "run_in_background": {
+                    "type": "boolean",
+                    "description": "Run in the background: the call returns a task id at once. Collect the output \
+                                    later with task_output and stop the task with task_kill. Default false."
+                }
+            },
+            "additionalProperties": false
+        }
+    })
+}
+
+/// `check` succeeds and prints exactly `expected` as the tool definition.
+fn assert_check(example: &Example, expected: Value) {
+    let output = taskhost(&["check", example.path()]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(stdout.contains("fits taskhost:producer@0.1.0"), "{stdout}");
+    assert!(stdout.contains(&format!("tool {} — plugin {}", example.name, example.name)), "{stdout}");
+    let definition = stdout
+        .split_once("as the model sees it:\n")
+        .and_then(|(_, rest)| rest.split_once("\n\nok: "))
+        .unwrap_or_else(|| panic!("no tool definition in:\n{stdout}"))
+        .0;
+    let definition: Value = serde_json::from_str(definition).expect("the definition is JSON");
+    assert_eq!(definition, expected);
+    assert!(stdout.ends_with(&format!("ok: {} is a valid taskhost producer plugin\n", example.path())), "{stdout}");
+}
+
+/// `call --background` streams the lines and the status; with `--wait` the
+/// one `task_output` read has them all. Exit code 0: the task completed.
+fn assert_call(example: &Example) {
+    let kind = example.name;
+    let args = r#"{"count": 3, "interval_ms": 20, "message": "beat"}"#;
+    for wait in [false, true] {
+        let mut argv = vec!["call", example.path(), args, "--background"];
+        if wait {
+            argv.push("--wait");
+        }
+        let output = taskhost(&argv);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        let stdout = text(&output.stdout);
+        let (start, rest) = stdout.split_once('\n').unwrap();
+        assert_eq!(start, format!("started background {kind} task {kind}-1"), "{stdout}");
+        assert!(rest.contains("beat 1\nbeat 2\nbeat 3\n[status: completed, ticks: 3]"), "wait: {wait}: {stdout}");
+        assert!(!rest.contains("beat 4"), "{stdout}");
+    }
+
+    // The instance config reaches `describe` and `run`; a wrong one is
+    // refused with the plugin's message.
+    let output = taskhost(&[
+        "call",
+        example.path(),
+        "--config",
+        r#"{"default_message": "hi"}"#,
+        r#"{"count": 1, "interval_ms": 0}"#,
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(text(&output.stdout).contains("hi 1\n"), "{output:?}");
+    let output = taskhost(&["check", example.path(), "--config", r#"{"colour": 1}"#]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(text(&output.stderr).contains("invalid config: unknown field"), "{output:?}");
+}
+
+/// A long task killed through the registry after its second line: the
+/// guest's `cancel` ends it `killed`, `after <n> ticks`, and exactly the
+/// lines 1..=n were streamed.
+async fn assert_kill(example: &Example) {
+    taskhost_tests::logs::init();
+    let engine =
+        PluginEngine::new(PluginRuntimeConfig { cache_dir: Some(components_dir()), ..PluginRuntimeConfig::default() })
+            .expect("engine");
+    let version = engine.load_file(example.wasm()).await.expect("the example loads");
+    let producer = WasmProducer::new(version, json!({})).await.expect("describe");
+
+    let agents = AgentRegistry::new();
+    let agent = agents.create("agent", "session-1").expect("agent");
+    let registry = TaskRegistry::new(agents, RegistryConfig::default());
+    let _surface = registry.attach_surface("test");
+    let mut events = registry.subscribe();
+    let prepared =
+        producer.prepare(json!({"count": 100000, "interval_ms": 10}), RunMode::Background).await.expect("prepare");
+    let id = registry
+        .start(TaskStart {
+            kind: producer.descriptor().kind.clone(),
+            label: prepared.label,
+            owner: Some(agent.clone()),
+            producer_info: prepared.producer_info,
+            run: prepared.run,
+        })
+        .await
+        .expect("start");
+
+    // Read as output events arrive until two lines are in.
+    let mut streamed = String::new();
+    tokio::time::timeout(BOUND, async {
+        while streamed.lines().count() < 2 {
+            match events.recv().await {
+                Ok(TaskEvent::Output { id: ref of, .. }) if *of == id => {
+                    streamed.push_str(&registry.read(&id, Some(&agent)).await.expect("read").text);
+                }
+                Ok(TaskEvent::Settled { .. }) => panic!("the task ended before it was killed"),
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(err) => panic!("{err}"),
+            }
+        }
+    })
+    .await
+    .expect("two lines within the bound");
+
+    registry.kill(&id, Some(&agent), Some("test")).await.expect("kill");
+    let snapshot = registry.wait(&id, BOUND, Some(&agent), None).await.expect("wait");
+    assert_eq!(snapshot.status, TaskStatus::Killed, "{snapshot:?}");
+    streamed.push_str(&registry.read(&id, Some(&agent)).await.expect("read").text);
+    let detail = snapshot.detail.expect("a detail");
+    let n: usize = detail
+        .strip_prefix("after ")
+        .and_then(|d| d.strip_suffix(" ticks"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("detail {detail:?}"));
+    assert!((2..100000).contains(&n), "{detail}");
+    let expected: String = (1..=n).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(streamed, expected);
+}
+
+#[test]
+fn python_check_prints_the_exact_tool_definition() {
+    assert_check(&PYTHON, expected_definition("python-ticker", "Python"));
+}
+
+#[test]
+fn python_call_streams_lines_and_completes() {
+    assert_call(&PYTHON);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_kill_cancels_the_task() {
+    assert_kill(&PYTHON).await;
+}
+
+#[test]
+fn js_check_prints_the_exact_tool_definition() {
+    assert_check(&JS, expected_definition("js-ticker", "JavaScript"));
+}
+
+#[test]
+fn js_call_streams_lines_and_completes() {
+    assert_call(&JS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_kill_cancels_the_task() {
+    assert_kill(&JS).await;
+}
