@@ -286,7 +286,8 @@ def parse_args(args: str):
 
 class Producer(wit_world.exports.Producer):
     def describe(self, config: str) -> Descriptor:
-        return Descriptor(KIND, DESCRIPTION, json.dumps(SCHEMA), True)
+        # streams-output: true; takes-input: false (no `interactive` offered).
+        return Descriptor(KIND, DESCRIPTION, json.dumps(SCHEMA), True, False)
 
     def label(self, config: str, args: str) -> str:
         count, interval_ms = parse_args(args)
@@ -343,6 +344,10 @@ class Lines(producer.Task):
         self.catch_up()
         text, self.output = self.output, ""
         return text
+
+    def write_input(self, data: bytes, close: bool) -> None:
+        # Only asked of kinds whose descriptor takes input; this one does not.
+        raise Err(f"{KIND} tasks take no input")
 "##;
 
 const PY_README: &str = r#"# {name}
@@ -455,11 +460,18 @@ class Lines {
     this.output = '';
     return text;
   }
+
+  // Only asked of kinds whose descriptor takes input; this one does not.
+  writeInput(_data, _close) {
+    throw `${KIND} tasks take no input`;
+  }
 }
 
 export const producer = {
   describe(_config) {
-    return { kind: KIND, description: DESCRIPTION, parameters: JSON.stringify(SCHEMA), streamsOutput: true };
+    return {
+      kind: KIND, description: DESCRIPTION, parameters: JSON.stringify(SCHEMA), streamsOutput: true, takesInput: false,
+    };
   },
   label(_config, args) {
     const { count, intervalMs } = parseArgs(args);

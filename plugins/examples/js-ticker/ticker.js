@@ -16,7 +16,7 @@
 // (clock instants) are BigInts; enums are their WIT names as strings.
 
 import { now, subscribeDuration, subscribeInstant } from 'wasi:clocks/monotonic-clock@0.2.12';
-import { log } from 'taskhost:producer/host-log@0.1.0';
+import { log } from 'taskhost:producer/host-log@0.2.0';
 
 const KIND = 'js-ticker';
 const DESCRIPTION = 'Emits a numbered line every interval_ms milliseconds, count times (a JavaScript plugin).';
@@ -121,6 +121,11 @@ class Task {
     this.output = '';
     return text;
   }
+
+  // Only asked of kinds whose descriptor takes input; this one does not.
+  writeInput(_data, _close) {
+    throw `${KIND} tasks take no input`;
+  }
 }
 
 export const producer = {
@@ -139,7 +144,10 @@ export const producer = {
       additionalProperties: false,
     };
     // Never declare `run_in_background`: the host adds it.
-    return { kind: KIND, description: DESCRIPTION, parameters: JSON.stringify(schema), streamsOutput: true };
+    // Streams output; takes no input (the host offers no `interactive`).
+    return {
+      kind: KIND, description: DESCRIPTION, parameters: JSON.stringify(schema), streamsOutput: true, takesInput: false,
+    };
   },
 
   label(config, args) {

@@ -74,8 +74,9 @@ class Producer(wit_world.exports.Producer):
             },
             "additionalProperties": False,
         }
-        # Never declare `run_in_background`: the host adds it.
-        return Descriptor(KIND, DESCRIPTION, json.dumps(schema), True)
+        # Never declare `run_in_background`: the host adds it. Streams output
+        # (true); takes no input (false: the host offers no `interactive`).
+        return Descriptor(KIND, DESCRIPTION, json.dumps(schema), True, False)
 
     def label(self, config: str, args: str) -> str:
         count, interval_ms, _ = parse_args(args, parse_config(config))
@@ -139,3 +140,7 @@ class Ticker(producer.Task):
         text = "".join(self.output)
         self.output.clear()
         return text
+
+    def write_input(self, data: bytes, close: bool) -> None:
+        # Only asked of kinds whose descriptor takes input; this one does not.
+        raise Err(f"{KIND} tasks take no input")

@@ -47,8 +47,12 @@ async fn fixture(test: &str) -> Fixture {
     ] {
         let version = engine.load_file(path).await.unwrap_or_else(|e| panic!("load {name}: {e:#}"));
         let producer = WasmProducer::new(version, json!({})).await.expect("describe").with_process(capability.clone());
-        let options =
-            ProducerToolOptions { name: name.into(), background: true, foreground_timeout: Duration::from_secs(60) };
+        let options = ProducerToolOptions {
+            name: name.into(),
+            background: true,
+            foreground_timeout: Duration::from_secs(60),
+            promote_after: None,
+        };
         host.add_producer(Arc::new(producer), options).expect("tool name is valid");
     }
     let context = CallContext::for_agent(&host.create_agent("a", format!("s-contract-{test}")).unwrap());

@@ -138,14 +138,18 @@ fn assert_check(example: &Example, expected: Value) {
     let output = taskhost(&["check", example.path()]);
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    assert!(stdout.contains("fits taskhost:producer@0.1.0"), "{stdout}");
+    assert!(stdout.contains("fits taskhost:producer@0.2.0"), "{stdout}");
     assert!(stdout.contains(&format!("tool {} — plugin {}", example.name, example.name)), "{stdout}");
     let definition = stdout
         .split_once("as the model sees it:\n")
         .and_then(|(_, rest)| rest.split_once("\n\nok: "))
         .unwrap_or_else(|| panic!("no tool definition in:\n{stdout}"))
         .0;
-    let definition: Value = serde_json::from_str(definition).expect("the definition is JSON");
+    let mut definition: Value = serde_json::from_str(definition).expect("the definition is JSON");
+    // The host adds `notify_on` to every stream kind (its text is the host's,
+    // tested with the control tools); no `interactive`: the kind takes no input.
+    let notify_on = definition["inputSchema"]["properties"].as_object_mut().and_then(|p| p.remove("notify_on"));
+    assert_eq!(notify_on.as_ref().map(|n| &n["type"]), Some(&json!("object")), "{stdout}");
     assert_eq!(definition, expected);
     assert!(stdout.ends_with(&format!("ok: {} is a valid taskhost producer plugin\n", example.path())), "{stdout}");
 }
@@ -209,6 +213,7 @@ async fn assert_kill(example: &Example) {
             label: prepared.label,
             owner: Some(agent.clone()),
             producer_info: prepared.producer_info,
+            options: Default::default(),
             run: prepared.run,
         })
         .await
