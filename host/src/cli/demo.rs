@@ -8,7 +8,8 @@
 //! starts use the new one), a broken build refused while the old version
 //! keeps serving, a kill, a confined bash command and the kill of a bash tree
 //! with an escaped daemon, a long foreground call moved to the background,
-//! a milestone notice, views that consume nothing, `task_wait`, completion
+//! a milestone notice, views that consume nothing, `task_wait`, input to an
+//! interactive command, completion
 //! notices, and the task list. Each step
 //! checks what it claims, so the demo fails loudly instead of telling a
 //! wrong story.
@@ -183,8 +184,8 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// What agents expect beyond reads and kills: a long foreground call moved
-/// to the background, a milestone notice, views that consume nothing, and
-/// waiting for whichever task finishes first.
+/// to the background, a milestone notice, views that consume nothing,
+/// waiting for whichever task finishes first, and input to a running command.
 async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
     demo.say(
         "A foreground command that runs long moves to the background by itself (after 1 s here, 30 s by default).",
@@ -228,6 +229,34 @@ async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
     let rest = demo.call("task_output", json!({"task_id": promoted})).await?;
     ensure!(rest.contains("build step 8"), "the consuming read lost output after the views: {rest}");
     demo.call("task_kill", json!({"task_id": server})).await?;
+
+    demo.say("An interactive command: started with interactive: true, it reads what task_input sends.");
+    let repl = started_id(
+        &demo
+            .call(
+                "bash",
+                json!({
+                    "command": "while read -r line; do echo \"you said: $line\"; done; echo \"input closed\"",
+                    "run_in_background": true,
+                    "interactive": true
+                }),
+            )
+            .await?,
+    )?;
+    demo.call("task_input", json!({"task_id": repl, "text": "hello\n"})).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let peek = demo.host.registry().peek(&crate::ids::TaskId::new(repl.as_str()), Some(&demo.agent), 0).await?;
+        if peek.text.contains("you said: hello") {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "{repl} never answered its input");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    demo.call("task_output", json!({"task_id": repl})).await?;
+    demo.call("task_input", json!({"task_id": repl, "text": "bye\n", "close": true})).await?;
+    let text = demo.call("task_output", json!({"task_id": repl, "wait": true, "timeout_ms": 10000})).await?;
+    ensure!(text.ends_with("input closed\n[status: completed, exit code: 0]"), "{repl} did not end on close: {text}");
     Ok(())
 }
 
