@@ -200,7 +200,8 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     // Ignores TERM: SIGKILL after the grace.
     let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.05; done";
     let process = host.spawn(&grant, bash(stubborn, &mark), &tracing::Span::none()).await.unwrap();
-    await_marked(&mark, 1).await;
+    // "ready" comes after the trap is set: a TERM before it would end bash.
+    read_until(&process, &mut String::new(), "ready\n").await;
     let started = std::time::Instant::now();
     process.kill();
     let (_, _, _, status) = drain(&process).await;
