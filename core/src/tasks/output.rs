@@ -329,10 +329,18 @@ impl OutputLog {
                 offset += n as u64;
                 let mut chunk = &buffer[..n];
                 while let Some(at) = chunk.iter().position(|&b| b == b'\n') {
-                    if !carry_cut {
-                        push_capped_bytes(&mut carry, &chunk[..at]);
-                    }
-                    if view.line(number, &carry).is_break() {
+                    let flow = if carry.is_empty() {
+                        // The common case: a whole line in this chunk, shown
+                        // without a copy when it is valid UTF-8.
+                        let line = &chunk[..at.min(LINE_LIMIT)];
+                        view.line(number, &String::from_utf8_lossy(line))
+                    } else {
+                        if !carry_cut {
+                            push_capped_bytes(&mut carry, &chunk[..at]);
+                        }
+                        view.line(number, &carry)
+                    };
+                    if flow.is_break() {
                         return;
                     }
                     number += 1;
