@@ -437,20 +437,9 @@ impl TaskRegistry {
             }
         };
 
-        let control = hooks.control.clone();
-        let owner_session = owner.as_ref().map(|agent| agent.session().clone());
-        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
-        control.watch_output(self.output_signal(&id, owner_session));
-
-        if cancel_now {
-            // The owner (or the registry) began disposing while this start
-            // was in flight; its cleanup is waiting for this task to settle.
-            let registry = self.clone();
-            let id = id.clone();
-            tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
-        }
         Ok(id)
     }
 
@@ -465,17 +454,26 @@ impl TaskRegistry {
             Ok(reservation) => reservation,
             Err(error) => return Err((error, hooks)),
         };
-        let control = hooks.control.clone();
-        let owner_session = owner.as_ref().map(|agent| agent.session().clone());
-        let (id, cancel_now) = self.commit(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         tracing::info!(task = %id, "foreground run adopted as a background task");
+        Ok(id)
+    }
+
+    /// Commits running work and wires it up: the output signal (drains and
+    /// events), and a teardown when its owner began disposing meanwhile.
+    fn register(&self, reservation: Reservation, identity: Identity, hooks: TaskHooks) -> TaskId {
+        let control = hooks.control.clone();
+        let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
+        let (id, cancel_now) = self.commit(reservation, identity, hooks);
         control.watch_output(self.output_signal(&id, owner_session));
         if cancel_now {
+            // The owner (or the registry) began disposing while this start
+            // was in flight; its cleanup is waiting for this task to settle.
             let registry = self.clone();
             let id = id.clone();
             tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
         }
-        Ok(id)
+        id
     }
 
     fn preflight(&self, kind: &str, label: &str, owner: Option<&Agent>) -> Result<Reservation, TaskError> {
