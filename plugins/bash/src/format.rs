@@ -83,23 +83,40 @@ fn incomplete_tail(bytes: &[u8]) -> usize {
     0
 }
 
-/// Renders one read of both streams.
+/// Renders one read of both streams: stdout first, then stderr. Reads of a
+/// background task are concatenated by the host into one log, so a section
+/// header is written where the stream changes, across reads: `[stderr]`
+/// before stderr text that follows stdout (or starts the output), `[stdout]`
+/// before stdout text that follows stderr. `in_stderr` carries which stream
+/// the output last showed.
 pub fn format_delta(
     mode: Mode,
     stdout: &Chunk,
     stdout_carry: &mut Utf8Carry,
     stderr: &Chunk,
     stderr_carry: &mut Utf8Carry,
+    in_stderr: &mut bool,
 ) -> String {
     let mut text = String::new();
-    append_stream(&mut text, mode, stdout, stdout_carry);
+    let mut out = String::new();
+    append_stream(&mut out, mode, stdout, stdout_carry);
+    if !out.is_empty() {
+        if *in_stderr {
+            text.push_str("[stdout]\n");
+            *in_stderr = false;
+        }
+        text.push_str(&out);
+    }
     let mut err = String::new();
     append_stream(&mut err, mode, stderr, stderr_carry);
     if !err.is_empty() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
+        if !*in_stderr {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("[stderr]\n");
+            *in_stderr = true;
         }
-        text.push_str("[stderr]\n");
         text.push_str(&err);
     }
     text
@@ -160,13 +177,19 @@ mod tests {
     }
 
     #[test]
-    fn stderr_follows_under_its_header() {
-        let (mut o, mut e) = (Utf8Carry::default(), Utf8Carry::default());
-        let text = format_delta(Mode::Background, &chunk(b"out"), &mut o, &chunk(b"err\n"), &mut e);
+    fn a_header_marks_each_change_of_stream_across_reads() {
+        let (mut o, mut e, mut in_err) = (Utf8Carry::default(), Utf8Carry::default(), false);
+        let text = format_delta(Mode::Background, &chunk(b"out"), &mut o, &chunk(b"err\n"), &mut e, &mut in_err);
         assert_eq!(text, "out\n[stderr]\nerr\n");
-        let text = format_delta(Mode::Background, &chunk(b""), &mut o, &chunk(b""), &mut e);
+        let text = format_delta(Mode::Background, &chunk(b""), &mut o, &chunk(b""), &mut e, &mut in_err);
         assert_eq!(text, "");
-        let text = format_delta(Mode::Background, &chunk(b""), &mut o, &chunk(b"only err"), &mut e);
+        // Still stderr: the header is not repeated, so concatenated reads read right.
+        let text = format_delta(Mode::Background, &chunk(b""), &mut o, &chunk(b"more err\n"), &mut e, &mut in_err);
+        assert_eq!(text, "more err\n");
+        let text = format_delta(Mode::Background, &chunk(b"out again\n"), &mut o, &chunk(b""), &mut e, &mut in_err);
+        assert_eq!(text, "[stdout]\nout again\n");
+        let (mut o, mut e, mut in_err) = (Utf8Carry::default(), Utf8Carry::default(), false);
+        let text = format_delta(Mode::Background, &chunk(b""), &mut o, &chunk(b"only err"), &mut e, &mut in_err);
         assert_eq!(text, "[stderr]\nonly err");
     }
 
@@ -175,12 +198,12 @@ mod tests {
         let (mut o, mut e) = (Utf8Carry::default(), Utf8Carry::default());
         let dropped =
             Chunk { data: b"tail\n".to_vec(), dropped: true, spill_path: Some("/s/out.log".into()), closed: false };
-        let text = format_delta(Mode::Background, &dropped, &mut o, &chunk(b""), &mut e);
+        let text = format_delta(Mode::Background, &dropped, &mut o, &chunk(b""), &mut e, &mut false);
         assert_eq!(text, "[some output was dropped from memory; full output: /s/out.log]\ntail\n");
-        let text = format_delta(Mode::Foreground, &dropped, &mut o, &chunk(b""), &mut e);
+        let text = format_delta(Mode::Foreground, &dropped, &mut o, &chunk(b""), &mut e, &mut false);
         assert_eq!(text, "[output truncated; full output: /s/out.log]\ntail\n");
         let err_dropped = Chunk { spill_path: Some("/s/err.log".into()), ..dropped };
-        let text = format_delta(Mode::Background, &chunk(b"x\n"), &mut o, &err_dropped, &mut e);
+        let text = format_delta(Mode::Background, &chunk(b"x\n"), &mut o, &err_dropped, &mut e, &mut false);
         assert_eq!(text, "x\n[stderr]\n[some output was dropped from memory; full output: /s/err.log]\ntail\n");
     }
 }

@@ -7,7 +7,9 @@
 //! store goes away. This plugin only turns the process into a task:
 //!
 //! - Background: `read-output` returns consuming deltas: stdout, then stderr
-//!   under a `[stderr]` header, each preceded by
+//!   under a `[stderr]` header (the host concatenates deltas into one log,
+//!   so a header marks every change of stream across deltas, `[stdout]`
+//!   included), each preceded by
 //!   `[some output was dropped from memory; full output: <path>]` when a
 //!   reader fell more than the memory cap behind.
 //! - Interactive (a background start with `interactive: true`): as
@@ -139,8 +141,8 @@ impl Guest for Bash {
     fn describe(config: String) -> Result<Descriptor, String> {
         let config = BashConfig::parse(&config)?;
         let description = format!(
-            "Runs a bash command and returns its output: stdout, then stderr under a [stderr] header, \
-             and the exit code. stdin is /dev/null (unless started in the background with interactive: true, \
+            "Runs a bash command and returns its output: stdout, then stderr under a [stderr] header \
+             (in background output a [stdout] header marks stdout again after stderr), and the exit code. stdin is /dev/null (unless started in the background with interactive: true, \
              then send it lines with task_input), so use non-interactive flags; NO_COLOR=1, TERM=dumb \
              and PAGER=cat are set. A foreground call waits up to timeout_ms (default {}, at most {}) \
              and then kills the command and everything it started. Run long or endless commands \
@@ -234,6 +236,8 @@ struct State {
     cancelled: bool,
     stdout: Utf8Carry,
     stderr: Utf8Carry,
+    /// The output last showed stderr (the next stdout text gets `[stdout]`).
+    in_stderr: bool,
     /// The timeout line was added to the output.
     timeout_reported: bool,
 }
@@ -308,7 +312,8 @@ impl GuestTask for BashTask {
         let finished = self.process.exit_status().is_some();
         let stdout = chunk(self.process.read_stdout());
         let stderr = chunk(self.process.read_stderr());
-        let mut text = format_delta(self.mode, &stdout, &mut state.stdout, &stderr, &mut state.stderr);
+        let mut text =
+            format_delta(self.mode, &stdout, &mut state.stdout, &stderr, &mut state.stderr, &mut state.in_stderr);
         if finished
             && !state.timeout_reported
             && let Some(ms) = self.timeout_ms
