@@ -1,7 +1,9 @@
 //! The plugin author's commands, run as the real binary: `taskhost check`
 //! on the built ticker and on one component per author mistake (WAT text
 //! components compiled here, each with the exact message it must get), and
-//! `taskhost call` on the ticker in the foreground and the background.
+//! `taskhost call` on the ticker in the foreground and the background;
+//! `taskhost dev --script`; and `check` / `call` / `dev` on a stdout whose
+//! reader has left.
 
 use crate::common;
 
@@ -189,6 +191,181 @@ fn dev_errors_on_a_bare_wasm_name_the_file_not_a_producer_entry() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(stderr.contains(&format!("cannot load plugin {}", path.display())), "{stderr}");
     assert!(!stderr.contains("[[producer]]"), "names an entry the author never wrote: {stderr}");
+
+    // A config the plugin refuses: the error names the plugin file too.
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--config", r#"{"nope": 1}"#])
+        .current_dir(&dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run taskhost dev");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        stderr.contains(&format!(
+            "taskhost: error: plugin {TICKER}: plugin ticker refused its config in describe: invalid config: unknown \
+             field `nope`"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[[producer]]"), "names an entry the author never wrote: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `dev --script` with the script on stdin (`-`) or in a file.
+fn dev_script(dir: &Path, script: &str, stdin_script: bool) -> Output {
+    use std::io::Write as _;
+    let file = dir.join("script.txt");
+    std::fs::write(&file, script).unwrap();
+    let source = if stdin_script { "-" } else { "script.txt" };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--script", source])
+        .current_dir(dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run taskhost dev");
+    let mut stdin = child.stdin.take().unwrap();
+    if stdin_script {
+        stdin.write_all(script.as_bytes()).unwrap();
+    }
+    drop(stdin);
+    child.wait_with_output().expect("wait for taskhost dev")
+}
+
+/// Script mode runs each command to its end before the next (a `bg`, a
+/// `wait` for it, then its whole output), echoes each, and exits 0; no
+/// sleep anywhere.
+#[test]
+fn dev_script_runs_each_command_to_its_end_in_order() {
+    let dir = common::temp_dir("dev-script");
+    let script = "\
+# a comment, then a blank line
+
+call {\"count\": 2, \"interval_ms\": 1, \"message\": \"fg\"}
+bg {\"count\": 3, \"interval_ms\": 10, \"message\": \"bg\"}
+wait ticker-1
+output ticker-1
+list
+";
+    for stdin_script in [false, true] {
+        let output = dev_script(&dir, script, stdin_script);
+        let stdout = text(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        let expected = "\
+> call {\"count\": 2, \"interval_ms\": 1, \"message\": \"fg\"}
+fg 1
+fg 2
+[status: completed, ticks: 2]
+> bg {\"count\": 3, \"interval_ms\": 10, \"message\": \"bg\"}
+started background ticker task ticker-1
+> wait ticker-1
+ticker-1 finished first
+ticker-1 [ticker] completed — 3 ticks every 10 ms
+";
+        assert!(stdout.contains(expected), "stdin: {stdin_script}; wanted\n{expected}\nin:\n{stdout}");
+        let rest = stdout.split_once(expected).unwrap().1;
+        // The completion notice may come before `output` or after it (it
+        // is printed when it has arrived); everything else is in order.
+        let rest: String = rest.lines().filter(|l| !l.starts_with("[notice]")).map(|l| format!("{l}\n")).collect();
+        assert!(
+            rest.starts_with("> output ticker-1\nbg 1\nbg 2\nbg 3\n[status: completed, ticks: 3]\n> list\nticker-1 [ticker] completed"),
+            "{stdout}"
+        );
+        assert!(rest.ends_with("bye\n"), "{stdout}");
+        assert!(!stdout.contains("type `help`"), "no prompt text in a script: {stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first command that fails stops the script: exit 1, the line on
+/// stderr, nothing after it run, every task disposed. A missing script is a
+/// usage mistake.
+#[test]
+fn dev_script_stops_at_the_first_error() {
+    let dir = common::temp_dir("dev-script-error");
+    let script = "\
+bg {\"count\": 1000, \"interval_ms\": 60000}
+call {\"count\": \"three\"}
+list
+";
+    for stdin_script in [false, true] {
+        let output = dev_script(&dir, script, stdin_script);
+        let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        let source = if stdin_script { "stdin" } else { "script.txt" };
+        assert!(
+            stderr.contains(&format!("taskhost: error: script {source} line 2: call {{\"count\": \"three\"}}: ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("at /count"), "{stderr}");
+        assert!(!stdout.contains("> list"), "nothing runs after the failure: {stdout}");
+        assert!(stdout.ends_with("stopping 1 running task\nbye\n"), "{stdout}");
+    }
+
+    // An error answer of a tool fails the script too.
+    let output = dev_script(&dir, "kill ticker-9\nlist\n", false);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(text(&output.stderr).contains("script script.txt line 1: kill ticker-9: "), "{output:?}");
+    assert!(!text(&output.stdout).contains("> list"), "{output:?}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--script", "nowhere.txt"])
+        .current_dir(&dir)
+        .output()
+        .expect("run taskhost dev");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(text(&output.stderr).contains("cannot read the script nowhere.txt"), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the binary with stdout a pipe whose reader has already left, as
+/// after `| head -1`: the first write fails with `EPIPE`.
+fn with_closed_stdout(dir: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run taskhost");
+    child.wait_with_output().expect("wait for taskhost")
+}
+
+/// `check` and `call` on a closed stdout stop quietly with 141 (what a
+/// shell reports for a program `SIGPIPE` killed), without a panic; a
+/// background task of `call` is killed with the host (the call returns
+/// although its task would tick for 100 s). `dev` goes on and ends as usual.
+#[test]
+fn a_closed_stdout_ends_check_and_call_quietly() {
+    let dir = common::temp_dir("closed-stdout");
+    let cases: [&[&str]; 3] = [
+        &["check", TICKER],
+        &["call", TICKER, r#"{"count": 2, "interval_ms": 1}"#],
+        &["call", TICKER, r#"{"count": 100000, "interval_ms": 1}"#, "--background"],
+    ];
+    for args in cases {
+        let output = with_closed_stdout(&dir, args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(141), "{args:?}: {output:?}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("error"), "{args:?}: nothing to say, no one to say it to: {stderr}");
+    }
+
+    std::fs::write(dir.join("script.txt"), "call {\"count\": 1, \"interval_ms\": 0}\nlist\n").unwrap();
+    let output = with_closed_stdout(&dir, &["dev", TICKER, "--script", "script.txt"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(!text(&output.stderr).contains("panicked"), "{output:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
