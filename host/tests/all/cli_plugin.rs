@@ -544,3 +544,112 @@ fn new_js_skeleton_builds_and_passes_check() {
     assert_skeleton_works(&dir, &skeleton.join("js-lines.wasm"), "js-lines");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fenced blocks of `lang` in `text`, in order.
+fn fenced<'a>(text: &'a str, lang: &str) -> Vec<&'a str> {
+    let open = format!("```{lang}\n");
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(&open) {
+        let body = &rest[start + open.len()..];
+        let end = body.find("```\n").expect("a fenced block is closed");
+        blocks.push(&body[..end]);
+        rest = &body[end..];
+    }
+    blocks
+}
+
+/// The plugin guide's typed producer, word for word: its `Cargo.toml` (the
+/// git dependency pointed at this checkout's SDK, the only change) and
+/// `src/lib.rs` build with section 2's command, `check` prints section 1's
+/// tool definition, and section 3's `dev --script` smoke test runs as
+/// printed. The SDK it builds is `plugins/sdk` alone, with its own WIT.
+#[test]
+fn guide_typed_producer_works_word_for_word() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("plugins/sdk/README.md")).unwrap();
+    let section = |from: &str, to: &str| {
+        let start = guide.find(from).unwrap_or_else(|| panic!("no {from:?} in the guide"));
+        let end = guide[start..].find(to).unwrap_or_else(|| panic!("no {to:?} after {from:?}")) + start;
+        guide[start..end].to_string()
+    };
+    let create = section("## 1. Create the crate", "### 1b.");
+    let manifest = fenced(&create, "toml")[0];
+    let source = fenced(&create, "rust")[0];
+    let shown: serde_json::Value = serde_json::from_str(fenced(&create, "json")[0]).expect("the guide's JSON");
+    let build = section("## 2. Build", "## 3. Check");
+    let build = fenced(&build, "sh")[0].lines().find(|l| l.starts_with("cargo build")).unwrap().to_string();
+    let check = section("## 3. Check", "## 4. Configure");
+    let smoke = fenced(&check, "sh").into_iter().find(|b| b.contains("--script")).expect("the script example");
+
+    let dir = common::temp_dir("guide-typed");
+    let krate = dir.join("my-timer");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    let git = "taskhost-plugin-sdk = { git = \"https://git.example/taskhost.git\" }";
+    assert!(manifest.contains(git), "the guide's dependency line changed: update this test\n{manifest}");
+    let sdk = root.join("plugins/sdk").canonicalize().unwrap();
+    let manifest =
+        manifest.replace(git, &format!("taskhost-plugin-sdk = {{ path = {:?} }}", sdk.display().to_string()));
+    std::fs::write(krate.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(krate.join("src/lib.rs"), source).unwrap();
+    // The guest workspace's versions, so the build needs nothing new.
+    std::fs::copy(root.join("plugins/Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+    // A target directory kept across runs (only the first builds the
+    // dependencies), where the guide's relative paths expect it.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guide-typed-target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::os::unix::fs::symlink(&target, krate.join("target")).unwrap();
+
+    let mut words = build.split_whitespace();
+    assert_eq!(words.next(), Some("cargo"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = Command::new(cargo)
+        .args(words)
+        .current_dir(&krate)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo");
+    assert!(built.status.success(), "the guide's producer does not build: {}", text(&built.stderr));
+
+    let wasm = "target/wasm32-wasip2/release/my_timer.wasm";
+    let checked = taskhost(&krate, &["check", wasm]);
+    assert_eq!(checked.status.code(), Some(0), "{checked:?}");
+    let stdout = text(&checked.stdout);
+    let definition = stdout
+        .split_once("as the model sees it:\n")
+        .and_then(|(_, rest)| rest.split_once("\n\nok: "))
+        .unwrap_or_else(|| panic!("no tool definition in:\n{stdout}"))
+        .0;
+    let mut definition: serde_json::Value = serde_json::from_str(definition).unwrap();
+    let mut shown = shown;
+    // The guide abridges the host's own text.
+    for value in [&mut definition, &mut shown] {
+        value["inputSchema"]["properties"]["run_in_background"].as_object_mut().unwrap().remove("description");
+    }
+    assert_eq!(definition, shown, "the guide shows another tool definition than check prints");
+
+    let call = taskhost(&krate, &["call", wasm, r#"{"seconds": 0}"#, "--background", "--wait"]);
+    assert_eq!(call.status.code(), Some(0), "{call:?}");
+    assert!(text(&call.stdout).contains("rang after 0 s"), "{call:?}");
+
+    // Section 3's script, run by a shell as printed, with this taskhost.
+    let path = format!(
+        "{}:{}",
+        Path::new(env!("CARGO_BIN_EXE_taskhost")).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let smoked = Command::new("bash")
+        .args(["-euc", smoke])
+        .current_dir(&krate)
+        .env("PATH", path)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run bash");
+    assert_eq!(smoked.status.code(), Some(0), "{smoked:?}");
+    let stdout = text(&smoked.stdout);
+    assert!(stdout.contains("> wait timer-1\ntimer-1 finished first\n"), "{stdout}");
+    assert!(stdout.contains("> output timer-1\nrang after 1 s\n"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
