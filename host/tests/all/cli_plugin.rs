@@ -545,6 +545,23 @@ fn new_js_skeleton_builds_and_passes_check() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Copies the directory `from` to `to`, recursively (no `target`).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (path, name) = (entry.path(), entry.file_name());
+        if name == "target" {
+            continue;
+        }
+        if path.is_dir() {
+            copy_dir(&path, &to.join(&name));
+        } else {
+            std::fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+}
+
 /// The fenced blocks of `lang` in `text`, in order.
 fn fenced<'a>(text: &'a str, lang: &str) -> Vec<&'a str> {
     let open = format!("```{lang}\n");
@@ -563,7 +580,8 @@ fn fenced<'a>(text: &'a str, lang: &str) -> Vec<&'a str> {
 /// git dependency pointed at this checkout's SDK, the only change) and
 /// `src/lib.rs` build with section 2's command, `check` prints section 1's
 /// tool definition, and section 3's `dev --script` smoke test runs as
-/// printed. The SDK it builds is `plugins/sdk` alone, with its own WIT.
+/// printed. The SDK it builds is a copy of `plugins/sdk` alone, outside the
+/// repository, with its own WIT.
 #[test]
 fn guide_typed_producer_works_word_for_word() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -587,7 +605,10 @@ fn guide_typed_producer_works_word_for_word() {
     std::fs::create_dir_all(krate.join("src")).unwrap();
     let git = "taskhost-plugin-sdk = { git = \"https://git.example/taskhost.git\" }";
     assert!(manifest.contains(git), "the guide's dependency line changed: update this test\n{manifest}");
-    let sdk = root.join("plugins/sdk").canonicalize().unwrap();
+    // The SDK directory alone, copied out of the repository: it must build
+    // with nothing around it (what a git dependency relies on).
+    let sdk = dir.join("sdk");
+    copy_dir(&root.join("plugins/sdk"), &sdk);
     let manifest =
         manifest.replace(git, &format!("taskhost-plugin-sdk = {{ path = {:?} }}", sdk.display().to_string()));
     std::fs::write(krate.join("Cargo.toml"), manifest).unwrap();
