@@ -53,8 +53,12 @@ pub async fn build_producer(
     }
 }
 
+/// What an error about this entry names: the `[[producer]]` entry the author
+/// wrote, or the plugin itself for an entry with no tool name (what `dev`,
+/// `check` and `call` build from a bare `.wasm`, whose name comes from the
+/// plugin's kind once it is described).
 fn tool_context(config: &ProducerConfig) -> String {
-    format!("[[producer]] {:?}", config.tool)
+    if config.tool.is_empty() { format!("plugin {}", config.plugin) } else { format!("[[producer]] {:?}", config.tool) }
 }
 
 /// The instance config of a subagent producer (native or built-in): the
@@ -115,7 +119,9 @@ pub async fn build_wasm_producer(
         // Programs are resolved now, once: a grant that names a program found
         // through a directory process trees could write refuses to load.
         let grant = grant.clone();
-        grant.resolve_programs().with_context(|| format!("tool {:?}", config.tool))?;
+        grant.resolve_programs().with_context(|| {
+            if config.tool.is_empty() { format!("plugin {}", config.plugin) } else { format!("tool {:?}", config.tool) }
+        })?;
         producer = producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant) });
     }
     Ok(Some(WasmEntry { producer: Arc::new(producer), file }))

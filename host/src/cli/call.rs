@@ -14,9 +14,9 @@
 //!
 //! Exit codes: 0 the call succeeded (a background task completed), 1 the
 //! tool refused the call, or the task failed or was killed, or the plugin
-//! does not load, 2 a usage mistake.
-
-use std::io::Write as _;
+//! does not load, 2 a usage mistake, 141 stdout was closed by its reader
+//! (`| head -1`): the call stops at once, a background task is killed with
+//! the host, and nothing more is said ([`super::out`]).
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
@@ -30,7 +30,8 @@ use crate::tools::producer_tool::RUN_IN_BACKGROUND;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Exit codes: 0 the call succeeded (in the background: the task completed); 1 the tool refused the \
-call, the task failed or was killed, or the plugin does not load; 2 a usage mistake.")]
+call, the task failed or was killed, or the plugin does not load; 2 a usage mistake; 141 stdout was \
+closed by its reader (e.g. `| head -1`): the task is killed, quietly.")]
 pub struct CallArgs {
     #[command(flatten)]
     pub target: PluginTarget,
@@ -95,7 +96,7 @@ async fn call(session: &Session, args: &CallArgs, call_args: Value) -> anyhow::R
     // Subscribed before the start, so no output event is missed.
     let mut events = host.registry().subscribe();
     let answer = host.call_tool(&tool, call_args, &context).await?;
-    say(&answer.text);
+    say(&answer.text)?;
     if !args.background || answer.is_error {
         return Ok(Called { ok: !answer.is_error });
     }
@@ -112,7 +113,7 @@ async fn call(session: &Session, args: &CallArgs, call_args: Value) -> anyhow::R
             read = host.call_tool("task_output", json!({"task_id": id, "wait": true, "timeout_ms": WAIT_MS}), &context) => read?,
             _ = tokio::signal::ctrl_c() => return interrupted(session, &id).await,
         };
-        say(&read.text);
+        say(&read.text)?;
         let status = host.registry().get(&id, Some(agent))?.status;
         return Ok(Called { ok: status == TaskStatus::Completed });
     }
@@ -120,14 +121,13 @@ async fn call(session: &Session, args: &CallArgs, call_args: Value) -> anyhow::R
     loop {
         let read = host.registry().read(&id, Some(agent)).await?;
         if !read.text.is_empty() {
-            print!("{}", read.text);
-            let _ = std::io::stdout().flush();
+            super::out::write(&read.text)?;
         }
         if read.snapshot.status.is_terminal() {
             if !read.text.is_empty() && !read.text.ends_with('\n') {
-                println!();
+                super::out::write("\n")?;
             }
-            say(&read.snapshot.status_line());
+            say(&read.snapshot.status_line())?;
             return Ok(Called { ok: read.snapshot.status == TaskStatus::Completed });
         }
         // Sleep until this task has new output or ends.
@@ -158,6 +158,6 @@ async fn interrupted(session: &Session, id: &crate::ids::TaskId) -> anyhow::Resu
     Ok(Called { ok: false })
 }
 
-fn say(text: &str) {
-    println!("{}", text.trim_end_matches('\n'));
+fn say(text: &str) -> anyhow::Result<()> {
+    super::out::outln!("{}", text.trim_end_matches('\n'))
 }

@@ -12,7 +12,8 @@
 //!
 //! Exit codes: 0 the plugin is valid, 1 it is not (the message says what to
 //! change), 2 a usage mistake (bad flags, a missing file, `--config` not a
-//! JSON object).
+//! JSON object), 141 stdout was closed before the answer was written (`|
+//! head -1`; see [`super::out`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,6 +22,7 @@ use serde_json::json;
 
 use crate::config::ProducerSource;
 
+use super::out::outln;
 use super::target::{PluginTarget, usage};
 use crate::plugin::preflight::preflight;
 use crate::producer::Producer as _;
@@ -28,7 +30,8 @@ use crate::producer::Producer as _;
 /// The `--help` epilogue: what scripts may rely on.
 pub const EXIT_CODES: &str = "\
 Exit codes: 0 the plugin is valid; 1 it is not (the error says what to change); \
-2 a usage mistake (bad arguments, a missing file, --config that is not a JSON object).";
+2 a usage mistake (bad arguments, a missing file, --config that is not a JSON object); \
+141 stdout was closed before the whole answer was written (e.g. `| head -1`), quietly.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXIT_CODES)]
@@ -59,23 +62,34 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
         let took = started.elapsed();
         match checked {
             Some(found) => {
-                println!(
+                outln!(
                     "contract: {} fits taskhost:producer@{} (checked in {:.1} ms, before compiling)",
                     path.display(),
                     found.contract_version,
                     took.as_secs_f64() * 1000.0
-                );
+                )?;
                 let imports = if found.imports.is_empty() { "none".to_string() } else { found.imports.join(", ") };
-                println!("imports: {imports}");
+                outln!("imports: {imports}")?;
             }
-            None => println!("contract: {} could not be decoded; compiling it will say why", path.display()),
+            None => outln!("contract: {} could not be decoded; compiling it will say why", path.display())?,
         }
     }
 
     // Stage 2: the load path of `serve`, and describe.
     let started = Instant::now();
     let session = super::target::open(target, "check").await?;
-    println!("loaded and described in {:.0} ms", started.elapsed().as_secs_f64() * 1000.0);
+    // Disposed whatever the printing does (a closed stdout stops it).
+    let printed = print_definitions(&session, started);
+    session.host.dispose().await;
+    printed?;
+    outln!()?;
+    outln!("ok: {} is a valid taskhost producer plugin", target.target.display())?;
+    Ok(())
+}
+
+/// The tool definition(s) as the model sees them.
+fn print_definitions(session: &super::target::Session, started: Instant) -> anyhow::Result<()> {
+    outln!("loaded and described in {:.0} ms", started.elapsed().as_secs_f64() * 1000.0)?;
     let definitions = session.host.tool_definitions();
     for served in &session.served {
         let serving = served.plugin.serving();
@@ -83,8 +97,8 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
         let Some(definition) = definitions.iter().find(|d| d.name == served.plugin.tool()) else {
             continue;
         };
-        println!();
-        println!(
+        outln!()?;
+        outln!(
             "tool {} — plugin {} ({}), kind {}, {}",
             definition.name,
             serving.version.version(),
@@ -94,17 +108,14 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
             },
             descriptor.kind,
             if descriptor.streams_output { "streamed output (consuming reads)" } else { "final output only" }
-        );
-        println!("as the model sees it:");
+        )?;
+        outln!("as the model sees it:")?;
         let shown = json!({
             "name": definition.name,
             "description": definition.description,
             "inputSchema": definition.input_schema,
         });
-        println!("{}", serde_json::to_string_pretty(&shown)?);
+        outln!("{}", serde_json::to_string_pretty(&shown)?)?;
     }
-    session.host.dispose().await;
-    println!();
-    println!("ok: {} is a valid taskhost producer plugin", target.target.display());
     Ok(())
 }

@@ -12,18 +12,31 @@
 //!
 //! On a terminal the console has line editing and history (rustyline) and
 //! prints asynchronous lines above the prompt. When stdin is not a terminal
-//! it reads plain lines with no prompt and no escape codes, so tests and
-//! scripts can drive it. Logs go to stderr; the console writes to stdout.
+//! it reads plain lines with no prompt and no escape codes. Logs go to
+//! stderr; the console writes to stdout.
+//!
+//! Script mode (`--script FILE`, `-` for stdin) is for scripts and tests: it
+//! reads one command, runs it to its end, prints what it printed and the
+//! completion notices that arrived meanwhile, and only then reads the next
+//! (nothing is read ahead, so a script piped in may depend on earlier
+//! answers). Each command is echoed as `> <command>` first. A `reload`
+//! prints its outcome itself. The first command that fails (a console
+//! error, a tool answer that is an error, a failed reload) stops the script:
+//! every task is disposed and `dev` exits 1 with `script <file> line <n>:
+//! <command>: <why>` on stderr. A script that ends (or `quit`) exits 0.
+//! `wait <id>...` waits for a task to end (the model's `task_wait`), so a
+//! script never needs a sleep.
 
 use std::io::IsTerminal as _;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::target::{PluginTarget, Served, Session};
+use super::target::{PluginTarget, Served, Session, usage};
 use crate::Host;
 use crate::agents::Agent;
 use crate::plugin::ServingVersion;
@@ -32,13 +45,23 @@ use crate::tools::producer_tool::RUN_IN_BACKGROUND;
 use crate::tools::{CallContext, ToolOutput};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+With --script: exit 0 when every command succeeded, 1 at the first that failed (a console error, a tool \
+answer that is an error, a failed reload; the line on stderr), 2 a usage mistake (a missing script file).")]
 pub struct DevArgs {
     #[command(flatten)]
     pub target: PluginTarget,
     /// Reload a plugin file whenever it changes.
     #[arg(long)]
     pub watch: bool,
+    /// Run the console commands in FILE (`-`: stdin) in order, each to its
+    /// end before the next is read, and leave; stop at the first that fails.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
 }
+
+/// The longest a console `wait` waits unless told (the `task_wait` cap).
+const WAIT_MS: u64 = 600_000;
 
 const HELP: &str = "\
 commands:
@@ -46,6 +69,7 @@ commands:
   bg [<tool>] <json>        start it in the background (prints the task id)
   list                      your tasks, with the plugin version each runs on
   output <id> [--wait]      consuming read (--wait: until it finishes)
+  wait <id>... [--timeout-ms N]  until one of the tasks ends (task_wait; default 600000 ms)
   kill <id> [reason]        stop a task
   tools                     the tool definitions (name, version, schema)
   reload [<tool>]           reload a plugin from its file now
@@ -66,16 +90,41 @@ impl Console {
             Some(printer) => {
                 let _ = printer.print(format!("{text}\n"));
             }
-            None => println!("{text}"),
+            // A closed stdout must not panic the console; the commands go on.
+            None => {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stdout().lock(), "{text}");
+            }
         }
     }
 }
 
+/// How the console runs its commands.
+#[derive(Clone, Copy)]
+struct Mode {
+    /// Script mode (see the module docs).
+    script: bool,
+    /// A reload printer reports reloads (the console's own `reload` then
+    /// need not).
+    reload_printer: bool,
+}
+
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    // A script that cannot be read is a usage mistake, said before loading.
+    let script = match &args.script {
+        Some(path) => Some(Script::open(path).await?),
+        None => None,
+    };
     let Session { host, agent, served } = super::target::open(&args.target, "dev-console").await?;
 
-    let interactive = std::io::stdin().is_terminal();
-    let (lines, console) = input(interactive)?;
+    let mode = Mode { script: script.is_some(), reload_printer: script.is_none() || args.watch };
+    let (mut lines, console) = match script {
+        Some(script) => (Lines::Script(script), Console { printer: Arc::new(Mutex::new(None)) }),
+        None => {
+            let (lines, console) = input(std::io::stdin().is_terminal())?;
+            (Lines::Console(lines), console)
+        }
+    };
     let mut watches: Vec<WatchHandle> = Vec::new();
     for s in &served {
         let serving = s.plugin.serving();
@@ -86,7 +135,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             serving.tag(),
             serving.version.version()
         ));
-        spawn_reload_printer(&s.plugin, console.clone());
+        if mode.reload_printer {
+            spawn_reload_printer(&s.plugin, console.clone());
+        }
         if args.watch {
             match &s.file {
                 Some(file) => watches.push(crate::reload::watch(s.plugin.clone(), file, WatchOptions::default())?),
@@ -97,18 +148,35 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if args.watch && !watches.is_empty() {
         console.say("watching for rebuilds");
     }
-    spawn_notice_printer(&agent, console.clone());
-    console.say("type `help` for the commands");
+    if mode.script {
+        // Notices are printed after each command instead, so a script's
+        // transcript is in the order things happened.
+    } else {
+        spawn_notice_printer(&agent, console.clone());
+        console.say("type `help` for the commands");
+    }
 
-    let mut lines = lines;
-    while let Some(line) = lines.recv().await {
+    let mut failure = None;
+    while let Some(line) = lines.next().await {
+        let (number, line) = line?;
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        match command(&host, &agent, &served, line, &console).await {
+        if mode.script {
+            console.say(format!("> {line}"));
+        }
+        let result = command(&host, &agent, &served, line, &console, mode).await;
+        if mode.script {
+            say_notices(&agent, &console);
+        }
+        match result {
             Ok(Flow::Continue) => {}
             Ok(Flow::Quit) => break,
+            Err(error) if mode.script => {
+                failure = Some(anyhow!("script {} line {number}: {line}: {error:#}", lines.name()));
+                break;
+            }
             Err(error) => console.say(format!("error: {error:#}")),
         }
     }
@@ -119,7 +187,71 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     host.dispose().await;
     console.say("bye");
-    Ok(())
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// A script: a file, or stdin (`-`), read one line at a time.
+struct Script {
+    name: String,
+    lines: tokio::io::Lines<tokio::io::BufReader<Box<dyn tokio::io::AsyncRead + Unpin + Send>>>,
+    number: usize,
+}
+
+impl Script {
+    async fn open(path: &std::path::Path) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt as _;
+        let (name, reader): (String, Box<dyn tokio::io::AsyncRead + Unpin + Send>) = if path.as_os_str() == "-" {
+            ("stdin".to_string(), Box::new(tokio::io::stdin()))
+        } else {
+            match tokio::fs::File::open(path).await {
+                Ok(file) => (path.display().to_string(), Box::new(file)),
+                Err(err) => usage!("cannot read the script {}: {err}", path.display()),
+            }
+        };
+        Ok(Self { name, lines: tokio::io::BufReader::new(reader).lines(), number: 0 })
+    }
+}
+
+/// Where commands come from.
+enum Lines {
+    /// The console's input (read ahead by its reader).
+    Console(mpsc::UnboundedReceiver<String>),
+    /// A script, read only when the previous command has ended.
+    Script(Script),
+}
+
+impl Lines {
+    /// The next line and its number; `None` at the end of the input.
+    async fn next(&mut self) -> Option<anyhow::Result<(usize, String)>> {
+        match self {
+            Lines::Console(lines) => lines.recv().await.map(|line| Ok((0, line))),
+            Lines::Script(script) => match script.lines.next_line().await {
+                Ok(Some(line)) => {
+                    script.number += 1;
+                    Some(Ok((script.number, line)))
+                }
+                Ok(None) => None,
+                Err(err) => Some(Err(anyhow!("cannot read the script {}: {err}", script.name))),
+            },
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Lines::Console(_) => "console",
+            Lines::Script(script) => &script.name,
+        }
+    }
+}
+
+/// Prints the completion notices injected since the last call.
+fn say_notices(agent: &Agent, console: &Console) {
+    for message in agent.take_unread() {
+        console.say(format!("[notice] {}", message.text));
+    }
 }
 
 /// Lines from stdin: rustyline on a terminal (in its own thread, since it
@@ -194,7 +326,14 @@ enum Flow {
     Quit,
 }
 
-async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, console: &Console) -> anyhow::Result<Flow> {
+async fn command(
+    host: &Host,
+    agent: &Agent,
+    served: &[Served],
+    line: &str,
+    console: &Console,
+    mode: Mode,
+) -> anyhow::Result<Flow> {
     let (word, rest) = line.split_once(char::is_whitespace).map_or((line, ""), |(w, r)| (w, r.trim()));
     let context = CallContext::for_agent(agent);
     match word {
@@ -208,7 +347,7 @@ async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, cons
                 object.insert(RUN_IN_BACKGROUND.into(), json!(true));
             }
             let output = host.call_tool(plugin.tool(), args, &context).await?;
-            say_output(console, &output);
+            say_output(console, &output, mode)?;
         }
         "list" => {
             let tasks = host.registry().list(Some(agent));
@@ -236,7 +375,26 @@ async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, cons
             }
             let id = id.context("usage: output <id> [--wait]")?;
             let output = host.call_tool("task_output", json!({"task_id": id, "wait": wait}), &context).await?;
-            say_output(console, &output);
+            say_output(console, &output, mode)?;
+        }
+        "wait" => {
+            let mut ids = Vec::new();
+            let mut timeout_ms = WAIT_MS;
+            let mut parts = rest.split_whitespace();
+            while let Some(part) = parts.next() {
+                if part == "--timeout-ms" {
+                    let value = parts.next().context("usage: wait <id>... [--timeout-ms N]")?;
+                    timeout_ms = value.parse().with_context(|| format!("--timeout-ms {value:?} is not a number"))?;
+                } else {
+                    ids.push(part);
+                }
+            }
+            if ids.is_empty() {
+                bail!("usage: wait <id>... [--timeout-ms N]");
+            }
+            let output =
+                host.call_tool("task_wait", json!({"task_ids": ids, "timeout_ms": timeout_ms}), &context).await?;
+            say_output(console, &output, mode)?;
         }
         "kill" => {
             let (id, reason) = rest.split_once(char::is_whitespace).map_or((rest, None), |(i, r)| (i, Some(r.trim())));
@@ -244,7 +402,7 @@ async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, cons
                 bail!("usage: kill <id> [reason]");
             }
             let output = host.call_tool("task_kill", json!({"task_id": id, "reason": reason}), &context).await?;
-            say_output(console, &output);
+            say_output(console, &output, mode)?;
         }
         "tools" => {
             for definition in host.tool_definitions() {
@@ -275,8 +433,15 @@ async fn command(host: &Host, agent: &Agent, served: &[Served], line: &str, cons
             let Some(file) = &plugin.file else {
                 bail!("{} is built in: there is no file to reload", plugin.plugin.tool())
             };
-            // The outcome is printed by the reload printer, like a watched reload.
-            let _ = plugin.plugin.reload_file(file).await;
+            // The reload printer reports it, like a watched reload; without
+            // one (a script), the console does, and a failure fails it.
+            let reloaded = plugin.plugin.reload_file(file).await;
+            if !mode.reload_printer {
+                match reloaded {
+                    Ok(reloaded) => console.say(format!("[reload] {reloaded}")),
+                    Err(failed) => bail!("[reload failed] {failed}"),
+                }
+            }
         }
         other => bail!("unknown command {other:?}; type `help`"),
     }
@@ -299,10 +464,15 @@ fn tool_and_args<'a>(served: &'a [Served], rest: &'a str) -> anyhow::Result<(&'a
     Ok((&plugin.plugin, args))
 }
 
-fn say_output(console: &Console, output: &ToolOutput) {
+/// Prints a tool's answer; in a script, an error answer fails the command.
+fn say_output(console: &Console, output: &ToolOutput, mode: Mode) -> anyhow::Result<()> {
     if output.is_error {
         console.say(format!("(error result)\n{}", output.text));
+        if mode.script {
+            bail!("the tool answered with an error");
+        }
     } else {
         console.say(&output.text);
     }
+    Ok(())
 }

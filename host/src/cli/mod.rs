@@ -11,6 +11,7 @@ pub mod check;
 pub mod demo;
 pub mod dev;
 pub mod new;
+pub mod out;
 pub mod serve;
 pub mod target;
 
@@ -83,6 +84,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        // The reader of the answer left: nothing to say, and no one to say it to.
+        Err(error) if error.downcast_ref::<out::StdoutClosed>().is_some() => ExitCode::from(out::EXIT_STDOUT_CLOSED),
         Err(error) => {
             eprintln!("taskhost: error: {error:#}");
             // A usage mistake exits 2, like clap's own.

@@ -1,7 +1,9 @@
 //! The plugin author's commands, run as the real binary: `taskhost check`
 //! on the built ticker and on one component per author mistake (WAT text
 //! components compiled here, each with the exact message it must get), and
-//! `taskhost call` on the ticker in the foreground and the background.
+//! `taskhost call` on the ticker in the foreground and the background;
+//! `taskhost dev --script`; and `check` / `call` / `dev` on a stdout whose
+//! reader has left.
 
 use crate::common;
 
@@ -189,6 +191,181 @@ fn dev_errors_on_a_bare_wasm_name_the_file_not_a_producer_entry() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(stderr.contains(&format!("cannot load plugin {}", path.display())), "{stderr}");
     assert!(!stderr.contains("[[producer]]"), "names an entry the author never wrote: {stderr}");
+
+    // A config the plugin refuses: the error names the plugin file too.
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--config", r#"{"nope": 1}"#])
+        .current_dir(&dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run taskhost dev");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        stderr.contains(&format!(
+            "taskhost: error: plugin {TICKER}: plugin ticker refused its config in describe: invalid config: unknown \
+             field `nope`"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[[producer]]"), "names an entry the author never wrote: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `dev --script` with the script on stdin (`-`) or in a file.
+fn dev_script(dir: &Path, script: &str, stdin_script: bool) -> Output {
+    use std::io::Write as _;
+    let file = dir.join("script.txt");
+    std::fs::write(&file, script).unwrap();
+    let source = if stdin_script { "-" } else { "script.txt" };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--script", source])
+        .current_dir(dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run taskhost dev");
+    let mut stdin = child.stdin.take().unwrap();
+    if stdin_script {
+        stdin.write_all(script.as_bytes()).unwrap();
+    }
+    drop(stdin);
+    child.wait_with_output().expect("wait for taskhost dev")
+}
+
+/// Script mode runs each command to its end before the next (a `bg`, a
+/// `wait` for it, then its whole output), echoes each, and exits 0; no
+/// sleep anywhere.
+#[test]
+fn dev_script_runs_each_command_to_its_end_in_order() {
+    let dir = common::temp_dir("dev-script");
+    let script = "\
+# a comment, then a blank line
+
+call {\"count\": 2, \"interval_ms\": 1, \"message\": \"fg\"}
+bg {\"count\": 3, \"interval_ms\": 10, \"message\": \"bg\"}
+wait ticker-1
+output ticker-1
+list
+";
+    for stdin_script in [false, true] {
+        let output = dev_script(&dir, script, stdin_script);
+        let stdout = text(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        let expected = "\
+> call {\"count\": 2, \"interval_ms\": 1, \"message\": \"fg\"}
+fg 1
+fg 2
+[status: completed, ticks: 2]
+> bg {\"count\": 3, \"interval_ms\": 10, \"message\": \"bg\"}
+started background ticker task ticker-1
+> wait ticker-1
+ticker-1 finished first
+ticker-1 [ticker] completed — 3 ticks every 10 ms
+";
+        assert!(stdout.contains(expected), "stdin: {stdin_script}; wanted\n{expected}\nin:\n{stdout}");
+        let rest = stdout.split_once(expected).unwrap().1;
+        // The completion notice may come before `output` or after it (it
+        // is printed when it has arrived); everything else is in order.
+        let rest: String = rest.lines().filter(|l| !l.starts_with("[notice]")).map(|l| format!("{l}\n")).collect();
+        assert!(
+            rest.starts_with("> output ticker-1\nbg 1\nbg 2\nbg 3\n[status: completed, ticks: 3]\n> list\nticker-1 [ticker] completed"),
+            "{stdout}"
+        );
+        assert!(rest.ends_with("bye\n"), "{stdout}");
+        assert!(!stdout.contains("type `help`"), "no prompt text in a script: {stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first command that fails stops the script: exit 1, the line on
+/// stderr, nothing after it run, every task disposed. A missing script is a
+/// usage mistake.
+#[test]
+fn dev_script_stops_at_the_first_error() {
+    let dir = common::temp_dir("dev-script-error");
+    let script = "\
+bg {\"count\": 1000, \"interval_ms\": 60000}
+call {\"count\": \"three\"}
+list
+";
+    for stdin_script in [false, true] {
+        let output = dev_script(&dir, script, stdin_script);
+        let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        let source = if stdin_script { "stdin" } else { "script.txt" };
+        assert!(
+            stderr.contains(&format!("taskhost: error: script {source} line 2: call {{\"count\": \"three\"}}: ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("at /count"), "{stderr}");
+        assert!(!stdout.contains("> list"), "nothing runs after the failure: {stdout}");
+        assert!(stdout.ends_with("stopping 1 running task\nbye\n"), "{stdout}");
+    }
+
+    // An error answer of a tool fails the script too.
+    let output = dev_script(&dir, "kill ticker-9\nlist\n", false);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(text(&output.stderr).contains("script script.txt line 1: kill ticker-9: "), "{output:?}");
+    assert!(!text(&output.stdout).contains("> list"), "{output:?}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(["dev", TICKER, "--script", "nowhere.txt"])
+        .current_dir(&dir)
+        .output()
+        .expect("run taskhost dev");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(text(&output.stderr).contains("cannot read the script nowhere.txt"), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the binary with stdout a pipe whose reader has already left, as
+/// after `| head -1`: the first write fails with `EPIPE`.
+fn with_closed_stdout(dir: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run taskhost");
+    child.wait_with_output().expect("wait for taskhost")
+}
+
+/// `check` and `call` on a closed stdout stop quietly with 141 (what a
+/// shell reports for a program `SIGPIPE` killed), without a panic; a
+/// background task of `call` is killed with the host (the call returns
+/// although its task would tick for 100 s). `dev` goes on and ends as usual.
+#[test]
+fn a_closed_stdout_ends_check_and_call_quietly() {
+    let dir = common::temp_dir("closed-stdout");
+    let cases: [&[&str]; 3] = [
+        &["check", TICKER],
+        &["call", TICKER, r#"{"count": 2, "interval_ms": 1}"#],
+        &["call", TICKER, r#"{"count": 100000, "interval_ms": 1}"#, "--background"],
+    ];
+    for args in cases {
+        let output = with_closed_stdout(&dir, args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(141), "{args:?}: {output:?}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("error"), "{args:?}: nothing to say, no one to say it to: {stderr}");
+    }
+
+    std::fs::write(dir.join("script.txt"), "call {\"count\": 1, \"interval_ms\": 0}\nlist\n").unwrap();
+    let output = with_closed_stdout(&dir, &["dev", TICKER, "--script", "script.txt"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(!text(&output.stderr).contains("panicked"), "{output:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -365,5 +542,135 @@ fn new_js_skeleton_builds_and_passes_check() {
     let built = run_tool(&skeleton, "npm", &["run", "build"]);
     assert!(built.status.success(), "the skeleton does not build: {}{}", text(&built.stdout), text(&built.stderr));
     assert_skeleton_works(&dir, &skeleton.join("js-lines.wasm"), "js-lines");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Copies the directory `from` to `to`, recursively (no `target`).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (path, name) = (entry.path(), entry.file_name());
+        if name == "target" {
+            continue;
+        }
+        if path.is_dir() {
+            copy_dir(&path, &to.join(&name));
+        } else {
+            std::fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+}
+
+/// The fenced blocks of `lang` in `text`, in order.
+fn fenced<'a>(text: &'a str, lang: &str) -> Vec<&'a str> {
+    let open = format!("```{lang}\n");
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(&open) {
+        let body = &rest[start + open.len()..];
+        let end = body.find("```\n").expect("a fenced block is closed");
+        blocks.push(&body[..end]);
+        rest = &body[end..];
+    }
+    blocks
+}
+
+/// The plugin guide's typed producer, word for word: its `Cargo.toml` (the
+/// git dependency pointed at this checkout's SDK, the only change) and
+/// `src/lib.rs` build with section 2's command, `check` prints section 1's
+/// tool definition, and section 3's `dev --script` smoke test runs as
+/// printed. The SDK it builds is a copy of `plugins/sdk` alone, outside the
+/// repository, with its own WIT.
+#[test]
+fn guide_typed_producer_works_word_for_word() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("plugins/sdk/README.md")).unwrap();
+    let section = |from: &str, to: &str| {
+        let start = guide.find(from).unwrap_or_else(|| panic!("no {from:?} in the guide"));
+        let end = guide[start..].find(to).unwrap_or_else(|| panic!("no {to:?} after {from:?}")) + start;
+        guide[start..end].to_string()
+    };
+    let create = section("## 1. Create the crate", "### 1b.");
+    let manifest = fenced(&create, "toml")[0];
+    let source = fenced(&create, "rust")[0];
+    let shown: serde_json::Value = serde_json::from_str(fenced(&create, "json")[0]).expect("the guide's JSON");
+    let build = section("## 2. Build", "## 3. Check");
+    let build = fenced(&build, "sh")[0].lines().find(|l| l.starts_with("cargo build")).unwrap().to_string();
+    let check = section("## 3. Check", "## 4. Configure");
+    let smoke = fenced(&check, "sh").into_iter().find(|b| b.contains("--script")).expect("the script example");
+
+    let dir = common::temp_dir("guide-typed");
+    let krate = dir.join("my-timer");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    let git = "taskhost-plugin-sdk = { git = \"https://git.example/taskhost.git\" }";
+    assert!(manifest.contains(git), "the guide's dependency line changed: update this test\n{manifest}");
+    // The SDK directory alone, copied out of the repository: it must build
+    // with nothing around it (what a git dependency relies on).
+    let sdk = dir.join("sdk");
+    copy_dir(&root.join("plugins/sdk"), &sdk);
+    let manifest =
+        manifest.replace(git, &format!("taskhost-plugin-sdk = {{ path = {:?} }}", sdk.display().to_string()));
+    std::fs::write(krate.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(krate.join("src/lib.rs"), source).unwrap();
+    // The guest workspace's versions, so the build needs nothing new.
+    std::fs::copy(root.join("plugins/Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+    // A target directory kept across runs (only the first builds the
+    // dependencies), where the guide's relative paths expect it.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guide-typed-target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::os::unix::fs::symlink(&target, krate.join("target")).unwrap();
+
+    let mut words = build.split_whitespace();
+    assert_eq!(words.next(), Some("cargo"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = Command::new(cargo)
+        .args(words)
+        .current_dir(&krate)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo");
+    assert!(built.status.success(), "the guide's producer does not build: {}", text(&built.stderr));
+
+    let wasm = "target/wasm32-wasip2/release/my_timer.wasm";
+    let checked = taskhost(&krate, &["check", wasm]);
+    assert_eq!(checked.status.code(), Some(0), "{checked:?}");
+    let stdout = text(&checked.stdout);
+    let definition = stdout
+        .split_once("as the model sees it:\n")
+        .and_then(|(_, rest)| rest.split_once("\n\nok: "))
+        .unwrap_or_else(|| panic!("no tool definition in:\n{stdout}"))
+        .0;
+    let mut definition: serde_json::Value = serde_json::from_str(definition).unwrap();
+    let mut shown = shown;
+    // The guide abridges the host's own text.
+    for value in [&mut definition, &mut shown] {
+        value["inputSchema"]["properties"]["run_in_background"].as_object_mut().unwrap().remove("description");
+    }
+    assert_eq!(definition, shown, "the guide shows another tool definition than check prints");
+
+    let call = taskhost(&krate, &["call", wasm, r#"{"seconds": 0}"#, "--background", "--wait"]);
+    assert_eq!(call.status.code(), Some(0), "{call:?}");
+    assert!(text(&call.stdout).contains("rang after 0 s"), "{call:?}");
+
+    // Section 3's script, run by a shell as printed, with this taskhost.
+    let path = format!(
+        "{}:{}",
+        Path::new(env!("CARGO_BIN_EXE_taskhost")).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let smoked = Command::new("bash")
+        .args(["-euc", smoke])
+        .current_dir(&krate)
+        .env("PATH", path)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run bash");
+    assert_eq!(smoked.status.code(), Some(0), "{smoked:?}");
+    let stdout = text(&smoked.stdout);
+    assert!(stdout.contains("> wait timer-1\ntimer-1 finished first\n"), "{stdout}");
+    assert!(stdout.contains("> output timer-1\nrang after 1 s\n"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }

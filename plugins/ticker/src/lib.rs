@@ -1,5 +1,12 @@
 //! `ticker`: the reference taskhost producer. Copy it to start a plugin.
 //!
+//! It is written on the SDK's typed API: [`Ticker`] is a `Producer` with a
+//! typed config and typed arguments (the tool's schema is derived from
+//! [`TickerArgs`]), [`TickerTask`] a typed `Task`, and
+//! `export_producer!(Ticker)` registers them. The model sees exactly what it
+//! saw when this plugin hand-wrote its schema (`tests/tests/all/wasm_runtime.rs`
+//! compares the whole tool definition).
+//!
 //! A ticker task emits `<message> <i>\n` for i = 1..=count, tick i being due
 //! at `start + i * interval_ms` (so the first line comes one interval after
 //! the start, and an interval of 0 makes every tick due at once).
@@ -19,15 +26,10 @@
 use core::cell::RefCell;
 use core::fmt::Write as _;
 
-use serde::Deserialize;
-use taskhost_plugin_sdk::log;
-use taskhost_plugin_sdk::prelude::*;
-use taskhost_plugin_sdk::serde_json::json;
+use taskhost_plugin_sdk::serde_json::{Value, json};
 use taskhost_plugin_sdk::time::Instant;
+use taskhost_plugin_sdk::typed::prelude::*;
 
-const KIND: &str = "ticker";
-const DESCRIPTION: &str = "Emits a numbered line every interval_ms milliseconds, count times. \
-                           A reference producer for taskhost plugin authors.";
 const MAX_COUNT: u32 = 100_000;
 const MAX_INTERVAL_MS: u64 = 3_600_000;
 const DEFAULT_COUNT: u32 = 3;
@@ -43,14 +45,24 @@ struct TickerConfig {
     default_message: Option<String>,
 }
 
-/// The tool arguments, as declared by the schema in `describe`.
-#[derive(Debug, Deserialize)]
+/// The tool arguments. Their derived schema (doc comments as descriptions,
+/// the serde defaults, the ranges) is the tool's schema.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct TickerArgs {
+    /// How many lines to emit.
     #[serde(default = "default_count")]
+    #[schemars(range(max = MAX_COUNT))]
     count: u32,
+    /// Milliseconds between two lines.
     #[serde(default = "default_interval_ms")]
+    #[schemars(range(max = MAX_INTERVAL_MS))]
     interval_ms: u64,
+    /// The text of each line, followed by its number.
+    // A string in the schema (not `["string", "null"]`): leaving it out is
+    // how the model asks for the default, which `adjust_schema` states.
+    #[serde(default)]
+    #[schemars(with = "String")]
     message: Option<String>,
 }
 
@@ -63,90 +75,59 @@ fn default_interval_ms() -> u64 {
 }
 
 impl TickerConfig {
-    fn parse(config: &str) -> Result<Self, String> {
-        parse_config(config)
-    }
-
     fn message(&self) -> &str {
         self.default_message.as_deref().unwrap_or(DEFAULT_MESSAGE)
     }
 }
 
 impl TickerArgs {
-    /// Parses and range-checks the arguments. The host already validated them
-    /// against the schema; checking again keeps the plugin correct on its own.
-    fn parse(args: &str) -> Result<Self, String> {
-        let args: Self = parse_args(args)?;
-        if args.count > MAX_COUNT {
-            return Err(format!(
-                "invalid arguments: count must be at most {MAX_COUNT}, got {}",
-                args.count
-            ));
+    /// Range-checks the arguments. The host already validated them against
+    /// the schema; checking again keeps the plugin correct on its own.
+    fn check(&self) -> Result<(), String> {
+        if self.count > MAX_COUNT {
+            return Err(format!("invalid arguments: count must be at most {MAX_COUNT}, got {}", self.count));
         }
-        if args.interval_ms > MAX_INTERVAL_MS {
+        if self.interval_ms > MAX_INTERVAL_MS {
             return Err(format!(
                 "invalid arguments: interval_ms must be at most {MAX_INTERVAL_MS}, got {}",
-                args.interval_ms
+                self.interval_ms
             ));
         }
-        Ok(args)
+        Ok(())
     }
 }
 
 struct Ticker;
 
-impl Guest for Ticker {
+impl Producer for Ticker {
+    const KIND: &'static str = "ticker";
+    const DESCRIPTION: &'static str = "Emits a numbered line every interval_ms milliseconds, count times. \
+                                       A reference producer for taskhost plugin authors.";
+
+    type Config = TickerConfig;
+    type Args = TickerArgs;
     type Task = TickerTask;
 
-    fn describe(config: String) -> Result<Descriptor, String> {
-        let config = TickerConfig::parse(&config)?;
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "count": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": MAX_COUNT,
-                    "default": DEFAULT_COUNT,
-                    "description": "How many lines to emit."
-                },
-                "interval_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": MAX_INTERVAL_MS,
-                    "default": DEFAULT_INTERVAL_MS,
-                    "description": "Milliseconds between two lines."
-                },
-                "message": {
-                    "type": "string",
-                    "default": config.message(),
-                    "description": "The text of each line, followed by its number."
-                }
-            },
-            "additionalProperties": false
-        });
-        Ok(Descriptor::new(KIND, DESCRIPTION, &schema, true))
+    /// The message's default is the instance's.
+    fn adjust_schema(config: &TickerConfig, schema: &mut Value) {
+        schema["properties"]["message"]["default"] = json!(config.message());
     }
 
-    fn label(_config: String, args: String) -> Result<String, String> {
-        let args = TickerArgs::parse(&args)?;
-        Ok(format!(
-            "{} ticks every {} ms",
-            args.count, args.interval_ms
-        ))
+    fn label(_config: &TickerConfig, args: &TickerArgs) -> Result<String, String> {
+        args.check()?;
+        Ok(format!("{} ticks every {} ms", args.count, args.interval_ms))
     }
 
-    fn run(config: String, args: String, _mode: RunMode) -> Result<Task, String> {
-        let config = TickerConfig::parse(&config)?;
-        let args = TickerArgs::parse(&args)?;
+    fn run(config: TickerConfig, args: TickerArgs, _mode: RunMode) -> Result<TickerTask, String> {
+        args.check()?;
         let message = args.message.unwrap_or_else(|| config.message().to_owned());
-        Ok(Task::new(TickerTask {
+        Ok(TickerTask {
             count: args.count,
             interval_ns: args.interval_ms * NANOS_PER_MILLI,
             start: time::now(),
             message,
             progress: RefCell::new(Progress::default()),
-        }))
+        })
     }
 }
 
@@ -211,11 +192,9 @@ impl TickerTask {
     }
 }
 
-impl GuestTask for TickerTask {
-    fn write_input(&self, _data: Vec<u8>, _close: bool) -> Result<(), String> {
-        Err(taskhost_plugin_sdk::no_input(KIND))
-    }
-
+// `write_input` keeps its default: a ticker takes no input, and the SDK
+// refuses it with `ticker tasks take no input` before it reaches the task.
+impl Task for TickerTask {
     fn cancel(&self, reason: Option<String>) {
         let mut progress = self.progress.borrow_mut();
         // Ticks that were due before the cancel were emitted by then as far
@@ -225,21 +204,13 @@ impl GuestTask for TickerTask {
             return;
         }
         progress.cancelled = true;
-        log::debug!(
-            "cancelled after {} ticks: {}",
-            progress.emitted,
-            reason.as_deref().unwrap_or("no reason given")
-        );
+        log::debug!("cancelled after {} ticks: {}", progress.emitted, reason.as_deref().unwrap_or("no reason given"));
     }
 
     fn subscribe(&self) -> Pollable {
         let mut progress = self.progress.borrow_mut();
         self.catch_up(&mut progress);
-        if self.finished(&progress) {
-            time::ready_now()
-        } else {
-            time::at(self.tick_instant(progress.emitted + 1))
-        }
+        if self.finished(&progress) { time::ready_now() } else { time::at(self.tick_instant(progress.emitted + 1)) }
     }
 
     fn done(&self) -> Option<Outcome> {
@@ -261,7 +232,7 @@ impl GuestTask for TickerTask {
     }
 }
 
-taskhost_plugin_sdk::export!(Ticker);
+taskhost_plugin_sdk::export_producer!(Ticker);
 
 // The tick arithmetic is pure, so it is tested natively:
 // `cargo test --manifest-path plugins/Cargo.toml -p ticker`.
@@ -289,11 +260,7 @@ mod tests {
         assert_eq!(ticker.ticks_due(START + 100 * MS - 1), 0);
         assert_eq!(ticker.ticks_due(START + 100 * MS), 1);
         assert_eq!(ticker.ticks_due(START + 250 * MS), 2);
-        assert_eq!(
-            ticker.ticks_due(START + 3_600_000 * MS),
-            3,
-            "capped at count"
-        );
+        assert_eq!(ticker.ticks_due(START + 3_600_000 * MS), 3, "capped at count");
         assert_eq!(ticker.tick_instant(1), START + 100 * MS);
         assert_eq!(ticker.tick_instant(3), START + 300 * MS);
     }
@@ -317,6 +284,38 @@ mod tests {
         let mut progress = Progress::default();
         ticker.emit_due(&mut progress, START);
         assert_eq!(progress.output.take(), "tick 1\ntick 2\n");
+    }
+
+    /// The schema the model sees: the one this plugin hand-wrote before it
+    /// moved to the typed SDK, with the instance's default message.
+    #[test]
+    fn the_derived_schema_is_the_hand_written_one() {
+        let config = TickerConfig { default_message: Some("beat".into()) };
+        let descriptor = taskhost_plugin_sdk::typed::descriptor::<Ticker>(&config).unwrap();
+        assert_eq!(descriptor.kind, "ticker");
+        assert!(descriptor.streams_output && !descriptor.takes_input);
+        let schema: Value = taskhost_plugin_sdk::serde_json::from_str(&descriptor.parameters).unwrap();
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "count": {
+                        "type": "integer", "minimum": 0, "maximum": MAX_COUNT, "default": DEFAULT_COUNT,
+                        "description": "How many lines to emit."
+                    },
+                    "interval_ms": {
+                        "type": "integer", "minimum": 0, "maximum": MAX_INTERVAL_MS, "default": DEFAULT_INTERVAL_MS,
+                        "description": "Milliseconds between two lines."
+                    },
+                    "message": {
+                        "type": "string", "default": "beat",
+                        "description": "The text of each line, followed by its number."
+                    }
+                },
+                "additionalProperties": false
+            })
+        );
     }
 
     #[test]

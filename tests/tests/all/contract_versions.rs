@@ -167,3 +167,45 @@ fn the_frozen_wit_is_the_one_the_0_1_fixture_was_built_against() {
     let producer = std::fs::read_to_string(frozen.join("producer.wit")).unwrap();
     assert!(producer.contains("package taskhost:producer@0.1.0;"));
 }
+
+/// Every file under `dir` (recursively, `skip` left out), relative to it.
+fn wit_files(dir: &std::path::Path, skip: &str) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap_or_else(|e| panic!("{}: {e}", next.display())) {
+            let path = entry.unwrap().path();
+            let name = path.strip_prefix(dir).unwrap().to_path_buf();
+            if name == std::path::Path::new(skip) {
+                continue;
+            }
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// The SDK builds from its own copy of the contract (`plugins/sdk/wit/`), so
+/// a git dependency on it builds outside this repository; that copy is the
+/// repository's `wit/` file for file, minus the frozen `v0.1.0/`. Fails on a
+/// file that differs, is missing or is extra: after editing `wit/`, run
+/// `rm -r plugins/sdk/wit && cp -r wit plugins/sdk/wit && rm -r plugins/sdk/wit/v0.1.0`.
+#[test]
+fn the_sdk_carries_the_current_wit_exactly() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let wit = wit_files(&root.join("wit"), "v0.1.0");
+    let copy = wit_files(&root.join("plugins/sdk/wit"), "v0.1.0");
+    let names = |files: &std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>| {
+        files.keys().map(|k| k.display().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&copy), names(&wit), "plugins/sdk/wit/ holds other files than wit/ (minus v0.1.0/)");
+    for (name, text) in &wit {
+        assert!(copy[name] == *text, "plugins/sdk/wit/{} differs from wit/{}", name.display(), name.display());
+    }
+    assert!(wit.len() >= 9, "producer, process, subagents and the WASI deps: {:?}", names(&wit));
+    assert!(!root.join("plugins/sdk/wit/v0.1.0").exists(), "the SDK builds against the current contract only");
+}

@@ -105,6 +105,72 @@ fn ticks(count: u32) -> String {
     (1..=count).map(|i| format!("tick {i}\n")).collect()
 }
 
+/// The ticker's schema as the model has always seen it (it was hand-written
+/// before the plugin moved to the SDK's typed API, which derives it), with
+/// the instance's default message.
+fn ticker_schema(default_message: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "count": {
+                "type": "integer", "minimum": 0, "maximum": 100000, "default": 3,
+                "description": "How many lines to emit."
+            },
+            "interval_ms": {
+                "type": "integer", "minimum": 0, "maximum": 3600000, "default": 1000,
+                "description": "Milliseconds between two lines."
+            },
+            "message": {
+                "type": "string", "default": default_message,
+                "description": "The text of each line, followed by its number."
+            }
+        },
+        "additionalProperties": false
+    })
+}
+
+/// The typed SDK keeps the ticker's model-facing behaviour: the same
+/// descriptor, labels and argument errors, and config errors that name the
+/// field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticker_describes_itself_exactly_as_before_the_typed_sdk() {
+    let engine = engine();
+    let version = load(&engine, TICKER_PATH).await;
+    let ticker = WasmProducer::new(version.clone(), json!({})).await.expect("describe");
+    let descriptor = ticker.descriptor();
+    assert_eq!(descriptor.kind, "ticker");
+    assert_eq!(
+        descriptor.description,
+        "Emits a numbered line every interval_ms milliseconds, count times. A reference producer for taskhost \
+         plugin authors."
+    );
+    assert!(descriptor.streams_output && !descriptor.takes_input);
+    assert_eq!(descriptor.parameters, ticker_schema("tick"));
+
+    let beat = WasmProducer::new(version.clone(), json!({"default_message": "beat"})).await.expect("describe");
+    assert_eq!(beat.descriptor().parameters, ticker_schema("beat"));
+    let prepared = beat.prepare(json!({"count": 2, "interval_ms": 0}), RunMode::Background).await.expect("prepare");
+    assert_eq!(prepared.label, "2 ticks every 0 ms");
+
+    let Err(refused) = WasmProducer::new(version.clone(), json!({"default_message": 7})).await else {
+        panic!("a config of the wrong type is refused")
+    };
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("invalid config: at `default_message`: invalid type: integer `7`"), "{refused}");
+    let Err(refused) = WasmProducer::new(version, json!({"nope": 1})).await else {
+        panic!("an unknown config field is refused")
+    };
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("invalid config: unknown field `nope`, expected `default_message`"), "{refused}");
+
+    // The host validates arguments against the schema first; what gets past
+    // it is refused by the plugin as before.
+    let Err(refused) = ticker.prepare(json!({"count": 100001}), RunMode::Background).await else {
+        panic!("a count out of range is refused")
+    };
+    assert!(format!("{refused:#}").contains("count"), "{refused:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ticker_streams_every_tick_exactly_once_and_completes() {
     let engine = engine();
