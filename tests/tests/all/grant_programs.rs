@@ -4,8 +4,10 @@
 //! cannot set `LD_PRELOAD` (or any variable that changes how a program loads
 //! or starts) for the program it was granted.
 //!
-//! Its own test binary with a single test: it changes `PATH` for the whole
-//! process, which must not race other threads reading it.
+//! The scenario needs its own `PATH` (the planted directory first), and the
+//! environment is the whole process's: the test runs it in a child copy of
+//! this test binary with that `PATH`, so no other test of the binary ever
+//! sees it (they share one process and spawn programs through `PATH`).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -24,22 +26,45 @@ fn entry(tool: &str, shell: &str, programs: &str, env: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn planted_programs_never_run_and_loader_variables_are_refused() {
+/// Set in the child that runs the scenario: the root of its planted files.
+const CHILD_ROOT: &str = "TASKHOST_GRANT_PROGRAMS_ROOT";
+
+#[test]
+fn planted_programs_never_run_and_loader_variables_are_refused() {
     let root = std::env::temp_dir().join(format!("taskhost-grant-programs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let planted = root.join("bin");
     std::fs::create_dir_all(&planted).unwrap();
-    let marker = root.join("planted-cat-ran");
     let fake = planted.join("cat");
-    std::fs::write(&fake, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::write(&fake, format!("#!/bin/sh\ntouch {}\n", root.join("planted-cat-ran").display())).unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Like /tmp, or a shared tools directory: anyone can plant a file there.
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "grant_programs::scenario_with_a_planted_path", "--ignored", "--nocapture"])
+        .env("PATH", format!("{}:/usr/bin:/bin", planted.display()))
+        .env(CHILD_ROOT, &root)
+        .output()
+        .expect("run the scenario in a child");
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success() && stdout.contains("1 passed"),
+        "the scenario failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The scenario, in the child [`planted_programs_never_run_and_loader_variables_are_refused`]
+/// starts with the planted `PATH`; it does nothing when run otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs in a child of planted_programs_never_run_and_loader_variables_are_refused"]
+async fn scenario_with_a_planted_path() {
+    let Some(root) = std::env::var_os(CHILD_ROOT).map(std::path::PathBuf::from) else { return };
+    let planted = root.join("bin");
+    let marker = root.join("planted-cat-ran");
+    let fake = planted.join("cat");
     let real_cat = Path::new("/usr/bin/cat").canonicalize().unwrap();
-    // SAFETY: the only test of this binary sets it before any other thread
-    // of ours reads the environment.
-    unsafe { std::env::set_var("PATH", format!("{}:/usr/bin:/bin", planted.display())) };
     let cache = format!("[plugins]\ncache_dir = \"{}\"\n", root.join("cache").display());
 
     // A grant of `cat` resolves through the planted directory: refused at load.
@@ -89,5 +114,4 @@ async fn planted_programs_never_run_and_loader_variables_are_refused() {
         "{preload}"
     );
     host.dispose().await;
-    std::fs::remove_dir_all(&root).unwrap();
 }
