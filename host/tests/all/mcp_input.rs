@@ -29,7 +29,8 @@ async fn read_until(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, line
         }
         assert_eq!(status, "[status: running]", "{id} ended before printing {line:?}: {text:?}");
         assert!(Instant::now() < deadline, "{id} never printed {line:?}: {text:?}");
-        // The bash plugin's pollable wakes on exit only: poll the output.
+        // An MCP client gets no event for new output (a notice rides on the
+        // next result only), so the reads are paced; the loop ends on the line.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
