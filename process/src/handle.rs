@@ -48,6 +48,8 @@ const READER_ACTIVE: Duration = Duration::from_millis(100);
 /// that is more than three quarters full before reading more (reads are a
 /// quarter of the cap, so the reader stays up to three reads ahead).
 const PACE_WAIT: Duration = Duration::from_millis(5);
+/// The largest single read from a pipe (its default capacity).
+const MAX_READ: usize = 64 * 1024;
 
 /// How a process tree ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,7 +278,7 @@ impl Process {
         let [stdout_path, stderr_path] = names;
         // Reads smaller than the cap leave room for several in memory, so a
         // reader that keeps up loses nothing to one oversized read.
-        let chunk = (s.memory_cap / 4).clamp(1, 64 * 1024);
+        let chunk = (s.memory_cap / 4).clamp(1, MAX_READ);
         for (stream, rx, path) in [(Stream::Stdout, stdout, stdout_path), (Stream::Stderr, stderr, stderr_path)] {
             let spill = SpillWriter::new(s.spill_owner.clone(), path, s.memory_cap, s.spill_cap);
             let fut = read_stream(shared.clone(), stream, rx, spill, chunk, exited_rx.clone());
@@ -506,6 +508,13 @@ fn report_limits(shared: &Shared) {
     }
 }
 
+/// The size of the next read: a quarter of the cap, or while a consumer is
+/// active the room left under it (at most [`MAX_READ`]).
+fn next_read(buffer: &StreamBuffer, active: bool, chunk: usize) -> usize {
+    let room = buffer.memory_cap().saturating_sub(buffer.len());
+    if active { room.clamp(chunk, MAX_READ.max(chunk)) } else { chunk }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -514,6 +523,13 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Moves one stream's output into its buffer (and spill file) until it ends.
+///
+/// Each read takes at most `chunk` (a quarter of the memory cap) while
+/// nobody is reading the stream, so the buffer keeps the latest output in
+/// several reads' worth; while a consumer is active it takes up to the room
+/// left under the cap (at most [`MAX_READ`]): nothing unread is pushed out,
+/// and a fast stream costs the consumer one wake-up per pipe-full instead of
+/// one per quarter cap.
 async fn read_stream(
     shared: Arc<Shared>,
     stream: Stream,
@@ -522,7 +538,8 @@ async fn read_stream(
     chunk: usize,
     mut exited: watch::Receiver<bool>,
 ) {
-    let mut buf = vec![0u8; chunk];
+    let mut buf = vec![0u8; chunk.max(MAX_READ)];
+    let mut want = chunk;
     let mut spill_ok = true;
     let linger = async {
         let _ = exited.wait_for(|e| *e).await;
@@ -532,7 +549,7 @@ async fn read_stream(
     loop {
         tokio::select! {
             biased;
-            read = rx.read(&mut buf) => match read {
+            read = rx.read(&mut buf[..want]) => match read {
                 Ok(0) => break,
                 Ok(n) => {
                     let data = &buf[..n];
@@ -553,7 +570,9 @@ async fn read_stream(
                             buffer.set_spill(file);
                         }
                         buffer.push(data);
-                        let pace = buffer.len() > buffer.memory_cap() / 4 * 3 && buffer.reader_active(READER_ACTIVE);
+                        let active = buffer.reader_active(READER_ACTIVE);
+                        want = next_read(&buffer, active, chunk);
+                        let pace = active && buffer.len() > buffer.memory_cap() / 4 * 3;
                         if pace {
                             // Registered under the lock, so a read right
                             // after it is not missed.
@@ -568,6 +587,8 @@ async fn read_stream(
                         // and pushes unread bytes out of memory. A stream
                         // nobody reads is never slowed down.
                         let _ = tokio::time::timeout(PACE_WAIT, drained).await;
+                        let buffer = lock(shared.buffer(stream));
+                        want = next_read(&buffer, buffer.reader_active(READER_ACTIVE), chunk);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

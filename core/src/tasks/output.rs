@@ -540,7 +540,7 @@ fn cap_line_at(line: &str, room: usize) -> &str {
 }
 
 fn bytecount(text: &str) -> u64 {
-    text.bytes().filter(|&b| b == b'\n').count() as u64
+    bytecount::count(text.as_bytes(), b'\n') as u64
 }
 
 /// Creates a new file only the server's user can read (0600), refusing to

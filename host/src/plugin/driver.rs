@@ -14,9 +14,20 @@
 //!   with a detail naming the export and the cause, and drops the store. No
 //!   fault reaches another task or the host.
 //! - When `done` returns an outcome, `read-output` is called once more and the
-//!   remainder is kept in a host-side buffer; the store is dropped before
-//!   `done` settles. Reads after that take the buffer, so every byte of output
-//!   is delivered exactly once.
+//!   remainder is kept in a host-side buffer (`pulled`); the store is dropped
+//!   before `done` settles. Reads after that take the buffer, so every byte of
+//!   output is delivered exactly once.
+//! - The driver pulls a stream task's output itself: while the registry
+//!   watches its output, every readiness round that is not the end calls
+//!   `read-output` and appends to `pulled` (at most [`bounds::MAX_CHUNK_BYTES`]
+//!   waiting; beyond that the guest keeps its output until it is taken), then
+//!   raises the output signal. Once such a pull returned output, the guest is
+//!   known to signal new output, and the registry takes `pulled` directly
+//!   ([`TaskControl::take_pulled_output`]) instead of asking for a read: a
+//!   read costs no guest call. A read served by the loop returns `pulled`
+//!   first, then what the guest gave, so output is never reordered. A round
+//!   whose pull returned output is progress, never a spin (a stream whose
+//!   reader lags is always ready at once, and must not be backed off).
 //! - A read that was in flight when the task ended (above all, the read
 //!   whose own call faulted) answers with [`ReadEndedTask`]: its caller
 //!   learns the end from that read instead of reading `running` while the
@@ -76,8 +87,12 @@ enum ReadReply {
 
 /// What the driver and its controls share.
 struct Shared {
-    /// Output drained after the store was dropped, taken by the next read.
-    remainder: Mutex<String>,
+    /// Output the driver took from the guest that no read has taken yet:
+    /// pulled on readiness, and the remainder after the end.
+    pulled: Mutex<String>,
+    /// A pull on readiness returned output: the guest signals new output, so
+    /// reads may take `pulled` without asking it.
+    pulls_itself: AtomicBool,
     /// The outcome, once the driver reached it (set before `done` settles).
     outcome: Mutex<Option<TaskOutcome>>,
     /// Raised when new output may be readable (the registry's event stream).
@@ -104,7 +119,8 @@ pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
     let shared = Arc::new(Shared {
-        remainder: Mutex::new(String::new()),
+        pulled: Mutex::new(String::new()),
+        pulls_itself: AtomicBool::new(false),
         outcome: Mutex::new(None),
         output_signal: std::sync::OnceLock::new(),
         _spill_files: Mutex::new(Vec::new()),
@@ -135,14 +151,22 @@ struct WasmTaskControl {
 }
 
 impl Shared {
-    fn take_remainder(&self) -> String {
-        std::mem::take(&mut *self.remainder.lock().unwrap_or_else(|e| e.into_inner()))
+    fn take_pulled(&self) -> String {
+        std::mem::take(&mut *self.pulled.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn push_pulled(&self, text: &str) {
+        self.pulled.lock().unwrap_or_else(|e| e.into_inner()).push_str(text);
+    }
+
+    fn pulled_len(&self) -> usize {
+        self.pulled.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// The answer to a read that was in flight when the driver ended: the
     /// remainder, with the outcome.
     fn ended_read(&self) -> ReadReply {
-        let text = self.take_remainder();
+        let text = self.take_pulled();
         match self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             Some(outcome) => ReadReply::Ended(ReadEndedTask { text, outcome }),
             None => ReadReply::Output(text),
@@ -168,8 +192,8 @@ impl TaskControl for WasmTaskControl {
     async fn read_output(&self) -> anyhow::Result<String> {
         let (reply, replied) = oneshot::channel();
         let answer = match self.tx.send(Request::Read(reply)) {
-            Ok(()) => replied.await.unwrap_or_else(|_| ReadReply::Output(self.shared.take_remainder())),
-            Err(_) => ReadReply::Output(self.shared.take_remainder()),
+            Ok(()) => replied.await.unwrap_or_else(|_| ReadReply::Output(self.shared.take_pulled())),
+            Err(_) => ReadReply::Output(self.shared.take_pulled()),
         };
         match answer {
             ReadReply::Output(text) => Ok(text),
@@ -185,6 +209,10 @@ impl TaskControl for WasmTaskControl {
             return answer;
         }
         Err(anyhow!("the task ended before its input could be delivered"))
+    }
+
+    fn take_pulled_output(&self) -> Option<String> {
+        self.shared.pulls_itself.load(Ordering::Acquire).then(|| self.shared.take_pulled())
     }
 
     fn watch_output(&self, signal: OutputSignal) {
@@ -273,7 +301,7 @@ async fn drive(
                     request = rx.recv() => request,
                     _ = &mut sleep => break,
                 };
-                match serve(parts, request, deferred).await {
+                match serve(parts, request, deferred, shared).await {
                     // An empty read is served but does not end the back-off:
                     // the host's own drain reads on every readiness, so only
                     // output says the guest made progress.
@@ -292,9 +320,10 @@ async fn drive(
             Ok(pollable) => pollable,
             Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
         };
-        // When the wait began, and whether a cancel or output came meanwhile.
+        // When the wait began, and whether a cancel, a read or a pull with output
+        // came meanwhile (progress: the round was no spin).
         let wait_began = tokio::time::Instant::now();
-        let mut served_request = false;
+        let mut made_progress = false;
         // Wait for readiness, serving requests meanwhile.
         loop {
             let event = {
@@ -315,11 +344,11 @@ async fn drive(
                     );
                     return End::Settled(TaskOutcome::failed(detail));
                 }
-                Event::Request(request) => match serve(parts, request, deferred).await {
+                Event::Request(request) => match serve(parts, request, deferred, shared).await {
                     Served::Continue => {}
-                    Served::Progress => served_request = true,
+                    Served::Progress => made_progress = true,
                     Served::AskDone => {
-                        served_request = true;
+                        made_progress = true;
                         break;
                     }
                     Served::End(end) => return end,
@@ -338,15 +367,28 @@ async fn drive(
                 // Drain what is left, so later reads still get it.
                 return match call_read_output(parts).await {
                     Ok(text) => {
-                        shared.remainder.lock().unwrap_or_else(|e| e.into_inner()).push_str(&text);
+                        shared.push_pulled(&text);
                         End::Settled(outcome)
                     }
                     Err(fault) => End::Settled(TaskOutcome::failed(fault.detail)),
                 };
             }
             Ok(None) => {
-                // Readiness without an end: output may have changed.
+                // Readiness without an end: output may have changed. Pull
+                // it now, while the registry drains this task (bounded: a
+                // drain that lags leaves the rest in the guest).
                 if let Some(signal) = shared.output_signal.get() {
+                    if parts.streams_output && shared.pulled_len() < bounds::MAX_CHUNK_BYTES {
+                        match call_read_output(parts).await {
+                            Ok(text) if !text.is_empty() => {
+                                shared.push_pulled(&text);
+                                shared.pulls_itself.store(true, Ordering::Release);
+                                made_progress = true;
+                            }
+                            Ok(_) => {}
+                            Err(fault) => return End::Settled(TaskOutcome::failed(fault.detail)),
+                        }
+                    }
                     signal.raise();
                 }
                 // Readiness that came at once (a zero-length timer only
@@ -354,7 +396,7 @@ async fn drive(
                 // two, leave the count alone: a spinning round delayed by a
                 // loaded machine must not reset it.
                 let waited = wait_began.elapsed();
-                if served_request || waited >= bounds::IDLE_WAIT {
+                if made_progress || waited >= bounds::IDLE_WAIT {
                     empty_rounds = 0;
                 } else if waited < bounds::SPIN_WAIT {
                     empty_rounds = empty_rounds.saturating_add(1);
@@ -381,13 +423,21 @@ enum Served {
     End(End),
 }
 
-/// Serves one client request (a read or a cancel) with a guest call.
-async fn serve(parts: &mut TaskParts, request: Option<Request>, deferred: &mut Vec<Request>) -> Served {
+/// Serves one client request (a read or a cancel) with a guest call. A
+/// read answers what was pulled before it, then the guest's new output.
+async fn serve(
+    parts: &mut TaskParts,
+    request: Option<Request>,
+    deferred: &mut Vec<Request>,
+    shared: &Shared,
+) -> Served {
     match request {
         None => Served::End(End::Orphaned),
         Some(Request::Read(reply)) => match call_read_output(parts).await {
-            Ok(text) => {
-                let progressed = !text.is_empty();
+            Ok(fresh) => {
+                let progressed = !fresh.is_empty();
+                let mut text = shared.take_pulled();
+                text.push_str(&fresh);
                 let _ = reply.send(ReadReply::Output(text));
                 if progressed { Served::Progress } else { Served::Continue }
             }

@@ -7,7 +7,11 @@
 //! own async mutex, never with the registry lock held across it, so output
 //! is never reordered and every reader sees one log. A producer's output
 //! signal schedules one drain at a time per task; reads and views pull
-//! first too, so they never miss output the drain has not reached yet.
+//! first too, so they never miss output the drain has not reached yet. A
+//! producer that pulls its own output before it signals
+//! ([`TaskControl::take_pulled_output`], the wasm driver) is drained from
+//! what it pulled, with no call into it: a read then costs a lock and a
+//! copy, and a reader polling in a loop does not slow the stream down.
 //!
 //! Invariants:
 //! - Views and peeks never move the consuming cursor and never report the
@@ -186,6 +190,10 @@ impl TaskRegistry {
         control: &dyn TaskControl,
         output: &mut TaskOutput,
     ) -> Result<Option<TaskOutcome>, TaskError> {
+        if let Some(text) = control.take_pulled_output() {
+            self.record_output(id, output, &text);
+            return Ok(None);
+        }
         let pulled = AssertUnwindSafe(control.read_output())
             .catch_unwind()
             .await
