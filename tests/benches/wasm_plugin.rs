@@ -297,7 +297,10 @@ async fn loads(bytes: &[u8]) {
 /// Whether `part` runs: all of them unless `WASM_BENCH_ONLY` names some
 /// (comma-separated: `loads`, `latency`, `memory`), for profiling one part.
 fn part(part: &str) -> bool {
-    std::env::var("WASM_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p.trim() == part))
+    match std::env::var("WASM_BENCH_ONLY") {
+        Ok(only) => only.split(',').any(|p| p.trim() == part),
+        Err(_) => true,
+    }
 }
 
 fn main() {
