@@ -12,6 +12,8 @@
 //!   tickers and collecting them with `task_output(wait: true)`: throughput
 //!   and p99, against the same work by 50 agents through the library.
 //!
+//! `MCP_BENCH_ONLY=cold` measures the cold start only.
+//!
 //! Prints a Markdown section for BENCHMARKS.md. Numbers vary with the
 //! machine; the ratios are measured in one run.
 
@@ -226,11 +228,24 @@ async fn run() {
         let client = ().serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
         let tools = client.list_all_tools().await.unwrap();
         colds.push(started.elapsed());
-        assert_eq!(tools.len(), 5, "the default bash and ticker, and the three control tools");
+        assert_eq!(tools.len(), 7, "the default bash and ticker, and the five control tools");
         let _ = client.cancel().await;
         child.wait().await.unwrap();
     }
     let cold = stats(colds);
+    if std::env::var("MCP_BENCH_ONLY").is_ok_and(|only| only == "cold") {
+        // Only the cold start (`MCP_BENCH_ONLY=cold`), for a quick re-run.
+        println!(
+            "| cold start to first tools/list answer (stdio, p50 / p99 of {COLD_STARTS}) | {} / {} | spawn + exit of `taskhost --version`: {} / {} | {} |",
+            ms(cold.p50),
+            ms(cold.p99),
+            ms(spawn.p50),
+            ms(spawn.p99),
+            ratio(cold.p50, spawn.p50)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     // In-process baseline: task_list through the library.
     let host = taskhost::setup::host_from_config(&config, &dir).await.unwrap();

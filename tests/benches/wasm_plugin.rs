@@ -8,7 +8,11 @@
 //!   batches so drift hits both alike;
 //! - RSS per live task with 10 000 live ticker tasks, wasm vs native, and the
 //!   address space the instance pool reserves;
-//! - plugin load: cold (compile) vs cached (deserialize from the compile cache).
+//! - plugin load: cold (compile) vs cached (deserialize from the compile cache);
+//! - the floor of a wasm start, in the same run: a bare pooled instantiate of
+//!   the same component (same engine, same pool) and one trivial call of it
+//!   (`label`), through wasmtime alone: a `Store<()>`, every import a trap,
+//!   no limiter, no deadline callback, no driver.
 
 use std::time::{Duration, Instant};
 
@@ -65,6 +69,39 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// The floor of a wasm start: `Store::new` + a pooled instantiation from an
+/// `InstancePre` + one `label` call, with nothing of taskhost's around it
+/// (no WASI context: every import of the component traps, and `label` calls
+/// none). Returns the sorted samples.
+async fn bare_floor(engine: &PluginEngine, component: &wasmtime::component::Component) -> Vec<Duration> {
+    use wasmtime::component::Linker;
+    let mut linker = Linker::<()>::new(engine.engine());
+    linker.define_unknown_imports_as_traps(component).expect("stub imports");
+    let pre = linker.instantiate_pre(component).expect("instance pre");
+    let (_, iface) = component.get_export(None, "taskhost:producer/producer@0.2.0").expect("producer export");
+    let (_, label) = component.get_export(Some(&iface), "label").expect("label export");
+    let args = json!({"count": 1, "interval_ms": 0}).to_string();
+    let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
+    for i in 0..LATENCY_SAMPLES + BATCH {
+        let began = Instant::now();
+        let mut store = wasmtime::Store::new(engine.engine(), ());
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = pre.instantiate_async(&mut store).await.expect("instantiate");
+        let func = instance
+            .get_typed_func::<(&str, &str), (Result<String, String>,)>(&mut store, &label)
+            .expect("label signature");
+        let (labelled,) = func.call_async(&mut store, ("{}", &args)).await.expect("label call");
+        labelled.expect("label");
+        let elapsed = began.elapsed();
+        drop(store);
+        if i >= BATCH {
+            samples.push(elapsed);
+        }
+    }
+    samples.sort();
+    samples
+}
+
 async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
     // Short tasks (one immediate tick) so the live set stays small.
     let args = json!({"count": 1, "interval_ms": 0});
@@ -86,14 +123,22 @@ async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
     }
     w.sort();
     n.sort();
+    let floor = bare_floor(wasm.version().engine(), wasm.version().component()).await;
     let (w50, w99, n50, n99) = (percentile(&w, 0.5), percentile(&w, 0.99), percentile(&n, 0.5), percentile(&n, 0.99));
+    let (f50, f99) = (percentile(&floor, 0.5), percentile(&floor, 0.99));
     println!("start-to-registered latency ({LATENCY_SAMPLES} starts each, interleaved batches of {BATCH}):");
     println!("  native ticker: p50 {:8.1} µs  p99 {:8.1} µs", micros(n50), micros(n99));
     println!("  wasm ticker:   p50 {:8.1} µs  p99 {:8.1} µs", micros(w50), micros(w99));
+    println!("  floor (bare pooled instantiate + label): p50 {:8.1} µs  p99 {:8.1} µs", micros(f50), micros(f99));
     println!(
         "  ratio wasm/native: p50 {:.2}x  p99 {:.2}x",
         w50.as_secs_f64() / n50.as_secs_f64(),
         w99.as_secs_f64() / n99.as_secs_f64()
+    );
+    println!(
+        "  ratio wasm/floor:  p50 {:.2}x  p99 {:.2}x",
+        w50.as_secs_f64() / f50.as_secs_f64(),
+        w99.as_secs_f64() / f99.as_secs_f64()
     );
     registry.dispose().await;
 
@@ -117,11 +162,66 @@ async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
     }
     prep.sort();
     run.sort();
+    // The same prepare with no task ever started, so no driver competes for
+    // the CPU: the like-for-like comparison with the floor.
+    let mut alone = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES {
+        let began = Instant::now();
+        let prepared = wasm.prepare(args.clone(), RunMode::Background).await.expect("prepare");
+        alone.push(began.elapsed());
+        drop(prepared);
+    }
+    alone.sort();
     println!(
         "  wasm breakdown p50: prepare (store + instantiate + label) {:.1} µs, run (run + driver spawn) {:.1} µs",
         micros(percentile(&prep, 0.5)),
         micros(percentile(&run, 0.5))
     );
+    println!(
+        "  prepare alone (no task running, store dropped): p50 {:.1} µs  p99 {:.1} µs; ratio to the floor p50 {:.2}x",
+        micros(percentile(&alone, 0.5)),
+        micros(percentile(&alone, 0.99)),
+        percentile(&alone, 0.5).as_secs_f64() / f50.as_secs_f64()
+    );
+}
+
+/// Resident bytes of this process by kind of mapping, from
+/// `/proc/self/smaps`: where the memory of live tasks is. Kinds: `memfd`
+/// (linear-memory slots with the module's initial image mapped), `pool`
+/// (other anonymous mappings of 1 GiB and more: the pool's memory and table
+/// slots), `stack` (anonymous mappings of the fiber stack size, 2 MiB +
+/// 4 KiB guard, as the stack pool's guard pages split it), `heap` (the
+/// allocator: `[heap]` and other anonymous mappings), `other`.
+fn rss_by_kind() -> std::collections::BTreeMap<&'static str, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return out };
+    let mut kind = "other";
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && first.chars().next().is_some_and(|c| c.is_ascii_hexdigit()) {
+            let (start, end) = first.split_once('-').unwrap();
+            let size = u64::from_str_radix(end, 16).unwrap_or(0) - u64::from_str_radix(start, 16).unwrap_or(0);
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            kind = if path.starts_with("/memfd:") {
+                "memfd"
+            } else if path == "[heap]" {
+                "heap"
+            } else if path.is_empty() && size >= 1 << 30 {
+                "pool"
+            } else if path.is_empty() && size == (2 << 20) {
+                "stack"
+            } else if path.is_empty() {
+                "heap"
+            } else {
+                "other"
+            };
+        } else if first == "Rss:" {
+            let kib: u64 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            *out.entry(kind).or_default() += kib * 1024;
+        }
+    }
+    out
 }
 
 /// RSS growth per live task with `LIVE` live (hour-long) tickers.
@@ -132,6 +232,7 @@ async fn memory(label: &str, producer: &dyn Producer) -> f64 {
     start(&registry, producer, args.clone()).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let before = rss_bytes().expect("rss");
+    let kinds_before = rss_by_kind();
     let began = Instant::now();
     for _ in 0..LIVE {
         start(&registry, producer, args.clone()).await;
@@ -146,6 +247,15 @@ async fn memory(label: &str, producer: &dyn Producer) -> f64 {
         LIVE,
         LIVE as f64 / elapsed.as_secs_f64()
     );
+    let kinds_after = rss_by_kind();
+    let by_kind: Vec<String> = kinds_after
+        .iter()
+        .map(|(kind, bytes)| {
+            let grown = bytes.saturating_sub(kinds_before.get(kind).copied().unwrap_or(0));
+            format!("{kind} {:.1}", grown as f64 / LIVE as f64 / 1024.0)
+        })
+        .collect();
+    println!("  {label:<14} per live task by mapping, KiB: {}", by_kind.join(", "));
     let began = Instant::now();
     registry.dispose().await;
     println!("  {label:<14} disposal of {LIVE} live tasks (cancel + await quiescence): {:?}", began.elapsed());
@@ -184,11 +294,22 @@ async fn loads(bytes: &[u8]) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Whether `part` runs: all of them unless `WASM_BENCH_ONLY` names some
+/// (comma-separated: `loads`, `latency`, `memory`), for profiling one part.
+fn part(part: &str) -> bool {
+    match std::env::var("WASM_BENCH_ONLY") {
+        Ok(only) => only.split(',').any(|p| p.trim() == part),
+        Err(_) => true,
+    }
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let wasm_bytes = taskhost::builtin::TICKER_WASM;
-        loads(wasm_bytes).await;
+        if part("loads") {
+            loads(wasm_bytes).await;
+        }
 
         let vm_before = taskhost::plugin::engine::vm_size_bytes();
         // Room for every live task of the memory measurement (the default
@@ -208,11 +329,14 @@ fn main() {
         let native = TickerProducer::new(&json!({})).expect("native ticker");
         assert_eq!(wasm.descriptor().kind, native.descriptor().kind);
 
-        latency(&wasm, &native).await;
-
-        println!("memory with {LIVE} live ticker tasks:");
-        let native_per = memory("native ticker", &native).await;
-        let wasm_per = memory("wasm ticker", &wasm).await;
-        println!("  ratio wasm/native: {:.1}x", wasm_per / native_per.max(1.0));
+        if part("latency") {
+            latency(&wasm, &native).await;
+        }
+        if part("memory") {
+            println!("memory with {LIVE} live ticker tasks:");
+            let native_per = memory("native ticker", &native).await;
+            let wasm_per = memory("wasm ticker", &wasm).await;
+            println!("  ratio wasm/native: {:.1}x", wasm_per / native_per.max(1.0));
+        }
     });
 }

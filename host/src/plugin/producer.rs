@@ -87,6 +87,15 @@ impl Drop for LiveGuard {
 struct Active {
     serving: ServingVersion,
     descriptor: Arc<Descriptor>,
+    /// `serving.info()`, formatted once: every task records it.
+    info: Arc<str>,
+}
+
+impl Active {
+    fn new(serving: ServingVersion, descriptor: Arc<Descriptor>) -> Arc<Self> {
+        let info = serving.info().into();
+        Arc::new(Self { serving, descriptor, info })
+    }
 }
 
 /// A plugin version as one tool instance serves it: the loaded build and its
@@ -132,7 +141,7 @@ impl WasmProducer {
         let descriptor = Arc::new(describe(&version, &config_json).await?);
         Ok(Self {
             config_json,
-            current: RwLock::new(Arc::new(Active { serving: ServingVersion { seq: 1, version }, descriptor })),
+            current: RwLock::new(Active::new(ServingVersion { seq: 1, version }, descriptor)),
             reloading: tokio::sync::Mutex::new(()),
             live: Arc::default(),
             process: None,
@@ -175,8 +184,7 @@ impl WasmProducer {
         }
         let serving = ServingVersion { seq: old.serving.seq + 1, version };
         tracing::info!(from = %old.serving.info(), to = %serving.info(), "plugin reloaded");
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-            Arc::new(Active { serving: serving.clone(), descriptor: descriptor.clone() });
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Active::new(serving.clone(), descriptor.clone());
         Ok((serving, descriptor))
     }
 
@@ -363,7 +371,7 @@ impl Producer for WasmProducer {
         };
         let streams_output = active.descriptor.streams_output;
         let plugin_name = version.name().to_string();
-        let info = active.serving.info();
+        let info = active.info.to_string();
         let seq = active.serving.seq;
         let live = self.live.clone();
         let run = runner(async move {
