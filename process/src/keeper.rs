@@ -1,4 +1,6 @@
 //! The exec'd keeper: starting a process tree without forking the host.
+//! (The warm keeper, [`super::zygote`], is the same process started ahead
+//! of need; this on-demand start is its fallback.)
 //!
 //! ## Why
 //! `fork` copies every memory mapping of the calling process, and a host that

@@ -10,8 +10,9 @@
 //! - At most one warm zygote per host process ("the pool"): the plan is
 //!   sent whole with each start, so a zygote serves any grant, owner and
 //!   configuration; it is single-use (it *becomes* that tree's K), so it is
-//!   never shared between trees or owners. Taking it asks a background
-//!   thread for the next one at once; a start that finds the replacement
+//!   never shared between trees or owners. Once the hand-off is over, the
+//!   start asks a background thread for the next one (not before: its spawn
+//!   would compete with the hand-off for a core); a start that finds the replacement
 //!   still being spawned waits for it (never longer than spawning its own),
 //!   and one that finds none uses the exec'd keeper ([`super::keeper`]).
 //! - Z is started as `/proc/self/exe` [`ZYGOTE_ARG`] with an **empty
@@ -49,7 +50,7 @@
 //!   keeper, never the start itself.
 //! - The start waits for the acknowledgement at most [`ACK_TIMEOUT`]; a
 //!   zygote that misses it is killed (its group) and reaped, and the start
-//!   falls back.
+//!   falls back. ([`set_await_ack`] can turn the wait off: see there.)
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -108,6 +109,7 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { warm: None, refilling: false, disca
 /// Signals the refill thread (work) and waiting starts (a zygote is ready).
 static CHANGED: Condvar = Condvar::new();
 static ENABLED: AtomicBool = AtomicBool::new(true);
+static AWAIT_ACK: AtomicBool = AtomicBool::new(true);
 static WARM_STARTS: AtomicU64 = AtomicU64::new(0);
 static SPAWNED: AtomicU64 = AtomicU64::new(0);
 
@@ -119,6 +121,25 @@ fn pool() -> MutexGuard<'static, Pool> {
 /// ([`keeper::run_if_keeper`]) and nothing disabled it.
 pub fn available() -> bool {
     keeper::exec_keeper_available() && ENABLED.load(Ordering::Relaxed)
+}
+
+/// Turns the warm keeper on or off for this process (on by default; a
+/// benchmark's "before", or an embedder that prefers the on-demand keeper).
+/// Off, starts use the exec'd keeper; on again, the next start refills.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+    CHANGED.notify_all();
+}
+
+/// Whether a start waits for the zygote's acknowledgement (the default) or
+/// returns once the plan is queued on the zygote's socket. Without the wait,
+/// a zygote killed between getting ready and reading its plan ends that tree
+/// as killed by the signal (as an exec'd keeper killed right after its
+/// `exec` does), instead of falling back to the exec'd keeper; a zygote
+/// that died before the send is still detected (the send fails) and falls
+/// back. For benchmarks and embedders that measure the difference.
+pub fn set_await_ack(on: bool) {
+    AWAIT_ACK.store(on, Ordering::Relaxed);
 }
 
 /// How many trees this process started through a warm keeper.
@@ -138,7 +159,7 @@ pub fn ready_pid() -> Option<u32> {
 
 /// Waits up to `timeout` for a ready zygote (asking for one when none is
 /// being spawned) and returns its pid; `None` when the warm keeper is not
-/// available or none came in time.
+/// available, the spawn failed, or none came in time.
 pub fn wait_ready(timeout: Duration) -> Option<u32> {
     if !available() {
         return None;
@@ -146,7 +167,7 @@ pub fn wait_ready(timeout: Duration) -> Option<u32> {
     let mut pool = pool();
     request_refill(&mut pool);
     let (pool, _) = CHANGED
-        .wait_timeout_while(pool, timeout, |p| p.warm.is_none() && available())
+        .wait_timeout_while(pool, timeout, |p| p.warm.is_none() && p.refilling && available())
         .unwrap_or_else(|e| e.into_inner());
     pool.warm.as_ref().map(|w| w.pid as u32)
 }
@@ -270,8 +291,9 @@ fn reap(pid: libc::pid_t) {
     }
 }
 
-/// Takes the waiting zygote (waiting briefly for one being spawned) and asks
-/// for its replacement.
+/// Takes the waiting zygote, waiting briefly for one being spawned. The
+/// caller asks for the replacement ([`refill`]) once its hand-off is over,
+/// so the replacement's spawn does not compete with it for a core.
 fn take() -> Option<Warm> {
     let mut pool = pool();
     if pool.warm.is_none() && pool.refilling {
@@ -280,9 +302,12 @@ fn take() -> Option<Warm> {
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
-    let warm = pool.warm.take();
-    request_refill(&mut pool);
-    warm
+    pool.warm.take()
+}
+
+/// Asks for the next zygote.
+fn refill() {
+    request_refill(&mut pool());
 }
 
 /// Starts the tree of `plan` through a warm zygote. `Ok(None)`: no zygote
@@ -297,12 +322,18 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
     let Some(message) = encode(&args, &plan.exec.envp) else { return Ok(None) };
     let (stdout, stdout_w) = confine::pipe()?;
     let (stderr, stderr_w) = confine::pipe()?;
-    let Some(warm) = take() else { return Ok(None) };
+    let Some(warm) = take() else {
+        refill();
+        return Ok(None);
+    };
     let mut fds = vec![stdin.unwrap_or(plan.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()];
     fds.extend(plan.landlock.as_ref().map(|fd| fd.as_raw_fd()));
-    match hand_off(&warm.socket, &message, &fds) {
+    match hand_off(&warm.socket, &message, &fds, AWAIT_ACK.load(Ordering::Relaxed)) {
         Ok(()) => {
-            pool().failures = 0;
+            let mut pool = pool();
+            pool.failures = 0;
+            request_refill(&mut pool);
+            drop(pool);
             WARM_STARTS.fetch_add(1, Ordering::Relaxed);
             // Our copies of the write ends close here: only the tree holds them.
             drop((stdout_w, stderr_w));
@@ -313,6 +344,7 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
             pool.discarded.push(warm.pid);
             pool.failures += 1;
             let failures = pool.failures;
+            request_refill(&mut pool);
             drop(pool);
             CHANGED.notify_all();
             if failures >= MAX_FAILURES {
@@ -360,10 +392,12 @@ fn decode(message: &[u8]) -> Option<(Vec<OsString>, BTreeMap<OsString, OsString>
     (args.len() == n_args && env.len() == n_env && entries.next().is_none()).then_some((args, env))
 }
 
-/// Sends the message with `fds`, then waits for the acknowledgement.
-fn hand_off(socket: &OwnedFd, message: &[u8], fds: &[RawFd]) -> io::Result<()> {
+/// Sends the message with `fds`, then (with `await_ack`) waits for the
+/// acknowledgement. The message stays readable by the zygote after our end
+/// closes.
+fn hand_off(socket: &OwnedFd, message: &[u8], fds: &[RawFd], await_ack: bool) -> io::Result<()> {
     send_with_fds(socket.as_raw_fd(), message, fds)?;
-    await_byte(socket, ACK, "acknowledge its plan")
+    if await_ack { await_byte(socket, ACK, "acknowledge its plan") } else { Ok(()) }
 }
 
 /// Waits up to [`ACK_TIMEOUT`] for the zygote to send `want`.

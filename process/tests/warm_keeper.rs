@@ -49,6 +49,7 @@ fn main() {
                 a_failing_exec_fails_the_process_with_the_reason().await;
                 the_zygote_holds_nothing_and_dies_with_the_host();
                 a_zygote_gone_before_its_hand_off_costs_only_the_exec().await;
+                without_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back().await;
                 repeated_failures_degrade_once_to_the_exec_keeper().await;
             });
             unprivileged_run();
@@ -268,6 +269,35 @@ async fn a_zygote_gone_before_its_hand_off_costs_only_the_exec() {
     assert_eq!((out.as_str(), status), ("warm\n", ExitStatus::Code(0)));
     std::fs::remove_dir_all(&base).unwrap();
     println!("warm_keeper: dead zygote falls back ok");
+}
+
+/// With `set_await_ack(false)` the start returns once the plan is queued:
+/// the tree still runs through the zygote, and a zygote that died before the
+/// send still costs only the exec'd keeper.
+async fn without_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back() {
+    let host = host();
+    let base = scratch("no-ack");
+    let grant = grant(&base.join("work"));
+    zygote::set_await_ack(false);
+    let z = zygote::wait_ready(READY).expect("a warm keeper is ready");
+    let fd = pidfd(z);
+    // SAFETY: signalling our own child (the pool reaps it).
+    unsafe { libc::kill(z as i32, libc::SIGKILL) };
+    assert!(exits_within(&fd, Duration::from_secs(10)));
+    let process = host.spawn(&grant, bash("echo fell-back"), &tracing::Span::none()).await.unwrap();
+    assert_ne!(process.pid(), z);
+    let (out, _, status) = drain(&process).await;
+    assert_eq!((out.as_str(), status), ("fell-back\n", ExitStatus::Code(0)));
+    let next = zygote::wait_ready(READY).expect("a replacement is ready");
+    let script = "ls /proc/$$/fd > fds.txt; echo $(cat fds.txt) $(grep '^Seccomp:' /proc/self/status | cut -f2)";
+    let process = host.spawn(&grant, bash(script), &tracing::Span::none()).await.unwrap();
+    assert_eq!(process.pid(), next, "the start went through the zygote");
+    let (out, _, status) = drain(&process).await;
+    let seccomp = if confine::support().seccomp { "2" } else { "0" };
+    assert_eq!((out, status), (format!("0 1 2 {seccomp}\n"), ExitStatus::Code(0)));
+    zygote::set_await_ack(true);
+    std::fs::remove_dir_all(&base).unwrap();
+    println!("warm_keeper: no ack wait ok");
 }
 
 /// Three failed hand-offs in a row turn the warm keeper off (one log line);
