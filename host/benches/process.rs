@@ -10,8 +10,8 @@
 //!    `ProcessHost::spawn` (fully confined, with the default tree limits in
 //!    a cgroup where the host can create one, through the warm keeper; the
 //!    same with the keeper exec'd on demand, i.e. the warm keeper off: the
-//!    start before it; the same warm without waiting for the zygote's
-//!    acknowledgement; the same without limits; PID namespace only; process
+//!    start before it; the same warm, waiting for the zygote's
+//!    acknowledgement (off by default); the same without limits; PID namespace only; process
 //!    group only; each warm start waits until the replacement zygote of the
 //!    previous one is ready, as a start that is not back to back with
 //!    another finds it), vs
@@ -125,7 +125,7 @@ async fn run() {
         ("tokio::process", None),
         ("process cap, full confinement", Some((&host, &grant))),
         ("  same, keeper exec'd on demand", Some((&host, &grant))),
-        ("  same, warm, no wait for the ack", Some((&host, &grant))),
+        ("  same, warm, waiting for the ack", Some((&host, &grant))),
         ("  same, no tree limits", Some((&unlimited_host, &grant))),
         ("process cap, PID namespace", Some((&host, &pid_only))),
         ("process cap, process group only", Some((&host, &plain))),
@@ -151,9 +151,9 @@ async fn run() {
             // keeper, spawned on demand (a replacement zygote spawned in
             // the background is left unused meanwhile).
             zygote::set_enabled(v != 2);
-            // Variant 3: the warm keeper without waiting for its
-            // acknowledgement (`zygote::set_await_ack`).
-            zygote::set_await_ack(v != 3);
+            // Variant 3: the warm keeper, waiting for its acknowledgement
+            // (`zygote::set_await_ack`; the default does not wait).
+            zygote::set_await_ack(v == 3);
             if v != 2 {
                 // The replacement of the previous warm start is ready, as it
                 // is for a start that is not back to back with another.
@@ -180,6 +180,9 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
     }
+    // Back to the defaults for the rest of the run.
+    zygote::set_enabled(true);
+    zygote::set_await_ack(false);
     println!("start `bash -c true`, {iterations} rounds (spawn call -> handle; shuffled, interleaved):");
     let base = percentile(&mut samples[0], 0.5);
     let base99 = percentile(&mut samples[0], 0.99);

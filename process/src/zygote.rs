@@ -25,11 +25,14 @@
 //! - A start sends one message: the keeper's arguments ([`keeper::plan_args`],
 //!   the same list an exec'd K gets) and the command's environment, with the
 //!   tree's stdin (or `/dev/null`), stdout and stderr pipes' ends and the
-//!   Landlock ruleset as `SCM_RIGHTS`. Z acknowledges with one byte as soon
-//!   as it holds the message: from then on the tree is Z's pid, exactly as
-//!   an exec'd K's, and the host registers the task while Z sets the tree
-//!   up. A plan Z cannot use, a set-up failure and an exec failure end the
-//!   tree with 126/127 and a `taskhost: …` line on its own stderr, as today.
+//!   Landlock ruleset as `SCM_RIGHTS`, in one `SOCK_SEQPACKET` message (so
+//!   it arrives whole or not at all). Z acknowledges with one byte as soon as
+//!   it holds the message. By default the start does not wait for that byte
+//!   ([`set_await_ack`]): once the message is queued, the tree is Z's pid,
+//!   exactly as an exec'd K's once its `exec` returned, and the host
+//!   registers the task while Z reads the plan and sets the tree up. A plan
+//!   Z cannot use, a set-up failure and an exec failure end the tree with
+//!   126/127 and a `taskhost: …` line on its own stderr, as before.
 //! - Z runs the same [`super::confine::ChildPlan::in_child`] as every K, so
 //!   every confinement is unchanged; its first step closes every descriptor
 //!   but the lifeline, `/dev/null` and the ruleset, so the socket and the
@@ -48,9 +51,9 @@
 //!   zygotes in a row that never got ready); a single failed
 //!   hand-off (a zygote killed while it waited) costs that start one exec'd
 //!   keeper, never the start itself.
-//! - The start waits for the acknowledgement at most [`ACK_TIMEOUT`]; a
-//!   zygote that misses it is killed (its group) and reaped, and the start
-//!   falls back. ([`set_await_ack`] can turn the wait off: see there.)
+//! - With [`set_await_ack`] on, the start waits for the acknowledgement at
+//!   most [`ACK_TIMEOUT`]; a zygote that misses it is killed (its group) and
+//!   reaped, and the start falls back.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -76,7 +79,8 @@ const SOCKET_FD: RawFd = 4;
 /// larger one uses the exec'd keeper (whose limit is the kernel's `ARG_MAX`).
 pub const MAX_PLAN_BYTES: usize = 64 * 1024;
 
-/// How long a start waits for a zygote's acknowledgement.
+/// How long a start waits for a zygote's acknowledgement (with
+/// [`set_await_ack`]) or the refill thread for a new zygote to get ready.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a start waits for a replacement that is being spawned.
@@ -109,7 +113,7 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { warm: None, refilling: false, disca
 /// Signals the refill thread (work) and waiting starts (a zygote is ready).
 static CHANGED: Condvar = Condvar::new();
 static ENABLED: AtomicBool = AtomicBool::new(true);
-static AWAIT_ACK: AtomicBool = AtomicBool::new(true);
+static AWAIT_ACK: AtomicBool = AtomicBool::new(false);
 static WARM_STARTS: AtomicU64 = AtomicU64::new(0);
 static SPAWNED: AtomicU64 = AtomicU64::new(0);
 
@@ -131,13 +135,14 @@ pub fn set_enabled(on: bool) {
     CHANGED.notify_all();
 }
 
-/// Whether a start waits for the zygote's acknowledgement (the default) or
-/// returns once the plan is queued on the zygote's socket. Without the wait,
-/// a zygote killed between getting ready and reading its plan ends that tree
-/// as killed by the signal (as an exec'd keeper killed right after its
-/// `exec` does), instead of falling back to the exec'd keeper; a zygote
-/// that died before the send is still detected (the send fails) and falls
-/// back. For benchmarks and embedders that measure the difference.
+/// Whether a start waits for the zygote's acknowledgement, or returns once
+/// the plan is queued on the zygote's socket (the default: the wait cost
+/// 1.2 ms at the median on a loaded 2-core machine, where the zygote must
+/// first be scheduled; BENCHMARKS.md, run I). Without the wait, a zygote
+/// killed between getting ready and reading its plan ends that tree as
+/// killed by the signal (as an exec'd keeper killed right after its `exec`
+/// does) instead of falling back to the exec'd keeper; a zygote that died
+/// before the send is detected either way (the send fails) and falls back.
 pub fn set_await_ack(on: bool) {
     AWAIT_ACK.store(on, Ordering::Relaxed);
 }

@@ -49,7 +49,7 @@ fn main() {
                 a_failing_exec_fails_the_process_with_the_reason().await;
                 the_zygote_holds_nothing_and_dies_with_the_host();
                 a_zygote_gone_before_its_hand_off_costs_only_the_exec().await;
-                without_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back().await;
+                with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back().await;
                 repeated_failures_degrade_once_to_the_exec_keeper().await;
             });
             unprivileged_run();
@@ -271,14 +271,14 @@ async fn a_zygote_gone_before_its_hand_off_costs_only_the_exec() {
     println!("warm_keeper: dead zygote falls back ok");
 }
 
-/// With `set_await_ack(false)` the start returns once the plan is queued:
-/// the tree still runs through the zygote, and a zygote that died before the
-/// send still costs only the exec'd keeper.
-async fn without_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back() {
+/// With `set_await_ack(true)` the start returns once the zygote acknowledged
+/// its plan (the default does not wait): the tree runs through the zygote,
+/// and a zygote that died before the send costs only the exec'd keeper.
+async fn with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back() {
     let host = host();
     let base = scratch("no-ack");
     let grant = grant(&base.join("work"));
-    zygote::set_await_ack(false);
+    zygote::set_await_ack(true);
     let z = zygote::wait_ready(READY).expect("a warm keeper is ready");
     let fd = pidfd(z);
     // SAFETY: signalling our own child (the pool reaps it).
@@ -295,9 +295,9 @@ async fn without_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back() {
     let (out, _, status) = drain(&process).await;
     let seccomp = if confine::support().seccomp { "2" } else { "0" };
     assert_eq!((out, status), (format!("0 1 2 {seccomp}\n"), ExitStatus::Code(0)));
-    zygote::set_await_ack(true);
+    zygote::set_await_ack(false);
     std::fs::remove_dir_all(&base).unwrap();
-    println!("warm_keeper: no ack wait ok");
+    println!("warm_keeper: ack wait ok");
 }
 
 /// Three failed hand-offs in a row turn the warm keeper off (one log line);
