@@ -1,15 +1,22 @@
 //! Benchmarks of the `process` capability against plain tokio/std baselines.
 //!
 //! Run: `cargo bench -p taskhost --bench process` (add `-- --quick` for a
-//! short run). Prints one table; BENCHMARKS.md quotes it.
+//! short run: smaller streams, and the same 500 rounds of the start
+//! measurements, so their p99 rests on 500 samples). Prints one table;
+//! BENCHMARKS.md quotes it.
 //!
 //! 1. Start latency: `bash -c true` from the spawn call until a handle is
 //!    returned (the moment a task id can be registered), through
 //!    `ProcessHost::spawn` (fully confined, with the default tree limits in
-//!    a cgroup where the host can create one; the same without limits; PID
-//!    namespace only; process group only), vs
+//!    a cgroup where the host can create one, through the warm keeper; the
+//!    same with the keeper exec'd on demand, i.e. the warm keeper off: the
+//!    start before it; the same warm, waiting for the zygote's
+//!    acknowledgement (off by default); the same without limits; PID namespace only; process
+//!    group only; each warm start waits until the replacement zygote of the
+//!    previous one is ready, as a start that is not back to back with
+//!    another finds it), vs
 //!    `tokio::process::Command::spawn` of the same command, interleaved in
-//!    one run; p50 and p90 over the iterations. Then the anchor a user
+//!    one run; p50, p90 and p99 over the iterations. Then the anchor a user
 //!    would otherwise pick: `bwrap --unshare-all --die-with-parent
 //!    --ro-bind / / bash -c true` against bare `bash -c true`, each run to
 //!    completion, interleaved (skipped with a note when `bwrap` is missing).
@@ -33,7 +40,7 @@ use std::sync::Arc;
 use serde_json::json;
 use taskhost::Host;
 use taskhost::capabilities::process::{
-    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream,
+    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream, zygote,
 };
 use taskhost::config::TasksSettings;
 use taskhost::ids::TaskId;
@@ -114,14 +121,18 @@ async fn run() {
 
     // 1. start latency
     let pid_only = ProcessGrant { network: true, ..grant.clone() };
-    let variants: [(&str, Option<(&ProcessHost, &ProcessGrant)>); 5] = [
+    let variants: [(&str, Option<(&ProcessHost, &ProcessGrant)>); 7] = [
         ("tokio::process", None),
         ("process cap, full confinement", Some((&host, &grant))),
+        ("  same, keeper exec'd on demand", Some((&host, &grant))),
+        ("  same, warm, waiting for the ack", Some((&host, &grant))),
         ("  same, no tree limits", Some((&unlimited_host, &grant))),
         ("process cap, PID namespace", Some((&host, &pid_only))),
         ("process cap, process group only", Some((&host, &plain))),
     ];
-    let iterations = if quick { 60 } else { 300 };
+    // Starts: at least 500 samples per variant, so a p99 means something
+    // (issue 16), also in `--quick`.
+    let iterations = if quick { 500 } else { 1000 };
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     let mut order: Vec<usize> = (0..variants.len()).collect();
     let mut seed = 0x9e37_79b9_u32;
@@ -136,6 +147,18 @@ async fn run() {
             order.swap(k, seed as usize % (k + 1));
         }
         for &v in &order {
+            // Variant 2 is the start before the warm keeper: the exec'd
+            // keeper, spawned on demand (a replacement zygote spawned in
+            // the background is left unused meanwhile).
+            zygote::set_enabled(v != 2);
+            // Variant 3: the warm keeper, waiting for its acknowledgement
+            // (`zygote::set_await_ack`; the default does not wait).
+            zygote::set_await_ack(v == 3);
+            if v != 2 {
+                // The replacement of the previous warm start is ready, as it
+                // is for a start that is not back to back with another.
+                zygote::wait_ready(Duration::from_secs(5));
+            }
             let t = Instant::now();
             let elapsed = match variants[v].1 {
                 Some((h, g)) => {
@@ -157,17 +180,23 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
     }
+    // Back to the defaults for the rest of the run.
+    zygote::set_enabled(true);
+    zygote::set_await_ack(false);
     println!("start `bash -c true`, {iterations} rounds (spawn call -> handle; shuffled, interleaved):");
     let base = percentile(&mut samples[0], 0.5);
+    let base99 = percentile(&mut samples[0], 0.99);
     for (v, (name, _)) in variants.iter().enumerate() {
-        let (p50, p90) = (percentile(&mut samples[v], 0.5), percentile(&mut samples[v], 0.9));
+        let (p50, p90, p99) =
+            (percentile(&mut samples[v], 0.5), percentile(&mut samples[v], 0.9), percentile(&mut samples[v], 0.99));
         println!(
-            "  {name:<34} p50 {p50:>10.1?}  p90 {p90:>10.1?}  p50 ratio {:.2}x",
-            p50.as_secs_f64() / base.as_secs_f64()
+            "  {name:<34} p50 {p50:>10.1?}  p90 {p90:>10.1?}  p99 {p99:>10.1?}  p50 ratio {:.2}x  p99 ratio {:.2}x",
+            p50.as_secs_f64() / base.as_secs_f64(),
+            p99.as_secs_f64() / base99.as_secs_f64()
         );
     }
 
-    bwrap_anchor(iterations / 3);
+    bwrap_anchor(if quick { 20 } else { 100 });
 
     // 2. streaming
     let size: u64 = if quick { 256 << 20 } else { 1 << 30 };
@@ -316,24 +345,27 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
     }
-    let (t50, t90) = (percentile(&mut tool_path, 0.5), percentile(&mut tool_path, 0.9));
-    let (r50, r90) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.9));
+    let (t50, t90, t99) =
+        (percentile(&mut tool_path, 0.5), percentile(&mut tool_path, 0.9), percentile(&mut tool_path, 0.99));
+    let (r50, r90, r99) = (percentile(&mut raw, 0.5), percentile(&mut raw, 0.9), percentile(&mut raw, 0.99));
     println!("background `bash -c true` through Host::call_tool (call -> task id), {iterations} rounds:");
-    println!("  tokio::process                     p50 {r50:>10.1?}  p90 {r90:>10.1?}");
+    println!("  tokio::process                     p50 {r50:>10.1?}  p90 {r90:>10.1?}  p99 {r99:>10.1?}");
     println!(
-        "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p50 ratio {:.2}x",
-        t50.as_secs_f64() / r50.as_secs_f64()
+        "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p99 {t99:>10.1?}  p50 ratio {:.2}x  p99 ratio {:.2}x",
+        t50.as_secs_f64() / r50.as_secs_f64(),
+        t99.as_secs_f64() / r99.as_secs_f64()
     );
     println!(
         "  breakdown: prepare (fresh store, label) p50 {:>10.1?}; run (spawn included) p50 {:>10.1?}",
         percentile(&mut prepare, 0.5),
         percentile(&mut run_call, 0.5)
     );
-    let (d50, d90) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.9));
+    let (d50, d90, d99) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.9), percentile(&mut direct, 0.99));
     let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |maps| maps.lines().count());
     println!(
-        "  process cap with the engine mapped p50 {d50:>10.1?}  p90 {d90:>10.1?}  p50 ratio {:.2}x  ({mappings} mappings, pool of {} stores)",
+        "  process cap with the engine mapped p50 {d50:>10.1?}  p90 {d90:>10.1?}  p99 {d99:>10.1?}  p50 ratio {:.2}x  p99 ratio {:.2}x  ({mappings} mappings, pool of {} stores)",
         d50.as_secs_f64() / r50.as_secs_f64(),
+        d99.as_secs_f64() / r99.as_secs_f64(),
         engine.config().max_live_stores
     );
 

@@ -40,7 +40,8 @@
 //! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
 //! itself in keeper mode instead of forking: `fork` copies every mapping of
 //! the host, thousands once wasmtime's pool exists. K then runs the same code
-//! below, from a fresh process.
+//! below, from a fresh process; usually one started ahead of need that
+//! received its plan over a socket ([`super::zygote`]).
 //!
 //! Why not bubblewrap: `bwrap --unshare-pid --die-with-parent` works, but a
 //! SIGTERM to the process group kills the outer `bwrap`, whose death SIGKILLs
@@ -323,7 +324,7 @@ fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
 pub(crate) struct ExecPlan {
     pub(super) path: CString,
     pub(super) argv: Vec<CString>,
-    _envp: Vec<CString>,
+    pub(super) envp: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
     pub(super) envp_ptrs: Vec<*const libc::c_char>,
 }
@@ -358,7 +359,7 @@ impl ExecPlan {
             .collect::<Result<Vec<_>, _>>()?;
         let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
         let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
-        Ok(Self { path, argv, _envp: envp, argv_ptrs, envp_ptrs })
+        Ok(Self { path, argv, envp, argv_ptrs, envp_ptrs })
     }
 
     /// Replaces the calling process with the command; never returns.
@@ -375,7 +376,7 @@ impl ExecPlan {
 /// The read end of the host-wide lifeline pipe. Nobody ever writes to it;
 /// both ends stay open for the life of the host process, so the read end
 /// hangs up exactly when the host process is gone.
-fn lifeline() -> io::Result<RawFd> {
+pub(super) fn lifeline() -> io::Result<RawFd> {
     static LIFELINE: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
     if let Some((read, _)) = LIFELINE.get() {
         return Ok(read.as_raw_fd());
@@ -392,7 +393,7 @@ fn lifeline() -> io::Result<RawFd> {
 }
 
 /// `/dev/null`, opened once for the life of the host process.
-fn devnull() -> io::Result<RawFd> {
+pub(super) fn devnull() -> io::Result<RawFd> {
     static DEVNULL: OnceLock<OwnedFd> = OnceLock::new();
     if let Some(fd) = DEVNULL.get() {
         return Ok(fd.as_raw_fd());

@@ -1,4 +1,6 @@
 //! The exec'd keeper: starting a process tree without forking the host.
+//! (The warm keeper, [`super::zygote`], is the same process started ahead
+//! of need; this on-demand start is its fallback.)
 //!
 //! ## Why
 //! `fork` copies every memory mapping of the calling process, and a host that
@@ -49,15 +51,20 @@ pub const KEEPER_ARG: &str = "--taskhost-process-keeper";
 
 static EXEC_KEEPER: AtomicBool = AtomicBool::new(false);
 
-/// In a keeper (started by [`spawn`]): runs it and never returns. Otherwise
-/// records that this binary can be started as a keeper, so process trees are
-/// spawned without forking this process. Call it first in `main`, before any
-/// thread starts.
+/// In a keeper (started by [`spawn`]) or a warm keeper (started by
+/// [`super::zygote`]): runs it and never returns. Otherwise records that
+/// this binary can be started as a keeper, so process trees are spawned
+/// without forking this process. Call it first in `main`, before any thread
+/// starts.
 pub fn run_if_keeper() {
     let mut args = std::env::args_os();
-    if args.nth(1).is_some_and(|arg| arg == KEEPER_ARG) {
-        let rest: Vec<OsString> = args.collect();
-        keeper_main(rest)
+    match args.nth(1) {
+        Some(arg) if arg == KEEPER_ARG => {
+            let rest: Vec<OsString> = args.collect();
+            keeper_main(rest)
+        }
+        Some(arg) if arg == super::zygote::ZYGOTE_ARG => super::zygote::zygote_main(),
+        _ => {}
     }
     EXEC_KEEPER.store(true, Ordering::Relaxed);
 }
@@ -85,7 +92,7 @@ pub(crate) fn disable_exec_keeper(error: &io::Error) {
 }
 
 fn keeper_main(args: Vec<OsString>) -> ! {
-    match plan_from_args(&args) {
+    match plan_from_args(&args, std::env::vars_os().collect()) {
         // SAFETY: a fresh, single-threaded process whose stdio and process
         // group `spawn` set up; `in_child` only ever execs or exits.
         Ok(plan) => unsafe { plan.in_child(0, 1, 2) },
@@ -96,7 +103,11 @@ fn keeper_main(args: Vec<OsString>) -> ! {
     }
 }
 
-fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
+/// Rebuilds the plan from [`plan_args`]' list and the command's environment.
+pub(crate) fn plan_from_args(
+    args: &[OsString],
+    env: std::collections::BTreeMap<OsString, OsString>,
+) -> io::Result<ChildPlan> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("bad keeper argument: {what}"));
     let text = |i: usize| args.get(i).and_then(|a| a.to_str()).ok_or_else(|| bad("missing or not UTF-8"));
     let number = |i: usize| text(i)?.parse::<i32>().map_err(|_| bad("not a number"));
@@ -130,7 +141,6 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
         return Err(bad("no `--` before the command's argv"));
     }
     let argv: Vec<String> = args[at + 3..].iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    let env = std::env::vars_os().collect();
     let exec = ExecPlan::new(std::path::Path::new(program), &argv, &env)?;
     for fd in [lifeline, landlock].into_iter().filter(|fd| *fd >= 0) {
         // SAFETY: F_GETFD only inspects the descriptor.
@@ -143,41 +153,68 @@ fn plan_from_args(args: &[OsString]) -> io::Result<ChildPlan> {
     ChildPlan::for_keeper(ns_flags, loopback_up, mounts, landlock, seccomp, lifeline, cwd.as_bytes(), exec, bounds)
 }
 
+/// The keeper's arguments after [`KEEPER_ARG`] (see the module doc), with
+/// `lifeline` and `landlock` as the descriptor numbers K will find them at
+/// (-1: no Landlock ruleset). The warm keeper ([`super::zygote`]) sends the
+/// same list over its socket.
+pub(crate) fn plan_args(plan: &ChildPlan, lifeline: RawFd, landlock: RawFd) -> Vec<CString> {
+    let mount_args = plan.mounts.as_ref().map(|m| m.to_args());
+    let numbers = [
+        plan.ns_flags.to_string(),
+        u8::from(plan.loopback_up).to_string(),
+        lifeline.to_string(),
+        landlock.to_string(),
+        u8::from(plan.seccomp.is_some()).to_string(),
+        plan.bounds.nproc.to_string(),
+        plan.bounds.data.to_string(),
+        plan.bounds.cgroup_procs.len().to_string(),
+    ];
+    let mut argv: Vec<CString> = numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")).collect();
+    argv.extend(plan.bounds.cgroup_procs.iter().cloned());
+    argv.push(CString::new(mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string()).expect("digits"));
+    argv.extend(mount_args.into_iter().flatten());
+    argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
+    argv.extend(plan.exec.argv.iter().cloned());
+    argv
+}
+
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
 /// once its `exec` succeeded. `stdin`: the read end of the tree's stdin pipe,
 /// or `None` for `/dev/null`.
 pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
     let (stdout, stdout_w) = super::confine::pipe()?;
     let (stderr, stderr_w) = super::confine::pipe()?;
+    let lifeline_target = 3;
+    let landlock_target = if plan.landlock.is_some() { 4 } else { -1 };
+    let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
+    argv.extend(plan_args(plan, lifeline_target, landlock_target));
+    let mut dups = vec![
+        (stdin.unwrap_or(plan.devnull), 0),
+        (stdout_w.as_raw_fd(), 1),
+        (stderr_w.as_raw_fd(), 2),
+        (plan.lifeline, lifeline_target),
+    ];
+    dups.extend(plan.landlock.as_ref().map(|fd| (fd.as_raw_fd(), landlock_target)));
+    let pid = spawn_self(&argv, &plan.exec.envp_ptrs, &dups);
+    // Our copies of the write ends close here: only the tree holds them.
+    drop((stdout_w, stderr_w));
+    Ok(Forked { pid: pid?, stdout, stderr })
+}
+
+/// `posix_spawn` of `/proc/self/exe` with `argv` and `envp` (a
+/// NULL-terminated array), in a process group of its own, with no blocked
+/// signals and every signal at its default, and `dups` (source, target)
+/// installed as its only descriptors besides none (every other one of ours
+/// is close-on-exec). Targets must be below 5.
+pub(crate) fn spawn_self(
+    argv: &[CString],
+    envp: &[*const libc::c_char],
+    dups: &[(RawFd, RawFd)],
+) -> io::Result<libc::pid_t> {
     // Sources must not sit on the target numbers 0..=4, or one dup2 would
     // clobber another's source: move any that do out of the way.
-    let lifeline = above_targets(plan.lifeline)?;
-    let landlock = plan.landlock.as_ref().map(|fd| above_targets(fd.as_raw_fd())).transpose()?;
-    let stdin_src = above_targets(stdin.unwrap_or(plan.devnull))?;
-    let (stdout_src, stderr_src) = (above_targets(stdout_w.as_raw_fd())?, above_targets(stderr_w.as_raw_fd())?);
-
-    let lifeline_target = 3;
-    let landlock_target = if landlock.is_some() { 4 } else { -1 };
-    let mount_args = plan.mounts.as_ref().map(|m| m.to_args());
-    let numbers = [
-        plan.ns_flags.to_string(),
-        u8::from(plan.loopback_up).to_string(),
-        lifeline_target.to_string(),
-        landlock_target.to_string(),
-        u8::from(plan.seccomp.is_some()).to_string(),
-        plan.bounds.nproc.to_string(),
-        plan.bounds.data.to_string(),
-        plan.bounds.cgroup_procs.len().to_string(),
-    ];
-    let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
-    argv.extend(numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")));
-    argv.extend(plan.bounds.cgroup_procs.iter().cloned());
-    argv.push(CString::new(mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string()).expect("digits"));
-    argv.extend(mount_args.into_iter().flatten());
-    argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
-    argv.extend(plan.exec.argv.iter().cloned());
+    let sources = dups.iter().map(|&(from, _)| above_targets(from)).collect::<io::Result<Vec<_>>>()?;
     let argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
-
     // SAFETY: posix_spawn with initialised attribute and file-action objects
     // that are destroyed on every path; every pointer outlives the call.
     unsafe {
@@ -189,12 +226,8 @@ pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked
             return Err(error);
         }
         let result: io::Result<libc::pid_t> = (|| {
-            for (from, to) in
-                [(stdin_src.raw, 0), (stdout_src.raw, 1), (stderr_src.raw, 2), (lifeline.raw, lifeline_target)]
-                    .into_iter()
-                    .chain(landlock.as_ref().map(|fd| (fd.raw, landlock_target)))
-            {
-                check(libc::posix_spawn_file_actions_adddup2(&mut actions, from, to))?;
+            for (source, &(_, to)) in sources.iter().zip(dups) {
+                check(libc::posix_spawn_file_actions_adddup2(&mut actions, source.raw, to))?;
             }
             // Its own process group (so a kill cannot miss it once we
             // return), no blocked signals, every signal at its default.
@@ -216,15 +249,13 @@ pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked
                 &actions,
                 &attr,
                 argv_ptrs.as_ptr() as *const *mut libc::c_char,
-                plan.exec.envp_ptrs.as_ptr() as *const *mut libc::c_char,
+                envp.as_ptr() as *const *mut libc::c_char,
             ))?;
             Ok(pid)
         })();
         libc::posix_spawn_file_actions_destroy(&mut actions);
         libc::posix_spawnattr_destroy(&mut attr);
-        // Our copies of the write ends close here: only the tree holds them.
-        drop((stdout_w, stderr_w));
-        Ok(Forked { pid: result?, stdout, stderr })
+        result
     }
 }
 

@@ -38,6 +38,7 @@ mod sandbox;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod zygote;
 
 #[cfg(test)]
 mod tests;
@@ -174,6 +175,8 @@ impl ProcessHost {
     pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
         config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         confine::probe_in_background();
+        // The first tree's keeper is started (and waits) ahead of need.
+        zygote::start_ahead();
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
         remove_orphaned_dirs(&root);
         let spill_dir = create_private_dir(&root)?;
