@@ -1,7 +1,7 @@
 //! Benchmarks of the `process` capability against plain tokio/std baselines.
 //!
 //! Run: `cargo bench -p taskhost --bench process` (add `-- --quick` for a
-//! short run: smaller streams, and the same 500 rounds of the start
+//! short run: the same 500 rounds of the start
 //! measurements, so their p99 rests on 500 samples). Prints one table;
 //! BENCHMARKS.md quotes it.
 //!
@@ -20,18 +20,13 @@
 //!    would otherwise pick: `bwrap --unshare-all --die-with-parent
 //!    --ro-bind / / bash -c true` against bare `bash -c true`, each run to
 //!    completion, interleaved (skipped with a note when `bwrap` is missing).
-//! 2. Streaming: 1 GiB from `head -c 1G /dev/zero` through the consuming
-//!    reads (a reader awaiting `ready` and taking every chunk) vs the same
-//!    command's stdout read straight from a pipe by tokio; wall time,
-//!    throughput, bytes delivered, and the host's peak RSS growth
-//!    (`VmHWM`) across the streaming run.
-//! 3. The full tool path: `Host::call_tool("bash", {command: "true",
+//! 2. The full tool path: `Host::call_tool("bash", {command: "true",
 //!    run_in_background: true})` through the built-in wasm bash plugin
 //!    (schema validation, a fresh store, `label`, `run`, the spawn, the
 //!    registry commit) until the task id is returned, vs the same tokio
-//!    spawn, interleaved; then 1 GiB streamed as a background bash task read
-//!    through the registry's consuming reads (the plugin formats every
-//!    delta), vs the raw pipe.
+//!    spawn, interleaved.
+//!
+//! Output throughput (raw pipe, capability, registry) is `benches/stream.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -40,23 +35,13 @@ use std::sync::Arc;
 use serde_json::json;
 use taskhost::Host;
 use taskhost::capabilities::process::{
-    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream, zygote,
+    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote,
 };
 use taskhost::config::TasksSettings;
 use taskhost::ids::TaskId;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
-use tokio::io::AsyncReadExt;
-
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -198,73 +183,7 @@ async fn run() {
 
     bwrap_anchor(if quick { 20 } else { 100 });
 
-    // 2. streaming
-    let size: u64 = if quick { 256 << 20 } else { 1 << 30 };
-    let size_arg = size.to_string();
-    let t = Instant::now();
-    let mut child = tokio::process::Command::new("head")
-        .args(["-c", &size_arg, "/dev/zero"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut raw_bytes = 0u64;
-    loop {
-        let n = stdout.read(&mut buf).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        raw_bytes += n as u64;
-    }
-    child.wait().await.unwrap();
-    let raw_time = t.elapsed();
-    drop(buf);
-
-    let rss_before = status_kib("VmRSS:");
-    let hwm_before = status_kib("VmHWM:");
-    let t = Instant::now();
-    let process = host.spawn(&grant, request(&["head", "-c", &size_arg, "/dev/zero"]), &span).await.unwrap();
-    let (mut delivered, mut reads, mut drops) = (0u64, 0u64, 0u64);
-    loop {
-        process.ready().await;
-        let done = process.exit_status().is_some();
-        let chunk = process.read(Stream::Stdout);
-        delivered += chunk.data.len() as u64;
-        reads += 1;
-        drops += chunk.dropped as u64;
-        if done {
-            break;
-        }
-    }
-    let ours_time = t.elapsed();
-    let produced = process.total(Stream::Stdout);
-    let hwm_after = status_kib("VmHWM:");
-    drop(process);
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    println!("stream {} MiB of stdout:", size >> 20);
-    println!(
-        "  tokio pipe read        {raw_time:>10.1?}  {:>8.0} MiB/s  delivered {:.0} MiB",
-        mib(raw_bytes) / raw_time.as_secs_f64(),
-        mib(raw_bytes)
-    );
-    println!(
-        "  process cap reads      {ours_time:>10.1?}  {:>8.0} MiB/s  produced {:.0} MiB, delivered {:.0} MiB ({:.1}%) in {reads} reads, {drops} with drops",
-        mib(produced) / ours_time.as_secs_f64(),
-        mib(produced),
-        mib(delivered),
-        100.0 * delivered as f64 / produced.max(1) as f64
-    );
-    println!(
-        "  throughput ratio (ours/raw) {:.2}x; peak RSS growth {:.1} MiB (VmHWM {} -> {} KiB, RSS before {} KiB)",
-        (mib(produced) / ours_time.as_secs_f64()) / (mib(raw_bytes) / raw_time.as_secs_f64()),
-        hwm_after.saturating_sub(hwm_before.max(rss_before)) as f64 / 1024.0,
-        hwm_before,
-        hwm_after,
-        rss_before
-    );
-
-    // 3. the full tool path
+    // 2. the full tool path
     let engine = PluginEngine::new(PluginRuntimeConfig {
         cache_dir: Some(std::env::temp_dir().join("taskhost-bench-cache")),
         ..PluginRuntimeConfig::default()
@@ -369,37 +288,5 @@ async fn run() {
         engine.config().max_live_stores
     );
 
-    let hwm_before = status_kib("VmHWM:").max(status_kib("VmRSS:"));
-    let t = Instant::now();
-    let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
-    let reply = tools.call_tool("bash", args, &context).await.unwrap();
-    let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
-    let (mut delivered, mut reads, mut notices) = (0u64, 0u64, 0u64);
-    loop {
-        let read = tools.registry().read(&id, Some(&agent)).await.unwrap();
-        reads += 1;
-        // A drop in the process capability, or a read past the registry's
-        // per-read limit (the host drains output into the task's log).
-        if read.text.starts_with("[some output was dropped") || read.text.contains(" bytes of output skipped here;") {
-            notices += 1;
-        }
-        delivered += read.text.bytes().filter(|b| *b == 0).count() as u64;
-        if read.snapshot.status.is_terminal() {
-            break;
-        }
-        if read.text.is_empty() {
-            tokio::task::yield_now().await;
-        }
-    }
-    let tool_time = t.elapsed();
-    let hwm_after = status_kib("VmHWM:");
-    println!(
-        "  tool path reads        {tool_time:>10.1?}  {:>8.0} MiB/s  delivered {:.0} MiB ({:.1}%) in {reads} reads, {notices} drop or skip notices; throughput ratio (ours/raw) {:.2}x; peak RSS growth {:.1} MiB",
-        mib(size) / tool_time.as_secs_f64(),
-        mib(delivered),
-        100.0 * delivered as f64 / size as f64,
-        (mib(size) / tool_time.as_secs_f64()) / (mib(raw_bytes) / raw_time.as_secs_f64()),
-        hwm_after.saturating_sub(hwm_before) as f64 / 1024.0
-    );
     tools.dispose().await;
 }

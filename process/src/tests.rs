@@ -187,9 +187,11 @@ async fn kill_ends_the_whole_tree_with_sigterm() {
 async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     let host = host();
     let mut grant = bash_grant();
-    grant.limits.kill_grace_ms = 300;
+    // Cleans up on TERM within the grace: its own exit code wins. A long
+    // grace, so a loaded machine's scheduling never turns it into a KILL
+    // (the exit ends the wait long before).
+    grant.limits.kill_grace_ms = 30_000;
     let mark = marker("grace");
-    // Cleans up on TERM within the grace: its own exit code wins.
     let polite = "trap 'echo cleaning; exit 7' TERM; echo ready; sleep 1000 & wait";
     let process = host.spawn(&grant, bash(polite, &mark), &tracing::Span::none()).await.unwrap();
     await_marked(&mark, 2).await;
@@ -198,6 +200,7 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     assert_eq!(String::from_utf8_lossy(&out), "ready\ncleaning\n");
     assert_eq!(status, ExitStatus::Code(7));
     // Ignores TERM: SIGKILL after the grace.
+    grant.limits.kill_grace_ms = 300;
     let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.05; done";
     let process = host.spawn(&grant, bash(stubborn, &mark), &tracing::Span::none()).await.unwrap();
     // "ready" comes after the trap is set: a TERM before it would end bash.
@@ -340,9 +343,13 @@ async fn without_a_pid_namespace_the_group_still_dies() {
         host.spawn(&grant, bash("sleep 1000 & echo started; wait", &mark), &tracing::Span::none()).await.unwrap();
     assert!(!process.confinement().pid_namespace);
     await_marked(&mark, 2).await;
+    // `sleep` runs before `echo`: killed earlier, bash would never print.
+    let mut out = String::new();
+    read_until(&process, &mut out, "started\n").await;
     process.kill();
-    let (out, _, _, status) = drain(&process).await;
-    assert_eq!(out, b"started\n");
+    let (rest, _, _, status) = drain(&process).await;
+    out.push_str(&String::from_utf8_lossy(&rest));
+    assert_eq!(out, "started\n");
     assert_eq!(status, ExitStatus::Signal(libc::SIGTERM));
     assert_no_marked(&mark).await;
 }
