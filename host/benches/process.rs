@@ -28,20 +28,14 @@
 //!
 //! Output throughput (raw pipe, capability, registry) is `benches/stream.rs`.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
-
 use serde_json::json;
-use taskhost::Host;
-use taskhost::capabilities::process::{
-    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote,
-};
-use taskhost::config::TasksSettings;
+use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote};
 use taskhost::ids::TaskId;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::tools::CallContext;
-use taskhost::tools::producer_tool::ProducerToolOptions;
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -184,17 +178,7 @@ async fn run() {
     bwrap_anchor(if quick { 20 } else { 100 });
 
     // 2. the full tool path
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join("taskhost-bench-cache")),
-        ..PluginRuntimeConfig::default()
-    })
-    .unwrap();
-    let version = engine.load_bytes("bash", taskhost::builtin::BASH_WASM.to_vec()).await.unwrap();
-    let producer = WasmProducer::new(version, json!({}))
-        .await
-        .unwrap()
-        .with_process(ProcessCapability { host: host.clone(), grant: Arc::new(grant.clone()) });
-    let producer = Arc::new(producer);
+    let (engine, producer) = common::bash_producer(&host, &grant).await;
     // Where the tool path's time goes: the plugin's `label` in a fresh store
     // (prepare) and its `run`, which spawns through the capability.
     let (mut prepare, mut run_call) = (Vec::new(), Vec::new());
@@ -213,18 +197,7 @@ async fn run() {
         }
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
-    let tools = Host::new(&TasksSettings::default()).unwrap();
-    tools
-        .add_producer(
-            producer.clone(),
-            ProducerToolOptions {
-                name: "bash".into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(60),
-                promote_after: None,
-            },
-        )
-        .expect("tool name is valid");
+    let tools = common::bash_tool(producer.clone());
     let agent = tools.create_agent("bench", "bench").unwrap();
     let context = CallContext::for_agent(&agent);
     // The capability alone, now that the engine's pool is mapped (its own

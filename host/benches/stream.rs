@@ -26,19 +26,15 @@
 //! the read limit behind is told what it skipped; the log keeps it), and
 //! the growth of the host's peak RSS (`VmHWM`).
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::capabilities::process::{
-    ProcessCapability, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream,
-};
-use taskhost::config::TasksSettings;
+use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use taskhost::ids::TaskId;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::tools::CallContext;
-use taskhost::tools::producer_tool::ProducerToolOptions;
 use tokio::io::AsyncReadExt;
 
 fn status_kib(field: &str) -> u64 {
@@ -189,28 +185,8 @@ async fn run() {
     let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };
     println!("confinement: {}", host.support().describe());
 
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join("taskhost-bench-cache")),
-        ..PluginRuntimeConfig::default()
-    })
-    .unwrap();
-    let version = engine.load_bytes("bash", taskhost::builtin::BASH_WASM.to_vec()).await.unwrap();
-    let producer = WasmProducer::new(version, json!({}))
-        .await
-        .unwrap()
-        .with_process(ProcessCapability { host: host.clone(), grant: Arc::new(grant.clone()) });
-    let tools = Host::new(&TasksSettings::default()).unwrap();
-    tools
-        .add_producer(
-            Arc::new(producer),
-            ProducerToolOptions {
-                name: "bash".into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(60),
-                promote_after: None,
-            },
-        )
-        .expect("tool name is valid");
+    let (_engine, producer) = common::bash_producer(&host, &grant).await;
+    let tools = common::bash_tool(producer);
     let agent = tools.create_agent("bench", "bench").unwrap();
     let context = CallContext::for_agent(&agent);
 

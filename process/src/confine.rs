@@ -698,10 +698,21 @@ impl ChildPlan {
                 fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
             }
             let [status_read, status_write] = status_pipe;
+            // The group's SIGTERM is for the command: K ignores it from
+            // before the fork, or a kill that lands while K is still on its
+            // way to `keeper` (the command already running, on a loaded
+            // machine) would end K, and with it the tree, before the
+            // command's own TERM handling ran. The child takes the defaults
+            // back (an ignored disposition survives exec).
+            set_keeper_signals(libc::SIG_IGN);
             match libc::fork() {
                 -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
-                0 if namespaces => self.init(status_read, status_write),
+                0 if namespaces => {
+                    set_keeper_signals(libc::SIG_DFL);
+                    self.init(status_read, status_write)
+                }
                 0 => {
+                    set_keeper_signals(libc::SIG_DFL);
                     self.lock_down();
                     self.exec_command()
                 }
@@ -739,10 +750,8 @@ impl ChildPlan {
             }
             self.release_fds(&[status_read, self.lifeline]);
             // The group's SIGTERM is for the command; K leaves only when the
-            // tree is gone (or by the group's SIGKILL).
-            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
-                libc::signal(signal, libc::SIG_IGN);
-            }
+            // tree is gone (or by the group's SIGKILL): `in_child` set the
+            // signals a group kill or a terminal sends to be ignored.
             let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
             if pidfd >= 0 {
                 loop {
@@ -873,6 +882,18 @@ unsafe fn close_range(first: u32, last: u32) {
                 libc::close(fd as RawFd);
             }
         }
+    }
+}
+
+/// The signals K ignores (a group kill's SIGTERM and the terminal's): set to
+/// `disposition` in this process.
+///
+/// # Safety
+/// `signal` only: async-signal-safe, for a forked child.
+unsafe fn set_keeper_signals(disposition: libc::sighandler_t) {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+        // SAFETY: signal() on this process only, with SIG_IGN or SIG_DFL.
+        unsafe { libc::signal(signal, disposition) };
     }
 }
 

@@ -194,11 +194,13 @@ async fn sigterm_is_graceful_then_sigkill_after_the_grace() {
     let mark = marker("grace");
     let polite = "trap 'echo cleaning; exit 7' TERM; echo ready; sleep 1000 & wait";
     let process = host.spawn(&grant, bash(polite, &mark), &tracing::Span::none()).await.unwrap();
+    let mut out = String::new();
+    read_until(&process, &mut out, "ready\n").await;
     await_marked(&mark, 2).await;
     process.kill();
-    let (out, _, _, status) = drain(&process).await;
-    assert_eq!(String::from_utf8_lossy(&out), "ready\ncleaning\n");
-    assert_eq!(status, ExitStatus::Code(7));
+    let (rest, _, _, status) = drain(&process).await;
+    out.push_str(&String::from_utf8_lossy(&rest));
+    assert_eq!((out.as_str(), status), ("ready\ncleaning\n", ExitStatus::Code(7)));
     // Ignores TERM: SIGKILL after the grace.
     grant.limits.kill_grace_ms = 300;
     let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.05; done";
@@ -586,6 +588,9 @@ async fn writes_never_block_and_the_queue_is_bounded() {
     // Never reads: the pipe fills, then the host-side queue.
     let request = SpawnRequest { stdin: StdinMode::Pipe, ..bash("sleep 1000", &mark) };
     let process = host.spawn(&bash_grant(), request, &tracing::Span::none()).await.unwrap();
+    // Running (marked from its exec): a TERM that lands while the tree is
+    // still being set up is not the command's to take.
+    await_marked(&mark, 1).await;
     let chunk = vec![b'x'; 16 * 1024];
     let mut accepted = 0usize;
     let refusal = loop {

@@ -203,17 +203,23 @@ async fn background_bash_over_stdio_and_no_process_outlives_the_connection() {
         "started background task bash-2"
     );
     kill_mark.await_at_least(4, Duration::from_secs(20)).await;
-    // The tree was started by the server binary in keeper mode (posix_spawn
-    // of itself), not forked from the server: its keeper is the server's child.
+    // The tree was started by the server binary run again (a warm keeper
+    // spawned ahead of need, or one exec'd on demand), not forked from the
+    // server: its keeper is the server's child.
     let server_pid = server.child.id().expect("running");
+    let is_keeper = |pid: &u32| {
+        let cmdline = procfs::cmdline(*pid);
+        cmdline == "taskhost-zygote --taskhost-process-zygote"
+            || cmdline.starts_with("taskhost-keeper --taskhost-process-keeper ")
+    };
     for pid in kill_mark.pids() {
         let chain = procfs::ancestors(pid);
         // I (the namespace's init) is forked from K and shares its command
         // line: the keeper is the topmost one.
-        let keeper = chain
-            .iter()
-            .rposition(|p| procfs::cmdline(*p).starts_with("taskhost-keeper --taskhost-process-keeper "))
-            .unwrap_or_else(|| panic!("no keeper above {pid}: {chain:?}"));
+        let keeper = chain.iter().rposition(is_keeper).unwrap_or_else(|| {
+            let named: Vec<_> = chain.iter().map(|p| (*p, procfs::cmdline(*p))).collect();
+            panic!("no keeper above {pid}: {named:?}")
+        });
         assert_eq!(chain.get(keeper + 1), Some(&server_pid), "the keeper's parent is the server");
     }
     assert_eq!(
