@@ -41,7 +41,7 @@
 //! itself in keeper mode instead of forking: `fork` copies every mapping of
 //! the host, thousands once wasmtime's pool exists. K then runs the same code
 //! below, from a fresh process; usually one started ahead of need that
-//! received its plan over a socket ([`super::zygote`]).
+//! received its plan over a socket ([`super::keeper::zygote`]).
 //!
 //! Why not bubblewrap: `bwrap --unshare-pid --die-with-parent` works, but a
 //! SIGTERM to the process group kills the outer `bwrap`, whose death SIGKILLs

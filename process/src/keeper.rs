@@ -1,5 +1,5 @@
 //! The exec'd keeper: starting a process tree without forking the host.
-//! (The warm keeper, [`super::zygote`], is the same process started ahead
+//! (The warm keeper, [`zygote`], is the same process started ahead
 //! of need; this on-demand start is its fallback.)
 //!
 //! ## Why
@@ -45,6 +45,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::confine::{Bounds, ChildPlan, ExecPlan, Forked};
 use super::sandbox::MountPlan;
 
+pub mod zygote;
+
 /// The first argument that makes a binary that called [`run_if_keeper`] a
 /// keeper.
 pub const KEEPER_ARG: &str = "--taskhost-process-keeper";
@@ -52,7 +54,7 @@ pub const KEEPER_ARG: &str = "--taskhost-process-keeper";
 static EXEC_KEEPER: AtomicBool = AtomicBool::new(false);
 
 /// In a keeper (started by [`spawn`]) or a warm keeper (started by
-/// [`super::zygote`]): runs it and never returns. Otherwise records that
+/// [`zygote`]): runs it and never returns. Otherwise records that
 /// this binary can be started as a keeper, so process trees are spawned
 /// without forking this process. Call it first in `main`, before any thread
 /// starts.
@@ -63,7 +65,7 @@ pub fn run_if_keeper() {
             let rest: Vec<OsString> = args.collect();
             keeper_main(rest)
         }
-        Some(arg) if arg == super::zygote::ZYGOTE_ARG => super::zygote::zygote_main(),
+        Some(arg) if arg == zygote::ZYGOTE_ARG => zygote::zygote_main(),
         _ => {}
     }
     EXEC_KEEPER.store(true, Ordering::Relaxed);
@@ -155,7 +157,7 @@ pub(crate) fn plan_from_args(
 
 /// The keeper's arguments after [`KEEPER_ARG`] (see the module doc), with
 /// `lifeline` and `landlock` as the descriptor numbers K will find them at
-/// (-1: no Landlock ruleset). The warm keeper ([`super::zygote`]) sends the
+/// (-1: no Landlock ruleset). The warm keeper ([`zygote`]) sends the
 /// same list over its socket.
 pub(crate) fn plan_args(plan: &ChildPlan, lifeline: RawFd, landlock: RawFd) -> Vec<CString> {
     let mount_args = plan.mounts.as_ref().map(|m| m.to_args());

@@ -20,7 +20,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use crate::confine::{ChildPlan, Forked};
-use crate::{keeper, zygote};
+use crate::keeper::{self, zygote};
 
 /// Starts the tree described by `plan` and returns as soon as K exists: the
 /// tree sets itself up concurrently, and failures from then on reach the

@@ -38,7 +38,7 @@ mod sandbox;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod zygote;
+pub use keeper::zygote;
 
 #[cfg(test)]
 mod tests;

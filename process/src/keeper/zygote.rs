@@ -5,7 +5,7 @@
 //! ```text
 //! host ──posix_spawn of itself (refill thread, ahead of need)──▶ Z "zygote", waiting
 //! spawn call: host ──plan + descriptors (SCM_RIGHTS)──▶ Z ──ack──▶ host returns the handle
-//!                                                     Z becomes the tree's K (see [`super::confine`])
+//!                                                     Z becomes the tree's K (see [`crate::confine`])
 //! ```
 //! - At most one warm zygote per host process ("the pool"): the plan is
 //!   sent whole with each start, so a zygote serves any grant, owner and
@@ -14,7 +14,7 @@
 //!   start asks a background thread for the next one (not before: its spawn
 //!   would compete with the hand-off for a core); a start that finds the replacement
 //!   still being spawned waits for it (never longer than spawning its own),
-//!   and one that finds none uses the exec'd keeper ([`super::keeper`]).
+//!   and one that finds none uses the exec'd keeper ([`super`]).
 //! - Z is started as `/proc/self/exe` [`ZYGOTE_ARG`] with an **empty
 //!   environment** and these descriptors only: 0, 1, 2 `/dev/null`, 3 the
 //!   host's lifeline (as K), 4 its end of a `SOCK_SEQPACKET` socket pair
@@ -22,7 +22,7 @@
 //!   every K needs (the seccomp program, `/dev/null`, the Landlock rights),
 //!   says it is ready (one byte), and waits in `poll` on the socket and the
 //!   lifeline. The refill thread publishes it only then.
-//! - A start sends one message: the keeper's arguments ([`keeper::plan_args`],
+//! - A start sends one message: the keeper's arguments ([`super::plan_args`],
 //!   the same list an exec'd K gets) and the command's environment, with the
 //!   tree's stdin (or `/dev/null`), stdout and stderr pipes' ends and the
 //!   Landlock ruleset as `SCM_RIGHTS`, in one `SOCK_SEQPACKET` message (so
@@ -33,7 +33,7 @@
 //!   registers the task while Z reads the plan and sets the tree up. A plan
 //!   Z cannot use, a set-up failure and an exec failure end the tree with
 //!   126/127 and a `taskhost: …` line on its own stderr, as before.
-//! - Z runs the same [`super::confine::ChildPlan::in_child`] as every K, so
+//! - Z runs the same [`crate::confine::ChildPlan::in_child`] as every K, so
 //!   every confinement is unchanged; its first step closes every descriptor
 //!   but the lifeline, `/dev/null` and the ruleset, so the socket and the
 //!   received copies are never open in the command.
@@ -45,7 +45,7 @@
 //! - It dies with the host: on the lifeline's hang-up, or its socket's end
 //!   of file (the host's end closes when the host dies, even by SIGKILL).
 //! - Degrading: a zygote that cannot be started because this binary cannot
-//!   be run again disables the exec'd keeper too ([`keeper::disable_exec_keeper`]:
+//!   be run again disables the exec'd keeper too ([`super::disable_exec_keeper`]:
 //!   trees are forked); three failed hand-offs in a row disable the warm
 //!   keeper for the life of the process, with one log line (so do three
 //!   zygotes in a row that never got ready); a single failed
@@ -64,11 +64,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use super::confine::{self, ChildPlan, Forked};
-use super::keeper;
+use crate::confine::{self, ChildPlan, Forked};
 
 /// The first argument that makes a binary that called
-/// [`keeper::run_if_keeper`] a warm keeper.
+/// [`super::run_if_keeper`] a warm keeper.
 pub const ZYGOTE_ARG: &str = "--taskhost-process-zygote";
 
 /// Z's descriptors (see the module doc).
@@ -122,9 +121,9 @@ fn pool() -> MutexGuard<'static, Pool> {
 }
 
 /// Whether starts may use a warm keeper: this binary opted in
-/// ([`keeper::run_if_keeper`]) and nothing disabled it.
+/// ([`super::run_if_keeper`]) and nothing disabled it.
 pub fn available() -> bool {
-    keeper::exec_keeper_available() && ENABLED.load(Ordering::Relaxed)
+    super::exec_keeper_available() && ENABLED.load(Ordering::Relaxed)
 }
 
 /// Turns the warm keeper on or off for this process (on by default; a
@@ -216,9 +215,9 @@ fn refill_thread() {
                         SPAWNED.fetch_add(1, Ordering::Relaxed);
                         guard.warm = Some(warm);
                     }
-                    Some(Err(error)) if keeper::cannot_exec(&error) => {
+                    Some(Err(error)) if super::cannot_exec(&error) => {
                         disable(&error);
-                        keeper::disable_exec_keeper(&error);
+                        super::disable_exec_keeper(&error);
                     }
                     Some(Err(error)) => {
                         // Transient (EAGAIN, ENOMEM), or a zygote that never
@@ -275,7 +274,7 @@ fn spawn_zygote() -> io::Result<Warm> {
         (confine::lifeline()?, LIFELINE_FD),
         (theirs.as_raw_fd(), SOCKET_FD),
     ];
-    let pid = keeper::spawn_self(&argv, &envp, &dups)?;
+    let pid = super::spawn_self(&argv, &envp, &dups)?;
     drop(theirs);
     let warm = Warm { pid, socket: ours };
     // Published only once prepared: "ready" means waiting in `poll`.
@@ -323,7 +322,7 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
         return Ok(None);
     }
     // The ruleset's number is Z's to fill in (-2 until then).
-    let args = keeper::plan_args(plan, LIFELINE_FD, if plan.landlock.is_some() { -2 } else { -1 });
+    let args = super::plan_args(plan, LIFELINE_FD, if plan.landlock.is_some() { -2 } else { -1 });
     let Some(message) = encode(&args, &plan.exec.envp) else { return Ok(None) };
     let (stdout, stdout_w) = confine::pipe()?;
     let (stderr, stderr_w) = confine::pipe()?;
@@ -481,7 +480,7 @@ pub(crate) fn zygote_main() -> ! {
     // What every K needs, computed before the plan arrives.
     let _ = confine::seccomp_programs();
     let _ = confine::devnull();
-    let _ = super::landlock::handled_bits();
+    let _ = crate::landlock::handled_bits();
     let mut buffer = vec![0u8; MAX_PLAN_BYTES + 1];
     // SAFETY: one byte to our socket; the host's refill thread waits for it.
     unsafe { libc::send(SOCKET_FD, [READY_BYTE].as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
@@ -509,7 +508,7 @@ pub(crate) fn zygote_main() -> ! {
                 (Some(slot), None) if slot == "-1" => {}
                 _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "the warm keeper's ruleset is missing")),
             }
-            keeper::plan_from_args(&args, env)
+            super::plan_from_args(&args, env)
         });
     match plan {
         // SAFETY: a single-threaded process whose stdio is the tree's and
