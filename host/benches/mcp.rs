@@ -71,6 +71,19 @@ fn ratio(a: Duration, b: Duration) -> String {
     format!("{:.1}×", a.as_secs_f64() / b.as_secs_f64())
 }
 
+/// The table row of the cold start against `taskhost --version`, printed by
+/// the whole bench and by `MCP_BENCH_ONLY=cold`.
+fn cold_start_row(cold: &Stats, spawn: &Stats) -> String {
+    format!(
+        "| cold start to first tools/list answer (stdio, p50 / p99 of {COLD_STARTS}) | {} / {} | spawn + exit of `taskhost --version`: {} / {} | {} |",
+        ms(cold.p50),
+        ms(cold.p99),
+        ms(spawn.p50),
+        ms(spawn.p99),
+        ratio(cold.p50, spawn.p50)
+    )
+}
+
 fn args(value: Value) -> rmcp::model::JsonObject {
     value.as_object().cloned().unwrap()
 }
@@ -235,14 +248,7 @@ async fn run() {
     let cold = stats(colds);
     if std::env::var("MCP_BENCH_ONLY").is_ok_and(|only| only == "cold") {
         // Only the cold start (`MCP_BENCH_ONLY=cold`), for a quick re-run.
-        println!(
-            "| cold start to first tools/list answer (stdio, p50 / p99 of {COLD_STARTS}) | {} / {} | spawn + exit of `taskhost --version`: {} / {} | {} |",
-            ms(cold.p50),
-            ms(cold.p99),
-            ms(spawn.p50),
-            ms(spawn.p99),
-            ratio(cold.p50, spawn.p50)
-        );
+        println!("{}", cold_start_row(&cold, &spawn));
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
@@ -352,14 +358,7 @@ async fn run() {
     println!("Command: `cargo bench -p taskhost --bench mcp` (release build, 2-core machine, loopback).\n");
     println!("| metric | taskhost serve | baseline (same run) | ratio |");
     println!("| --- | --- | --- | --- |");
-    println!(
-        "| cold start to first tools/list answer (stdio, p50 / p99 of {COLD_STARTS}) | {} / {} | spawn + exit of `taskhost --version`: {} / {} | {} |",
-        ms(cold.p50),
-        ms(cold.p99),
-        ms(spawn.p50),
-        ms(spawn.p99),
-        ratio(cold.p50, spawn.p50)
-    );
+    println!("{}", cold_start_row(&cold, &spawn));
     for (transport, ours, floor, floor_name) in [
         ("stdio", &stdio, &stdio_floor, "no-op tool of a minimal rmcp server, in process, Unix socket pair"),
         ("HTTP", &http, &http_floor, "no-op tool of a minimal rmcp server, in process, loopback HTTP"),
