@@ -15,8 +15,10 @@
 //! 3. the whole model path: `Host::call_tool("bash", {command, run_in_background})`
 //!    on the built-in wasm bash plugin, then the registry's consuming reads
 //!    (`TaskRegistry::read`, the default 64 KiB read limit) until the task
-//!    is finished: the plugin formats every delta, the registry drains it
-//!    into the task's output log as it appears, the reader takes it. Two
+//!    is finished: the plugin forwards the process's output to the host
+//!    (`process.forward-output`, contract 0.2.1), whose reader task formats
+//!    it into the task's sink, the registry drains that into the task's
+//!    output log as it appears, the reader takes it. Two
 //!    readers: one that waits for the registry's next event after a read
 //!    that found nothing (as a UI does), one that polls in a loop;
 //! 4. the same task with nobody reading until it finished (the drain alone).
@@ -227,7 +229,8 @@ async fn run() {
     let hwm_after = status_kib("VmHWM:");
     if let Some(way) = only {
         let rate = median(&mut throughput[way]);
-        println!("{}: {rate:.0} MiB/s, median of {rounds} rounds", NAMES[way]);
+        let growth = hwm_after.saturating_sub(hwm_before) as f64 / 1024.0;
+        println!("{}: {rate:.0} MiB/s, median of {rounds} rounds; host peak RSS growth {growth:.1} MiB", NAMES[way]);
         return;
     }
     let base = median(&mut throughput[0].clone());

@@ -19,6 +19,12 @@
 //!   the last 100 ms waits up to 5 ms for that read before reading more, so
 //!   an active reader loses nothing to a fast producer; a stream nobody
 //!   reads is never slowed.
+//! - A forwarded process ([`Process::forward_output`]) keeps nothing for
+//!   reads: its readers format each chunk into the task's
+//!   [`OutputSink`] under the stream's buffer lock (so what was unread
+//!   when forwarding began goes first), write no spill file (the host's
+//!   log has its own), and wait while the sink is full (see
+//!   [`crate::forward`]).
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -26,13 +32,13 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::confine::Applied;
+use super::forward::{Forwarding, OutputSink};
 use super::limits::TreeCgroup;
 use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
 use super::stdin::{StdinError, StdinPipe};
@@ -140,6 +146,12 @@ pub(crate) struct Shared {
     exited: watch::Sender<bool>,
     /// The tree's cgroup(s), until the tree is reaped (then removed).
     cgroup: Mutex<Option<TreeCgroup>>,
+    /// Set once the output is forwarded: where every later byte goes.
+    forward: OnceLock<Forwarding>,
+    /// Held by whoever reads a stream's pipe until what it read is
+    /// recorded (stdout, stderr): its own reader, or the other stream's
+    /// forwarding reader.
+    reading: [Mutex<()>; 2],
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,6 +202,30 @@ impl Shared {
     fn finished(&self) -> Option<ExitStatus> {
         let status = lock(&self.life).status?;
         (lock(&self.stdout).is_eof() && lock(&self.stderr).is_eof()).then_some(status)
+    }
+
+    /// Appends output to a stream: into its buffer, or when forwarded to
+    /// the task's sink (under the buffer's lock either way, so the order
+    /// holds across the switch).
+    fn append(&self, stream: Stream, data: &[u8]) -> MutexGuard<'_, StreamBuffer> {
+        let mut buffer = lock(self.buffer(stream));
+        match self.forward.get() {
+            Some(forwarding) => {
+                buffer.count(data.len());
+                forwarding.push(stream == Stream::Stderr, data, false);
+            }
+            None => buffer.push(data),
+        }
+        buffer
+    }
+
+    /// A stream reached its end (a split character left over is flushed).
+    fn end_stream(&self, stream: Stream) {
+        let mut buffer = lock(self.buffer(stream));
+        if let Some(forwarding) = self.forward.get() {
+            forwarding.push(stream == Stream::Stderr, &[], true);
+        }
+        buffer.set_eof();
     }
 
     fn has_news(&self) -> bool {
@@ -272,6 +308,8 @@ impl Process {
             kill_deadline,
             exited,
             cgroup: Mutex::new(s.cgroup),
+            forward: OnceLock::new(),
+            reading: [Mutex::new(()), Mutex::new(())],
         });
         lock(live()).insert(s.id, Arc::downgrade(&shared));
         let names = [format!("process-{}-stdout", s.id), format!("process-{}-stderr", s.id)];
@@ -279,9 +317,12 @@ impl Process {
         // Reads smaller than the cap leave room for several in memory, so a
         // reader that keeps up loses nothing to one oversized read.
         let chunk = (s.memory_cap / 4).clamp(1, MAX_READ);
-        for (stream, rx, path) in [(Stream::Stdout, stdout, stdout_path), (Stream::Stderr, stderr, stderr_path)] {
+        // Each reader holds both pipes: a forwarding reader reads both, in
+        // order (see `forward_step`).
+        let pipes = [Arc::new(stdout), Arc::new(stderr)];
+        for (stream, path) in [(Stream::Stdout, stdout_path), (Stream::Stderr, stderr_path)] {
             let spill = SpillWriter::new(s.spill_owner.clone(), path, s.memory_cap, s.spill_cap);
-            let fut = read_stream(shared.clone(), stream, rx, spill, chunk, exited_rx.clone());
+            let fut = read_stream(shared.clone(), stream, pipes.clone(), spill, chunk, exited_rx.clone());
             tokio::spawn(tracing::Instrument::instrument(fut, s.span.clone()));
         }
         let deadline = s.timeout.map(|t| Instant::now() + t);
@@ -306,6 +347,34 @@ impl Process {
         let chunk = lock(self.shared.buffer(stream)).take();
         self.shared.drained.notify_waiters();
         chunk
+    }
+
+    /// Hands both streams to `sink` from now on: what is unread goes
+    /// first, then every byte as it is read, formatted (see
+    /// [`crate::forward`]); reads return nothing new, [`ready`](Self::ready)
+    /// waits for the end only, and the memory and spill caps no longer
+    /// apply (the sink is bounded, the host's log spills). Once per process.
+    pub fn forward_output(&self, sink: Arc<OutputSink>) -> Result<(), &'static str> {
+        let mut stdout = lock(&self.shared.stdout);
+        let mut stderr = lock(&self.shared.stderr);
+        if self.shared.forward.set(Forwarding::new(sink)).is_err() {
+            return Err("its output is already forwarded");
+        }
+        let forwarding = self.shared.forward.get().expect("set just above");
+        for (stream, buffer) in [(Stream::Stdout, &mut *stdout), (Stream::Stderr, &mut *stderr)] {
+            let unread = buffer.take();
+            if unread.dropped {
+                let notice = match &unread.spill_path {
+                    Some(path) => format!("[some output was dropped from memory; full output: {}]\n", path.display()),
+                    None => "[some output was dropped from memory]\n".to_string(),
+                };
+                forwarding.sink.append(&notice);
+            }
+            forwarding.push(stream == Stream::Stderr, &unread.data, unread.closed);
+        }
+        drop((stdout, stderr));
+        self.shared.drained.notify_waiters();
+        Ok(())
     }
 
     /// Bytes a stream has produced so far.
@@ -502,9 +571,8 @@ fn report_limits(shared: &Shared) {
         return;
     }
     tracing::debug!(pid = shared.pid, ?notes, "the tree reached a limit");
-    let mut stderr = lock(&shared.stderr);
     for note in notes {
-        stderr.push(format!("\n{note}\n").as_bytes());
+        drop(shared.append(Stream::Stderr, format!("\n{note}\n").as_bytes()));
     }
 }
 
@@ -529,15 +597,16 @@ async fn sleep_until(at: Option<Instant>) {
 /// several reads' worth; while a consumer is active it takes up to the room
 /// left under the cap (at most [`MAX_READ`]): nothing unread is pushed out,
 /// and a fast stream costs the consumer one wake-up per pipe-full instead of
-/// one per quarter cap.
+/// one per quarter cap. Once the output is forwarded, see [`forward_step`].
 async fn read_stream(
     shared: Arc<Shared>,
     stream: Stream,
-    mut rx: pipe::Receiver,
+    pipes: [Arc<pipe::Receiver>; 2],
     mut spill: SpillWriter,
     chunk: usize,
     mut exited: watch::Receiver<bool>,
 ) {
+    let rx = pipes[stream as usize].clone();
     let mut buf = vec![0u8; chunk.max(MAX_READ)];
     let mut want = chunk;
     let mut spill_ok = true;
@@ -549,54 +618,83 @@ async fn read_stream(
     loop {
         tokio::select! {
             biased;
-            read = rx.read(&mut buf[..want]) => match read {
-                Ok(0) => break,
-                Ok(n) => {
-                    let data = &buf[..n];
-                    let created = if spill_ok {
-                        spill.write(data).unwrap_or_else(|e| {
-                            tracing::warn!(?stream, error = %e, "spill file write failed; output beyond the memory cap is lost");
-                            spill_ok = false;
-                            None
-                        })
-                    } else {
-                        None
-                    };
-                    let drained = shared.drained.notified();
-                    tokio::pin!(drained);
-                    let pace = {
-                        let mut buffer = lock(shared.buffer(stream));
-                        if let Some(file) = created {
-                            buffer.set_spill(file);
-                        }
-                        buffer.push(data);
-                        let active = buffer.reader_active(READER_ACTIVE);
-                        want = next_read(&buffer, active, chunk);
-                        let pace = active && buffer.len() > buffer.memory_cap() / 4 * 3;
-                        if pace {
-                            // Registered under the lock, so a read right
-                            // after it is not missed.
-                            drained.as_mut().enable();
-                        }
-                        pace
-                    };
-                    shared.notify.notify_waiters();
-                    if pace {
-                        // Someone is reading this stream right now: give them
-                        // a moment to take what is there before more arrives
-                        // and pushes unread bytes out of memory. A stream
-                        // nobody reads is never slowed down.
-                        let _ = tokio::time::timeout(PACE_WAIT, drained).await;
-                        let buffer = lock(shared.buffer(stream));
-                        want = next_read(&buffer, buffer.reader_active(READER_ACTIVE), chunk);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!(?stream, error = %e, "reading process output failed");
+            ready = rx.readable() => {
+                if let Err(e) = ready {
+                    tracing::warn!(?stream, error = %e, "waiting for process output failed");
                     break;
                 }
-            },
+                if let Some(forwarding) = shared.forward.get() {
+                    // The sink is bounded: wait for the host to take from it.
+                    let sink = forwarding.sink.clone();
+                    tokio::select! {
+                        biased;
+                        () = sink.room() => {}
+                        _ = &mut linger => {
+                            tracing::warn!(?stream, "the task's output was not taken after the process exited; stopped reading");
+                            break;
+                        }
+                    }
+                    match forward_step(&shared, forwarding, stream, &pipes, &mut buf) {
+                        Ok(Got::End) => break,
+                        Ok(Got::Data | Got::Nothing) => continue,
+                        Err(e) => {
+                            tracing::warn!(?stream, error = %e, "reading process output failed");
+                            break;
+                        }
+                    }
+                }
+                // Read and recorded under the stream's read lock, so a
+                // forwarding reader of the other stream, which may read this
+                // pipe too, never overtakes it.
+                let reading = lock(&shared.reading[stream as usize]);
+                let n = match rx.try_read(&mut buf[..want]) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => continue,
+                    Err(e) => {
+                        tracing::warn!(?stream, error = %e, "reading process output failed");
+                        break;
+                    }
+                };
+                let data = &buf[..n];
+                let created = if spill_ok && shared.forward.get().is_none() {
+                    spill.write(data).unwrap_or_else(|e| {
+                        tracing::warn!(?stream, error = %e, "spill file write failed; output beyond the memory cap is lost");
+                        spill_ok = false;
+                        None
+                    })
+                } else {
+                    None
+                };
+                let drained = shared.drained.notified();
+                tokio::pin!(drained);
+                let pace = {
+                    let mut buffer = shared.append(stream, data);
+                    if let Some(file) = created {
+                        buffer.set_spill(file);
+                    }
+                    let active = buffer.reader_active(READER_ACTIVE);
+                    want = next_read(&buffer, active, chunk);
+                    let pace = active && buffer.len() > buffer.memory_cap() / 4 * 3;
+                    if pace {
+                        // Registered under the lock, so a read right
+                        // after it is not missed.
+                        drained.as_mut().enable();
+                    }
+                    pace
+                };
+                drop(reading);
+                shared.notify.notify_waiters();
+                if pace {
+                    // Someone is reading this stream right now: give them
+                    // a moment to take what is there before more arrives
+                    // and pushes unread bytes out of memory. A stream
+                    // nobody reads is never slowed down.
+                    let _ = tokio::time::timeout(PACE_WAIT, drained).await;
+                    let buffer = lock(shared.buffer(stream));
+                    want = next_read(&buffer, buffer.reader_active(READER_ACTIVE), chunk);
+                }
+            }
             _ = &mut linger => {
                 tracing::warn!(
                     ?stream,
@@ -607,6 +705,57 @@ async fn read_stream(
             }
         }
     }
-    lock(shared.buffer(stream)).set_eof();
+    shared.end_stream(stream);
     shared.notify.notify_waiters();
+}
+
+/// What one round of forwarded reads got from the reader's own stream.
+enum Got {
+    Data,
+    /// The stream ended.
+    End,
+    /// Nothing (after all, or the sink filled first).
+    Nothing,
+}
+
+/// One round of reads of a forwarded process, on behalf of `own`'s
+/// reader: under the forwarding's order lock, stdout's pipe is read until
+/// it is empty, then stderr's, whichever reader woke. So stdout a program
+/// wrote before writing to stderr always comes first (and of output written
+/// to both in between two rounds, stdout's: as the plugin's own format has
+/// it). Each pipe is read and recorded under its read lock, as the plain
+/// reads are, so neither reader overtakes the other on one pipe. Each pipe's
+/// end is its own reader's to see; a round stops early once the sink is full.
+fn forward_step(
+    shared: &Shared,
+    forwarding: &Forwarding,
+    own: Stream,
+    pipes: &[Arc<pipe::Receiver>; 2],
+    buf: &mut [u8],
+) -> std::io::Result<Got> {
+    let _order = lock(&forwarding.order);
+    let mut got = Got::Nothing;
+    for stream in [Stream::Stdout, Stream::Stderr] {
+        let _reading = lock(&shared.reading[stream as usize]);
+        while !forwarding.sink.is_full() {
+            match pipes[stream as usize].try_read(buf) {
+                Ok(0) => {
+                    if stream == own {
+                        got = Got::End;
+                    }
+                    break;
+                }
+                Ok(n) => {
+                    drop(shared.append(stream, &buf[..n]));
+                    if stream == own {
+                        got = Got::Data;
+                    }
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => break,
+                Err(e) if stream == own => return Err(e),
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(got)
 }

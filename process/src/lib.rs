@@ -18,6 +18,9 @@
 //! - No task process outlives its [`Process`], its task, or the host: the
 //!   handle kills on drop; with PID namespaces, the tree dies with its
 //!   command; a death signal ties every tree to the host process.
+//! - A tree's output can be forwarded ([`Process::forward_output`]): then
+//!   it goes, formatted, into the task's [`OutputSink`] as it is read,
+//!   bounded there rather than in per-stream buffers ([`forward`]).
 //! - Spill files live in a 0700 directory of this host and are removed when
 //!   their last holder (the process, or whoever took
 //!   [`Process::spill_files`]) drops them, and with the directory when the
@@ -26,6 +29,7 @@
 mod child_exit;
 pub mod confine;
 pub mod env;
+pub mod forward;
 pub mod fs_policy;
 pub mod grant;
 mod handle;
@@ -50,6 +54,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
+pub use forward::OutputSink;
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
 pub use limits::{Mechanism as LimitMechanism, TreeLimits};

@@ -162,6 +162,11 @@ impl StreamBuffer {
         self.pending.extend(data);
     }
 
+    /// Counts bytes that went elsewhere (forwarded output).
+    pub(crate) fn count(&mut self, bytes: usize) {
+        self.total += bytes as u64;
+    }
+
     pub(crate) fn set_spill(&mut self, spill: Arc<SpillFile>) {
         self.spill = Some(spill);
     }

@@ -188,6 +188,10 @@ impl OutputLog {
             self.window_start_newlines += bytecount(&self.window[..cut]);
             self.window.drain(..cut);
             self.window_start += cut as u64;
+            // One large append must not leave every later window that big.
+            if self.window.capacity() > 4 * self.limits.memory_bytes {
+                self.window.shrink_to(2 * self.limits.memory_bytes);
+            }
         }
     }
 

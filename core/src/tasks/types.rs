@@ -120,15 +120,18 @@ pub trait TaskControl: Send + Sync + 'static {
     }
 
     /// Stream kinds that pull their own output as it appears (before raising
-    /// the output signal): what they pulled since the previous call, taken
-    /// without asking the task again, so the registry's drain and reads cost
-    /// no round trip into it. `None` (the default): the producer does not
-    /// (or not yet) pull by itself, so the registry calls
-    /// [`read_output`](Self::read_output). An implementation returns `Some`
-    /// only once every new output is known to raise the signal, since reads
-    /// then rely on it; output it holds at the end is still taken here.
-    fn take_pulled_output(&self) -> Option<String> {
-        None
+    /// the output signal): hands what they pulled since the previous call to
+    /// `into` (once, possibly empty) and returns true, without asking the
+    /// task again, so the registry's drain and reads cost no round trip into
+    /// it (and, lent rather than moved, no allocation per chunk). False (the
+    /// default, `into` not called): the producer does not (or not yet) pull
+    /// by itself, so the registry calls [`read_output`](Self::read_output).
+    /// An implementation returns true only once every new output is known to
+    /// raise the signal, since reads then rely on it; output it holds at the
+    /// end is still taken here.
+    fn take_pulled_output(&self, into: &mut dyn FnMut(&str)) -> bool {
+        let _ = into;
+        false
     }
 
     /// The registry gave up on this task (a teardown cancel failed or timed

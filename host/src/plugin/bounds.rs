@@ -17,6 +17,7 @@
 //! | error message (`describe`, `label`, `run`) | [`MAX_DETAIL_BYTES`] | truncated, notice |
 //! | each `read-output` result, final output | [`MAX_CHUNK_BYTES`] | truncated, notice, warning |
 //! | each log line (`host-log`) | [`MAX_LOG_LINE_BYTES`] | truncated, notice |
+//! | forwarded process output not yet in the task's log (`process.forward-output`) | [`MAX_FORWARDED_WAITING_BYTES`] | the process's next write waits |
 //!
 //! A task whose pollable is ready at once (in less than [`SPIN_WAIT`])
 //! while `done` keeps answering `none` is backed off: after [`SPIN_ROUNDS`]
@@ -42,6 +43,11 @@ pub const MAX_DETAIL_BYTES: usize = 4 * 1024;
 /// contract asks plugins for incremental chunks; more than this at once is a
 /// violation.
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
+/// Forwarded output waiting for the host's drain into the task's log, in
+/// bytes, beyond which the forwarding reader waits (and so the program's
+/// writes). Small, so a live streaming task holds little: the drain takes
+/// it within one wake-up.
+pub const MAX_FORWARDED_WAITING_BYTES: usize = 256 * 1024;
 /// Longest log line kept, in bytes.
 pub const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
 

@@ -28,6 +28,12 @@
 //!   first, then what the guest gave, so output is never reordered. A round
 //!   whose pull returned output is progress, never a spin (a stream whose
 //!   reader lags is always ready at once, and must not be backed off).
+//! - `pulled` is the store's task output sink ([`OutputSink`]), where a
+//!   process the guest forwards (`process.forward-output`) appends its output
+//!   itself, as it is read: such a task is known to signal its output from
+//!   the moment it forwards, and its output reaches the registry with no
+//!   guest call at all. Guest text and forwarded text share the one sink, so
+//!   they keep the order in which they were produced.
 //! - A read that was in flight when the task ended (above all, the read
 //!   whose own call faulted) answers with [`ReadEndedTask`]: its caller
 //!   learns the end from that read instead of reading `running` while the
@@ -70,7 +76,7 @@ use super::fault::{self, Fault};
 use super::state::StoreState;
 use super::versions::Guest;
 use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome};
-use taskhost_process::SpillFile;
+use taskhost_process::{OutputSink, SpillFile};
 
 enum Request {
     Read(oneshot::Sender<ReadReply>),
@@ -87,9 +93,10 @@ enum ReadReply {
 
 /// What the driver and its controls share.
 struct Shared {
-    /// Output the driver took from the guest that no read has taken yet:
-    /// pulled on readiness, and the remainder after the end.
-    pulled: Mutex<String>,
+    /// Output no read has taken yet: what the driver took from the guest
+    /// (pulled on readiness, and the remainder after the end) and what the
+    /// task's forwarded processes appended. The store's sink, shared.
+    pulled: Arc<OutputSink>,
     /// A pull on readiness returned output: the guest signals new output, so
     /// reads may take `pulled` without asking it.
     pulls_itself: AtomicBool,
@@ -115,11 +122,11 @@ pub(crate) struct TaskParts {
 }
 
 /// Starts the driver and returns the hooks the registry holds.
-pub(crate) fn spawn(parts: TaskParts, span: tracing::Span) -> TaskHooks {
+pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
     let shared = Arc::new(Shared {
-        pulled: Mutex::new(String::new()),
+        pulled: parts.store.data_mut().process().output_sink(),
         pulls_itself: AtomicBool::new(false),
         outcome: Mutex::new(None),
         output_signal: std::sync::OnceLock::new(),
@@ -152,15 +159,20 @@ struct WasmTaskControl {
 
 impl Shared {
     fn take_pulled(&self) -> String {
-        std::mem::take(&mut *self.pulled.lock().unwrap_or_else(|e| e.into_inner()))
+        self.pulled.take()
     }
 
     fn push_pulled(&self, text: &str) {
-        self.pulled.lock().unwrap_or_else(|e| e.into_inner()).push_str(text);
+        self.pulled.append(text);
     }
 
     fn pulled_len(&self) -> usize {
-        self.pulled.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.pulled.len()
+    }
+
+    /// Every new output is known to raise the output signal.
+    fn signals_output(&self) -> bool {
+        self.pulls_itself.load(Ordering::Acquire) || self.pulled.is_forwarding()
     }
 
     /// The answer to a read that was in flight when the driver ended: the
@@ -211,12 +223,18 @@ impl TaskControl for WasmTaskControl {
         Err(anyhow!("the task ended before its input could be delivered"))
     }
 
-    fn take_pulled_output(&self) -> Option<String> {
-        self.shared.pulls_itself.load(Ordering::Acquire).then(|| self.shared.take_pulled())
+    fn take_pulled_output(&self, into: &mut dyn FnMut(&str)) -> bool {
+        if !self.shared.signals_output() {
+            return false;
+        }
+        self.shared.pulled.take_with(|text| into(text));
+        true
     }
 
     fn watch_output(&self, signal: OutputSignal) {
-        let _ = self.shared.output_signal.set(signal);
+        let _ = self.shared.output_signal.set(signal.clone());
+        // Forwarded output (and the driver's own pulls) raise it from the sink.
+        self.shared.pulled.set_signal(Box::new(move || signal.raise()));
     }
 
     fn abandon(&self) {
@@ -257,6 +275,8 @@ impl Driver {
         tracing::debug!(status = ?outcome.status, detail = ?outcome.detail, "wasm task settled");
         rx.close();
         *shared.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome.clone());
+        // Nothing more is appended: keep only what waits for the last read.
+        shared.pulled.release();
         let _ = done_tx.send(outcome);
         while let Ok(request) = rx.try_recv() {
             deferred.push(request);

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 
-use super::contract::{ContractVersion, PRODUCER_EXPORT, in_series};
+use super::contract::{ContractVersion, PRODUCER_EXPORT, PRODUCER_EXPORT_PREFIX, in_series};
 
 /// The WIT package of the contract.
 pub const CONTRACT_PACKAGE: &str = "taskhost:producer";
@@ -173,9 +173,8 @@ pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
             if !missing.is_empty() {
                 let _ = writeln!(
                     problems,
-                    "- the export `{}` lacks {} of the contract: implement every function \
-                     of the `producer` interface",
-                    contract.producer_export(),
+                    "- the export `{PRODUCER_EXPORT_PREFIX}{version}` lacks {} of the contract: implement \
+                     every function of the `producer` interface",
                     missing.join(", ")
                 );
             }

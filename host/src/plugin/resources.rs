@@ -12,6 +12,11 @@
 //! children of it (`subscribe`: ready on news; `subscribe-exit`: ready when
 //! finished, through an owned [`ExitWatch`] the pollable removes on drop).
 //!
+//! The store also holds its task's [`OutputSink`]: where a process whose
+//! output the guest forwards (`process.forward-output`) appends it, and
+//! where the driver keeps what it took from the guest, so the two never
+//! reorder (see [`super::driver`]).
+//!
 //! Invariants:
 //! - Refusals are values (`result::err` with the reason), never traps.
 //! - A process dies with its resource: the guest dropping it, a trap, or the
@@ -24,7 +29,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use taskhost_process::{OwnerSpill, Process, ProcessGrant, ProcessHost, ProcessWatch, SpillFile};
+use taskhost_process::{OutputSink, OwnerSpill, Process, ProcessGrant, ProcessHost, ProcessWatch, SpillFile};
 
 use crate::subagents::{RunGuard, SubagentRun};
 
@@ -36,7 +41,6 @@ pub struct ProcessCapability {
 }
 
 /// The per-store state of the process capability.
-#[derive(Default)]
 pub struct ProcessCtx {
     pub(crate) capability: Option<ProcessCapability>,
     pub(crate) held: Arc<AtomicUsize>,
@@ -48,6 +52,22 @@ pub struct ProcessCtx {
     spills_to_host: bool,
     /// The owner session's spill directory (see [`ProcessCtx::set_owner`]).
     pub(crate) owner: Option<Arc<OwnerSpill>>,
+    /// The task's output on its way to the host's log.
+    pub(crate) output: Arc<OutputSink>,
+}
+
+impl Default for ProcessCtx {
+    fn default() -> Self {
+        Self {
+            capability: None,
+            held: Arc::default(),
+            watches: Vec::new(),
+            retained: Vec::new(),
+            spills_to_host: false,
+            owner: None,
+            output: OutputSink::new(super::bounds::MAX_FORWARDED_WAITING_BYTES),
+        }
+    }
 }
 
 impl std::fmt::Debug for ProcessCtx {
@@ -79,6 +99,16 @@ impl ProcessCtx {
                 Err(error) => tracing::warn!(%error, "cannot create the owner's spill directory"),
             }
         }
+    }
+
+    /// True when the task is a foreground run (its output is read at the end).
+    pub(crate) fn is_foreground(&self) -> bool {
+        self.spills_to_host
+    }
+
+    /// The task's output sink (see the module's model).
+    pub fn output_sink(&self) -> Arc<OutputSink> {
+        self.output.clone()
     }
 
     /// Every spill file this store's processes created. Keep them as long as

@@ -6,12 +6,16 @@
 //! output in memory with spill files, and kills the tree when the task's
 //! store goes away. This plugin only turns the process into a task:
 //!
-//! - Background: `read-output` returns consuming deltas: stdout, then stderr
-//!   under a `[stderr]` header (the host concatenates deltas into one log,
-//!   so a header marks every change of stream across deltas, `[stdout]`
-//!   included), each preceded by
+//! - Background: the process's output is forwarded to the host
+//!   (`process.forward-output`), which appends it to the task's log as it
+//!   is read, stdout as it comes and stderr under a `[stderr]` header (a
+//!   header marks every change of stream, `[stdout]` included); the log
+//!   keeps it within its own bounds, so `memory_cap_bytes` and
+//!   `spill_cap_bytes` apply to foreground runs only. `read-output` then
+//!   adds nothing of its own. (Should the host refuse forwarding, it reads
+//!   consuming deltas in the same format, each preceded by
 //!   `[some output was dropped from memory; full output: <path>]` when a
-//!   reader fell more than the memory cap behind.
+//!   reader fell more than the memory cap behind.)
 //! - Interactive (a background start with `interactive: true`): as
 //!   background, and the process gets a stdin pipe; `write-input` writes to
 //!   it (never blocking: the host queues what the pipe cannot take yet) and
@@ -216,6 +220,12 @@ impl Guest for Bash {
             RunMode::Foreground => Mode::Foreground,
             RunMode::Background | RunMode::Interactive => Mode::Background,
         };
+        if mode == Mode::Background
+            && let Err(error) = process.forward_output()
+        {
+            // Still correct through reads, only slower.
+            log::warn!("the host did not take the output ({error}); reading it instead");
+        }
         Ok(Task::new(BashTask { process, mode, interactive, timeout_ms, state: RefCell::new(State::default()) }))
     }
 }

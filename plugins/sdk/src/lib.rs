@@ -7,7 +7,7 @@
 //! copy. Or the raw bindings below, for anything the typed API leaves out.
 //!
 //! A producer plugin is a WebAssembly component (built for `wasm32-wasip2`)
-//! that exports `taskhost:producer/producer@0.2.0` (the contract in `wit/`;
+//! that exports `taskhost:producer/producer@0.2.1` (the contract in `wit/`;
 //! a host that speaks 0.2 also serves plugins built against 0.1.0). This crate generates the
 //! bindings for the `plugin` world of the WIT package once, re-exports them
 //! under short names, and adds the few helpers every producer needs, so a

@@ -209,3 +209,66 @@ fn the_sdk_carries_the_current_wit_exactly() {
     assert!(wit.len() >= 9, "producer, process, subagents and the WASI deps: {:?}", names(&wit));
     assert!(!root.join("plugins/sdk/wit/v0.1.0").exists(), "the SDK builds against the current contract only");
 }
+
+/// The patch rule of the versioning policy: a plugin built against 0.2.0
+/// (the `contract-v0_2_0` fixture, from its own copy of that WIT) loads on
+/// this 0.2.1 host as a 0.2 plugin and is driven like any other, input
+/// through its 0.2.0 `process` import included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_2_0_plugin_is_served_by_the_0_2_1_host() {
+    let engine = PluginEngine::new(PluginRuntimeConfig::default()).expect("engine");
+    let older = engine.load_file(fixtures::CONTRACT_V0_2_0_PATH).await.expect("a 0.2.0 plugin loads");
+    assert_eq!(older.contract(), ContractVersion::V0_2);
+    assert!(older.imports().iter().any(|i| i == "taskhost:producer/process@0.2.0"), "{:?}", older.imports());
+    let bytes = std::fs::read(fixtures::CONTRACT_V0_2_0_PATH).unwrap();
+    let found = taskhost::plugin::preflight::preflight(&bytes).expect("fits").expect("decodes");
+    assert_eq!(found.contract_version, "0.2.0");
+
+    let fx = fixture("patch").await;
+    let version = engine.load_file(fixtures::CONTRACT_V0_2_0_PATH).await.unwrap();
+    let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
+    let grant = Arc::new(ProcessGrant { programs: vec!["bash".into()], ..ProcessGrant::default() });
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .expect("describe")
+        .with_process(ProcessCapability { host: processes, grant });
+    let options = ProducerToolOptions {
+        name: "older".into(),
+        background: true,
+        foreground_timeout: Duration::from_secs(60),
+        promote_after: None,
+    };
+    fx.host.add_producer(Arc::new(producer), options).expect("tool name is valid");
+    let definitions = fx.host.tool_definitions();
+    let older = definitions.iter().find(|d| d.name == "older").expect("older tool");
+    assert!(older.input_schema["properties"].get("interactive").is_some(), "0.2.0 tasks take input");
+
+    assert_eq!(
+        fx.call("older", json!({"lines": 1})).await,
+        "older foreground run (taskhost:producer@0.2.0)\nolder line 1\n[status: completed, older done]"
+    );
+    let id = fx.start("older", json!({"command": "read l; echo \"0.2.0 got $l\"", "interactive": true})).await;
+    assert_eq!(
+        fx.call("task_input", json!({"task_id": id, "text": "hi\n"})).await,
+        format!("sent 3 bytes to task {id}")
+    );
+    assert_eq!(fx.wait_end(&id).await, "0.2.0 got hi\n[status: completed, exit code: 0]");
+    // Beside the 0.2.1 bash plugin, whose background output is forwarded.
+    let bash = fx.start("bash", json!({"command": "echo out; echo err >&2; exit 2"})).await;
+    assert_eq!(fx.wait_end(&bash).await, "out\n[stderr]\nerr\n[status: completed, exit code: 2]");
+    fx.host.dispose().await;
+}
+
+/// The 0.2.0 fixture really is a 0.2.0 plugin: its WIT declares 0.2.0 and
+/// has no trace of what 0.2.1 added.
+#[test]
+fn the_0_2_0_fixture_was_built_against_0_2_0() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let fixture = root.join("tests/fixtures/contract-v0_2_0/wit");
+    let producer = std::fs::read_to_string(fixture.join("producer.wit")).unwrap();
+    assert!(producer.contains("package taskhost:producer@0.2.0;"));
+    let process = std::fs::read_to_string(fixture.join("process.wit")).unwrap();
+    assert!(!process.contains("forward-output"));
+    let current = std::fs::read_to_string(root.join("wit/process.wit")).unwrap();
+    assert!(current.contains("package taskhost:producer@0.2.1;") && current.contains("forward-output: func()"));
+}

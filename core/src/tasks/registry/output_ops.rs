@@ -190,8 +190,7 @@ impl TaskRegistry {
         control: &dyn TaskControl,
         output: &mut TaskOutput,
     ) -> Result<Option<TaskOutcome>, TaskError> {
-        if let Some(text) = control.take_pulled_output() {
-            self.record_output(id, output, &text);
+        if control.take_pulled_output(&mut |text| self.record_output(id, output, text)) {
             return Ok(None);
         }
         let pulled = AssertUnwindSafe(control.read_output())

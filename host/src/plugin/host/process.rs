@@ -8,7 +8,9 @@
 //!
 //! Invariants: refusals are values (`result::err` with the reason), never
 //! traps; a process dies with its resource (see [`crate::plugin::resources`]);
-//! stdin writes never block (see `taskhost_process::Process::write_stdin`).
+//! stdin writes never block (see `taskhost_process::Process::write_stdin`);
+//! a forwarded process appends to its store's task output sink, which the
+//! driver drains (`forward-output`, background runs only).
 //! This is the current (0.2) interface; [`super::v0_1`] serves the frozen
 //! 0.1 one by delegating here.
 
@@ -175,6 +177,17 @@ impl wit::HostProcess for ProcessView<'_> {
     async fn close_stdin(&mut self, this: Resource<ProcessResource>) -> wasmtime::Result<Result<(), String>> {
         let table = &mut *self.table;
         Ok(table.get(&this)?.process.close_stdin().map_err(|e| e.to_string()))
+    }
+
+    async fn forward_output(&mut self, this: Resource<ProcessResource>) -> wasmtime::Result<Result<(), String>> {
+        let (ctx, table) = (&mut *self.ctx, &mut *self.table);
+        if ctx.is_foreground() {
+            return Ok(Err(
+                "forwarding is for background runs: read a foreground process's streams when it ends".into()
+            ));
+        }
+        let process = &table.get(&this)?.process;
+        Ok(process.forward_output(ctx.output_sink()).map_err(str::to_string))
     }
 
     async fn drop(&mut self, this: Resource<ProcessResource>) -> wasmtime::Result<()> {
