@@ -47,6 +47,7 @@ pub use handler::McpHandler;
 
 use crate::Host;
 use crate::config::ServeSettings;
+use crate::plugin::producer::LoadGate;
 use crate::reload::ReloadablePlugin;
 
 /// What every connection and request of one `taskhost serve` shares.
@@ -55,7 +56,10 @@ pub struct McpServer {
     settings: ServeSettings,
     tasks: Arc<tasks::McpTasks>,
     /// The reloadable wasm plugins the host serves (for the dashboard).
-    plugins: Vec<Arc<ReloadablePlugin>>,
+    /// A plugin still loading at start is added when its load ends.
+    plugins: std::sync::RwLock<Vec<Arc<ReloadablePlugin>>>,
+    /// Opened by the first tool listing (see [`Self::with_load_gate`]).
+    load_gate: LoadGate,
 }
 
 impl McpServer {
@@ -66,11 +70,40 @@ impl McpServer {
     /// A server that also knows the host's reloadable plugins, so the web
     /// dashboard can show their versions and reloads.
     pub fn with_plugins(host: Host, settings: ServeSettings, plugins: Vec<Arc<ReloadablePlugin>>) -> Arc<Self> {
-        Arc::new(Self { host, settings, tasks: Arc::default(), plugins })
+        Self::with_load_gate(host, settings, plugins, LoadGate::open_now())
     }
 
-    pub fn plugins(&self) -> &[Arc<ReloadablePlugin>] {
-        &self.plugins
+    /// As [`Self::with_plugins`], opening `gate` (held by plugins still to be
+    /// loaded in the background, see [`crate::setup`]) once the first
+    /// `tools/list` is answered: until then a start has the CPU to itself.
+    pub fn with_load_gate(
+        host: Host,
+        settings: ServeSettings,
+        plugins: Vec<Arc<ReloadablePlugin>>,
+        gate: LoadGate,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            host,
+            settings,
+            tasks: Arc::default(),
+            plugins: std::sync::RwLock::new(plugins),
+            load_gate: gate,
+        })
+    }
+
+    /// The gate background plugin loads wait for.
+    pub fn load_gate(&self) -> &LoadGate {
+        &self.load_gate
+    }
+
+    /// The reloadable plugins known so far.
+    pub fn plugins(&self) -> Vec<Arc<ReloadablePlugin>> {
+        self.plugins.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds a plugin whose load ended after the server was built.
+    pub fn add_plugin(&self, plugin: Arc<ReloadablePlugin>) {
+        self.plugins.write().unwrap_or_else(|e| e.into_inner()).push(plugin);
     }
 
     pub fn host(&self) -> &Host {
