@@ -9,7 +9,8 @@
 //! changes. A plugin served from its cached descriptor while it loads
 //! (`setup`) joins the server, and its file watch starts, when the load
 //! ends; over HTTP (whose dashboard follows every plugin from its start) the
-//! server waits for those loads before listening. SIGINT and SIGTERM
+//! server waits for those loads before listening. Those loads begin after
+//! the first `tools/list` answer on stdio, at once over HTTP or with `--watch`. SIGINT and SIGTERM
 //! stop serving and dispose the host — every agent, every task — before
 //! the process exits, so no task outlives the server.
 
@@ -60,9 +61,10 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
     warn_about_inline_tokens(&config);
-    // Over HTTP, plugins load at once; on stdio, once the first tool
-    // listing is answered (or a call needs one).
-    let gate = if args.http.is_some() { LoadGate::open_now() } else { LoadGate::closed() };
+    // Over HTTP or with --watch (whose file watches start with the loads),
+    // plugins load at once; otherwise once the first tool listing is
+    // answered (or a call needs one).
+    let gate = if args.http.is_some() || args.watch { LoadGate::open_now() } else { LoadGate::closed() };
     let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone()).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");

@@ -29,6 +29,9 @@
 //!   request gets exactly one answer with its id, and the bounds of a
 //!   connection (line length, nesting, requests in flight, queued answers)
 //!   are the gate's (`docs/mcp.md` lists them).
+//! - A plugin served from its cached descriptor loads in the background
+//!   once the server's [`LoadGate`] opens: on the first `tools/list` answer
+//!   (or the first call of that tool). Until then a start does nothing else.
 //! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
 //!   listener, behind the same tokens.
 

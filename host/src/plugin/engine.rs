@@ -16,6 +16,8 @@
 //!   for that reason alone.
 //! - The compile cache is used only when its directory passes the checks of
 //!   [`super::cache`]; otherwise the engine compiles every load and says so.
+//!   It may be opened before the engine ([`open_cache`], [`PluginEngine::with_cache`]):
+//!   `setup` reads cached descriptors from it while the engine is not built.
 //! - `component-model-async` stays off and `concurrency_support(false)`: the
 //!   plugin ABI is the stable WASI 0.2 component model.
 //! - A pool slot freed by a dropped store is reset before it is reused (a

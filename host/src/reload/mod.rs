@@ -28,6 +28,10 @@
 //! - A schema change is visible at once: tool definitions are computed from
 //!   the serving descriptor on every listing.
 //!
+//! A tool `serve` started from a cached descriptor becomes a
+//! `ReloadablePlugin` ([`ReloadablePlugin::attach`]) when its background
+//! load ends; until then there is nothing to reload (and no file watch).
+//!
 //! [`watch`] adds file watching with debounce on top.
 
 pub mod watch;
