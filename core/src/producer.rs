@@ -71,6 +71,14 @@ pub trait Producer: Send + Sync + 'static {
     /// call with a message for the model; nothing was started.
     async fn prepare(&self, args: serde_json::Value, mode: RunMode) -> anyhow::Result<PreparedRun>;
 
+    /// Resolves once the producer can serve calls, or with why it cannot.
+    /// A call awaits it before reading [`Self::descriptor`] and validating
+    /// its arguments, so a producer still loading (whose descriptor may come
+    /// from a cache) is checked against its real schema. Default: at once.
+    async fn ready(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// The reply to a background start, for the model:
     /// `started background subagent task subagent-1` unless the producer
     /// words it otherwise (the bash plugin keeps the behaviour contract's

@@ -9,6 +9,16 @@
 //! capabilities a producer needs are wired in (the subagents service, the
 //! process host). The plugin engine is created only when a wasm producer is
 //! configured, and lives as long as the plugins loaded into it.
+//!
+//! Start from cached descriptors ([`served_from_config_gated`]): a wasm
+//! entry's bytes are read, hashed and its grants checked first; when the
+//! compile cache holds a descriptor for (bytes, config, host version), the
+//! tool is served at once by a [`LoadingProducer`] and the rest (engine on a
+//! thread of its own, load, validation, `describe`) runs in the background
+//! once the [`LoadGate`] opens. Otherwise the entry is loaded and described
+//! before serving, as always, and its descriptor is cached for next time.
+//! The process host's spill directory is made at once; its start-ahead work
+//! (confinement probe, warm keeper) begins when a producer using it is built.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,9 +28,16 @@ use serde_json::json;
 
 use crate::Host;
 use crate::config::{Config, NativeProducer, ProducerConfig, ProducerSource};
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
+
+use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
+use crate::plugin::component::content_hash;
+use crate::plugin::engine::open_cache;
+use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
 use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
-use crate::producer::Producer;
+use crate::producer::{Descriptor, Producer};
 use crate::reload::ReloadablePlugin;
 use crate::subagents::{SubagentProducer, Subagents};
 use taskhost_process::{ProcessHost, ProcessHostConfig};
@@ -101,39 +118,118 @@ pub async fn build_wasm_producer(
     runtime: &mut PluginRuntime,
     subagents: Option<&Subagents>,
 ) -> anyhow::Result<Option<WasmEntry>> {
-    let (version, file) = match &config.plugin {
-        ProducerSource::Native(_) => return Ok(None),
-        ProducerSource::Builtin(builtin) => (runtime.engine()?.load_bytes(builtin.name, builtin.wasm).await?, None),
-        ProducerSource::File(path) => {
-            let file = base_dir.join(path);
-            (runtime.engine()?.load_file(&file).await?, Some(file))
-        }
-    };
-    let is_subagent = matches!(&config.plugin, ProducerSource::Builtin(builtin) if builtin.name == "subagent");
-    let instance_config = if is_subagent { subagent_instance_config(config)? } else { config.config_json() };
-    let mut producer = WasmProducer::new(version, instance_config).await.with_context(|| tool_context(config))?;
-    if let (true, Some(subagents)) = (is_subagent, subagents) {
-        producer = producer.with_subagents(subagents.clone());
-    }
-    if let Some(grant) = &config.grants.process {
-        // Programs are resolved now, once: a grant that names a program found
-        // through a directory process trees could write refuses to load.
-        let grant = grant.clone();
-        grant.resolve_programs().with_context(|| {
-            if config.tool.is_empty() { format!("plugin {}", config.plugin) } else { format!("tool {:?}", config.tool) }
-        })?;
-        producer = producer.with_process(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant) });
-    }
-    Ok(Some(WasmEntry { producer: Arc::new(producer), file }))
+    let Some(plan) = WasmPlan::of(config, base_dir, runtime, subagents).await? else { return Ok(None) };
+    let engine = runtime.engine().await?;
+    let file = plan.file.clone();
+    let producer = plan.build(&engine).await?;
+    runtime.store_descriptor(&producer);
+    Ok(Some(WasmEntry { producer, file }))
 }
 
+/// Everything a wasm entry's producer is built from, read and checked
+/// before any engine is needed: the bytes (and their hash, the cache key),
+/// the instance config, and the capabilities its grants name.
+struct WasmPlan {
+    tool: String,
+    name: String,
+    bytes: Vec<u8>,
+    file: Option<PathBuf>,
+    instance_config: serde_json::Value,
+    config_json: String,
+    subagents: Option<Subagents>,
+    process: Option<ProcessCapability>,
+}
+
+impl WasmPlan {
+    async fn of(
+        config: &ProducerConfig,
+        base_dir: &Path,
+        runtime: &mut PluginRuntime,
+        subagents: Option<&Subagents>,
+    ) -> anyhow::Result<Option<Self>> {
+        let (name, bytes, file) = match &config.plugin {
+            ProducerSource::Native(_) => return Ok(None),
+            ProducerSource::Builtin(builtin) => (builtin.name.to_string(), builtin.wasm.to_vec(), None),
+            ProducerSource::File(path) => {
+                let file = base_dir.join(path);
+                let bytes = tokio::fs::read(&file)
+                    .await
+                    .with_context(|| format!("cannot read plugin {}", file.display()))
+                    .with_context(|| format!("cannot load plugin {}", file.display()))?;
+                (crate::plugin::component::plugin_name_of(&file), bytes, Some(file))
+            }
+        };
+        let is_subagent = matches!(&config.plugin, ProducerSource::Builtin(builtin) if builtin.name == "subagent");
+        let instance_config = if is_subagent { subagent_instance_config(config)? } else { config.config_json() };
+        let config_json = serde_json::to_string(&instance_config).context("cannot encode the plugin config")?;
+        let subagents = if is_subagent { subagents.cloned() } else { None };
+        let process = match &config.grants.process {
+            Some(grant) => {
+                // Programs are resolved now, once: a grant that names a program
+                // found through a directory process trees could write refuses
+                // to load.
+                let grant = grant.clone();
+                grant.resolve_programs().with_context(|| {
+                    if config.tool.is_empty() {
+                        format!("plugin {}", config.plugin)
+                    } else {
+                        format!("tool {:?}", config.tool)
+                    }
+                })?;
+                Some(ProcessCapability { host: runtime.process_host()?, grant: Arc::new(grant) })
+            }
+            None => None,
+        };
+        Ok(Some(Self {
+            tool: tool_context(config),
+            name,
+            bytes,
+            file,
+            instance_config,
+            config_json,
+            subagents,
+            process,
+        }))
+    }
+
+    /// Loads, validates and describes the plugin: the producer.
+    async fn build(self, engine: &PluginEngine) -> anyhow::Result<Arc<WasmProducer>> {
+        if let Some(process) = &self.process {
+            process.host.start_ahead();
+        }
+        let version = match &self.file {
+            None => engine.load_bytes(&self.name, self.bytes).await?,
+            Some(file) => engine.load_file_bytes(file, self.bytes).await?,
+        };
+        let mut producer = WasmProducer::new(version, self.instance_config).await.with_context(|| self.tool.clone())?;
+        if let Some(subagents) = self.subagents {
+            producer = producer.with_subagents(subagents);
+        }
+        if let Some(process) = self.process {
+            producer = producer.with_process(process);
+        }
+        Ok(Arc::new(producer))
+    }
+}
+
+/// The plugin engine being built on its own thread (the pool reservation
+/// takes milliseconds), or its error.
+type EngineStart = Shared<BoxFuture<'static, Result<PluginEngine, Arc<str>>>>;
+
 /// The shared runtimes wasm producers need, created on first use so a host
-/// serving only native producers starts neither.
+/// serving only native producers starts neither. The engine is built on a
+/// thread of its own from [`Self::start_engine`] on, so reading and checking
+/// entries (and answering from cached descriptors) does not wait for it.
 pub struct PluginRuntime {
     engine_config: PluginRuntimeConfig,
     process_config: ProcessHostConfig,
-    engine: Option<PluginEngine>,
+    /// The compile cache (also the descriptor cache), opened once and shared
+    /// with the engine; `Some(None)` when it is off or untrusted.
+    cache: Option<Option<Arc<CompileCache>>>,
+    engine: Option<EngineStart>,
     process_host: Option<Arc<ProcessHost>>,
+    /// When the engine may start being built (see [`LoadGate`]).
+    gate: LoadGate,
 }
 
 impl PluginRuntime {
@@ -145,20 +241,107 @@ impl PluginRuntime {
                 process_config.protected_paths.push(path);
             }
         }
-        Self { engine_config: config.plugins.clone(), process_config, engine: None, process_host: None }
-    }
-
-    pub fn engine(&mut self) -> anyhow::Result<&PluginEngine> {
-        if self.engine.is_none() {
-            self.engine = Some(PluginEngine::new(self.engine_config.clone()).context("starting the plugin engine")?);
+        Self {
+            engine_config: config.plugins.clone(),
+            process_config,
+            cache: None,
+            engine: None,
+            process_host: None,
+            gate: LoadGate::open_now(),
         }
-        Ok(self.engine.as_ref().expect("just created"))
     }
 
+    /// Builds the engine only once `gate` opens (or an eager load needs it).
+    pub fn with_gate(mut self, gate: LoadGate) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// The compile cache, opened on first use.
+    fn cache(&mut self) -> Option<Arc<CompileCache>> {
+        let config = &self.engine_config;
+        self.cache.get_or_insert_with(|| open_cache(config)).clone()
+    }
+
+    /// Starts building the engine on its own thread, unless it was started.
+    /// Prepares the engine's start: it is built on a thread of its own once
+    /// the gate opens and something awaits it.
+    fn start_engine(&mut self) {
+        if self.engine.is_some() {
+            return;
+        }
+        let config = self.engine_config.clone();
+        let cache = self.cache();
+        let gate = self.gate.clone();
+        let start: BoxFuture<'static, Result<PluginEngine, Arc<str>>> = Box::pin(async move {
+            gate.opened().await;
+            let (sender, receiver) = tokio::sync::oneshot::channel();
+            std::thread::Builder::new()
+                .name("taskhost-engine-start".into())
+                .spawn(move || {
+                    let engine = PluginEngine::with_cache(config, cache)
+                        .context("starting the plugin engine")
+                        .map_err(|err| Arc::<str>::from(format!("{err:#}")));
+                    let _ = sender.send(engine);
+                })
+                .map_err(|err| Arc::<str>::from(format!("cannot start a thread to build the plugin engine: {err}")))?;
+            receiver.await.unwrap_or_else(|_| Err("the plugin engine start panicked".into()))
+        });
+        self.engine = Some(start.shared());
+    }
+
+    /// The engine, once built. Opens the gate: what awaits this is on the
+    /// start's path anyway.
+    pub async fn engine(&mut self) -> anyhow::Result<PluginEngine> {
+        self.gate.open();
+        self.engine_start().await.map_err(|err| anyhow::anyhow!("{err}"))
+    }
+
+    /// The engine's start, to await elsewhere (a background load).
+    fn engine_start(&mut self) -> EngineStart {
+        self.start_engine();
+        self.engine.clone().expect("just started")
+    }
+
+    /// The descriptor cached for `plan`'s bytes and config, if the cache
+    /// holds a sound one (a refused entry is logged and deleted).
+    fn cached_descriptor(&mut self, plan: &WasmPlan) -> Option<(Descriptor, String)> {
+        let cache = self.cache()?;
+        let key = descriptor_key(&content_hash(&plan.bytes), &plan.config_json);
+        match cache.load_descriptor(&key) {
+            Lookup::Hit(json) => match descriptor_from_json(&json) {
+                Some(descriptor) => Some((descriptor, key)),
+                None => {
+                    tracing::warn!(file = %cache.descriptor_path(&key).display(), "unusable descriptor cache entry; describing the plugin");
+                    cache.discard_descriptor(&key);
+                    None
+                }
+            },
+            Lookup::Miss => None,
+            Lookup::Refused(why) => {
+                tracing::warn!(
+                    file = %cache.descriptor_path(&key).display(),
+                    "refused a descriptor cache entry ({why}); deleted it and describing the plugin"
+                );
+                None
+            }
+        }
+    }
+
+    /// Writes `producer`'s descriptor to the cache, for the next start.
+    fn store_descriptor(&mut self, producer: &WasmProducer) {
+        let Some(cache) = self.cache() else { return };
+        let key = descriptor_key(producer.version().content_hash(), producer.config_json());
+        store_descriptor(&cache, &key, &producer.descriptor());
+    }
+
+    /// The process host. Its start-ahead work (confinement probe, warm
+    /// keeper) begins when a producer using it is built
+    /// ([`WasmPlan::build`]), after the gate.
     pub fn process_host(&mut self) -> anyhow::Result<Arc<ProcessHost>> {
         if self.process_host.is_none() {
             self.process_host =
-                Some(ProcessHost::new(&self.process_config).context("creating the process spill directory")?);
+                Some(ProcessHost::new_unstarted(&self.process_config).context("creating the process spill directory")?);
         }
         Ok(self.process_host.clone().expect("just created"))
     }
@@ -170,10 +353,21 @@ pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Resul
     Ok(served_from_config(config, base_dir).await?.0)
 }
 
+fn store_descriptor(cache: &CompileCache, key: &str, descriptor: &Descriptor) {
+    if let Err(err) = cache.store_descriptor(key, &descriptor_to_json(descriptor)) {
+        tracing::warn!(file = %cache.descriptor_path(key).display(), error = %err, "cannot write the descriptor cache");
+    }
+}
+
+/// A reloadable plugin that may still be loading: resolves once its load
+/// ended (at once for a plugin loaded before serving), to the error of a
+/// failed background load otherwise.
+pub type PendingPlugin = Shared<BoxFuture<'static, Result<Arc<ReloadablePlugin>, Arc<str>>>>;
+
 /// A wasm plugin a host serves as a reloadable tool, and its file (`None`
 /// for a built-in plugin).
 pub struct ServedPlugin {
-    pub plugin: Arc<ReloadablePlugin>,
+    pub plugin: PendingPlugin,
     pub file: Option<PathBuf>,
 }
 
@@ -181,19 +375,41 @@ pub struct ServedPlugin {
 /// [`ReloadablePlugin`] (its versions, live tasks per version and reloads
 /// are what `serve --watch` and the web dashboard use).
 pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
+    served_from_config_gated(config, base_dir, LoadGate::open_now()).await
+}
+
+/// As [`served_from_config`], with the background loads of plugins served
+/// from cached descriptors (and the engine they need) held until `gate`
+/// opens: `serve` opens it once its first tool listing is answered.
+pub async fn served_from_config_gated(
+    config: &Config,
+    base_dir: &Path,
+    gate: LoadGate,
+) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
     let host = Host::new(&config.tasks)?;
-    let mut runtime = PluginRuntime::new(config);
+    let mut runtime = PluginRuntime::new(config).with_gate(gate);
+    let producers = config.effective_producers();
     let subagents = Subagents::for_host(&host, &config.subagents)?;
     let mut plugins = Vec::new();
-    for producer in config.effective_producers() {
+    for producer in producers {
         let context = || format!("[[producer]] {:?}", producer.tool);
-        if let Some(wasm) =
-            build_wasm_producer(&producer, base_dir, &mut runtime, Some(&subagents)).await.with_context(context)?
+        if let Some(plan) =
+            WasmPlan::of(&producer, base_dir, &mut runtime, Some(&subagents)).await.with_context(context)?
         {
-            let plugin =
-                ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, producer.tool_options())
-                    .with_context(context)?;
-            plugins.push(ServedPlugin { plugin, file: wasm.file });
+            let file = plan.file.clone();
+            let plugin = match runtime.cached_descriptor(&plan) {
+                Some((cached, key)) => serve_loading(&host, &mut runtime, plan, &producer, cached, key)?,
+                None => {
+                    let engine = runtime.engine().await.with_context(context)?;
+                    let built = plan.build(&engine).await.with_context(context)?;
+                    runtime.store_descriptor(&built);
+                    let plugin = ReloadablePlugin::serve_producer(&host, &engine, built, producer.tool_options())
+                        .with_context(context)?;
+                    let ready: BoxFuture<'static, _> = Box::pin(std::future::ready(Ok(plugin)));
+                    ready.shared()
+                }
+            };
+            plugins.push(ServedPlugin { plugin, file });
             continue;
         }
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents).await.with_context(context)?;
@@ -207,6 +423,65 @@ pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Res
     };
     host.registry().set_output_spill_dir(&output_parent).context("creating the task output directory")?;
     Ok((host, plugins))
+}
+
+/// Serves `plan` as a [`LoadingProducer`] listed with its cached
+/// descriptor, and loads it in the background: the engine, the compiled
+/// code, the validation instance and a real `describe`, which wins over the
+/// cache when they differ (the entry is then rewritten). A failed load
+/// deletes the entry (the next start describes the plugin before serving,
+/// and fails there) and leaves the tool answering every call with the error.
+fn serve_loading(
+    host: &Host,
+    runtime: &mut PluginRuntime,
+    plan: WasmPlan,
+    entry: &ProducerConfig,
+    cached: Descriptor,
+    key: String,
+) -> anyhow::Result<PendingPlugin> {
+    let options = entry.tool_options();
+    let tool = options.name.clone();
+    let (loading, done) = LoadingProducer::new(cached.clone(), runtime.gate.clone());
+    host.add_producer(loading as Arc<dyn Producer>, options)?;
+    tracing::debug!(tool = %tool, "serving from the cached descriptor; loading in the background");
+    let engine = runtime.engine_start();
+    let cache = runtime.cache();
+    let host = host.clone();
+    let what = plan.tool.clone();
+    let load = async move {
+        let engine = engine.await.map_err(|err| anyhow::anyhow!("{err}"))?;
+        let producer = plan.build(&engine).await?;
+        anyhow::Ok((engine, producer))
+    };
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let plugin = match load.await {
+            Ok((engine, producer)) => {
+                let real = producer.descriptor();
+                if *real != cached {
+                    tracing::warn!(tool = %tool, "the cached descriptor differs from the plugin's describe; serving the real one");
+                    if let Some(cache) = &cache {
+                        store_descriptor(cache, &key, &real);
+                    }
+                }
+                done.finish(Ok(producer.clone()));
+                Ok(ReloadablePlugin::attach(&host, &engine, producer, tool))
+            }
+            Err(err) => {
+                let why = format!("{what} failed to load: {err:#}");
+                tracing::error!(tool = %tool, error = %why, "plugin load failed after serving from the cached descriptor; its calls answer with the error");
+                if let Some(cache) = &cache {
+                    cache.discard_descriptor(&key);
+                }
+                done.finish(Err(why.clone()));
+                Err(Arc::<str>::from(why))
+            }
+        };
+        let _ = sender.send(plugin);
+    });
+    let pending: BoxFuture<'static, _> =
+        Box::pin(async move { receiver.await.unwrap_or_else(|_| Err("the plugin's background load panicked".into())) });
+    Ok(pending.shared())
 }
 
 #[cfg(test)]

@@ -163,6 +163,8 @@ pub struct ProcessHost {
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
     /// Every tree's pids and memory limits.
     limiter: Arc<limits::TreeLimiter>,
+    /// The removal of dead hosts' spill directories, until waited for.
+    cleanup: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// How many spill files of foreground runs the host keeps (the oldest go first).
@@ -178,12 +180,33 @@ impl ProcessHost {
     /// Probes confinement (logged once per host process) and creates the
     /// private spill directory.
     pub fn new(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
-        config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let host = Self::new_unstarted(config)?;
+        host.start_ahead();
+        Ok(host)
+    }
+
+    /// Starts, in the background, what the first spawn would otherwise wait
+    /// for: the confinement probe and the first warm keeper. Idempotent.
+    pub fn start_ahead(&self) {
         confine::probe_in_background();
         // The first tree's keeper is started (and waits) ahead of need.
         zygote::start_ahead();
+    }
+
+    /// As [`Self::new`], without [`Self::start_ahead`]: for a start that
+    /// wants no background work competing with it yet (the first spawn
+    /// still works, and probes and starts a keeper itself).
+    pub fn new_unstarted(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
+        config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
-        remove_orphaned_dirs(&root);
+        // Off the start's path: scanning a busy temp dir takes milliseconds,
+        // and no directory it removes can be this host's (its pid is alive).
+        let orphans_root = root.clone();
+        let cleanup = std::thread::Builder::new()
+            .name("taskhost-spill-cleanup".into())
+            .spawn(move || remove_orphaned_dirs(&orphans_root))
+            .inspect_err(|_| remove_orphaned_dirs(&root))
+            .ok();
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
         Ok(Arc::new(Self {
@@ -195,7 +218,17 @@ impl ProcessHost {
             next_id: AtomicU64::new(1),
             retained: Default::default(),
             limiter: Arc::new(limits::TreeLimiter::new(config.tree_limits())),
+            cleanup: std::sync::Mutex::new(cleanup),
         }))
+    }
+
+    /// Waits until the spill directories of dead hosts, which [`Self::new`]
+    /// removes on a thread of its own, are gone.
+    pub fn wait_for_spill_cleanup(&self) {
+        let cleanup = self.cleanup.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(cleanup) = cleanup {
+            let _ = cleanup.join();
+        }
     }
 
     /// How the per-tree limits are enforced here.

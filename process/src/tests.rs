@@ -458,10 +458,10 @@ async fn no_leak_when_the_host_dies() {
         assert!(stale(), "the killed helper left its spill directory");
         // A spill root of its own: hosts of tests running alongside would
         // clean up the dead helper's directory in the default one.
-        drop(
-            ProcessHost::new(&ProcessHostConfig { spill_root: Some(spill_root.clone()), ..Default::default() })
-                .unwrap(),
-        );
+        let host = ProcessHost::new(&ProcessHostConfig { spill_root: Some(spill_root.clone()), ..Default::default() })
+            .unwrap();
+        host.wait_for_spill_cleanup();
+        drop(host);
         assert!(!stale(), "a new host removes the spill directory of a dead one");
         std::fs::remove_dir_all(&spill_root).unwrap();
     }

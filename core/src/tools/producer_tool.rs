@@ -4,7 +4,9 @@
 //! adds it to the schema when the instance allows background runs, omits it
 //! otherwise, and refuses a forced `run_in_background: true` on a disabled
 //! instance (the omission advertises; the refusal enforces). Arguments are
-//! validated against the producer's JSON Schema before anything is prepared.
+//! validated against the producer's JSON Schema before anything is prepared,
+//! after [`Producer::ready`] (a producer still loading is waited for, and is
+//! checked against its real schema, not one it was listed with from a cache).
 //! Background calls go through the registry and return a task id; foreground
 //! calls run the task directly, bounded by the instance's timeout and the
 //! caller's cancellation, and return its output with the status line.
@@ -429,6 +431,10 @@ impl Tool for ProducerTool {
                 self.options.name
             )));
         }
+        self.producer
+            .ready()
+            .await
+            .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         let descriptor = self.producer.descriptor();
         let interactive = object.remove(INTERACTIVE);
         let notify_on = object.remove(NOTIFY_ON);

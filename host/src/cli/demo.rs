@@ -84,7 +84,7 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // The runtime `serve` builds from a configuration, with the defaults.
     let mut runtime = PluginRuntime::new(&Config::default());
-    let engine = runtime.engine()?.clone();
+    let engine = runtime.engine().await?;
     let host = Host::new(&TasksSettings::default())?;
     let agent = host.create_agent("demo-agent", "demo-session")?;
     let demo = Demo { host: host.clone(), agent, started };

@@ -6,19 +6,25 @@
 //! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
 //! (`--http` alone listens on `[serve.http] listen`; it also serves the web
 //! dashboard at `/`). `--watch` reloads each `.wasm` plugin when its file
-//! changes. SIGINT and SIGTERM
+//! changes. A plugin served from its cached descriptor while it loads
+//! (`setup`) joins the server, and its file watch starts, when the load
+//! ends; over HTTP (whose dashboard follows every plugin from its start) the
+//! server waits for those loads before listening. Those loads begin after
+//! the first `tools/list` answer on stdio, at once over HTTP or with `--watch`. SIGINT and SIGTERM
 //! stop serving and dispose the host — every agent, every task — before
 //! the process exits, so no task outlives the server.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::mcp::{McpServer, http, stdio};
-use crate::reload::WatchOptions;
-use crate::setup::served_from_config;
+use crate::plugin::producer::LoadGate;
+use crate::reload::{ReloadablePlugin, WatchOptions};
+use crate::setup::served_from_config_gated;
 
 /// The configuration file used when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "taskhost.toml";
@@ -55,24 +61,72 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
     warn_about_inline_tokens(&config);
-    let (host, plugins) = served_from_config(&config, &base_dir).await?;
+    // Over HTTP or with --watch (whose file watches start with the loads),
+    // plugins load at once; otherwise once the first tool listing is
+    // answered (or a call needs one).
+    let gate = if args.http.is_some() || args.watch { LoadGate::open_now() } else { LoadGate::closed() };
+    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone()).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
-    // Kept until the server stops: dropping a handle stops its watch.
-    let mut watches = Vec::new();
-    if args.watch {
-        for served in plugins.iter() {
-            if let Some(file) = &served.file {
-                watches.push(crate::reload::watch(served.plugin.clone(), file, WatchOptions::default())?);
-                tracing::info!(tool = %served.plugin.tool(), file = %file.display(), "watching the plugin file");
+    // Over HTTP the dashboard follows every plugin's reloads from its start:
+    // wait for the plugins still loading. On stdio nothing waits for them:
+    // each joins the server (and its file watch starts) when its load ends.
+    let mut ready = Vec::new();
+    let mut loading = Vec::new();
+    for served in plugins {
+        match (args.http.is_some(), served.plugin.peek()) {
+            (_, Some(Ok(plugin))) => ready.push((plugin.clone(), served.file)),
+            (_, Some(Err(_))) => {}
+            (true, None) => {
+                if let Ok(plugin) = served.plugin.await {
+                    ready.push((plugin, served.file));
+                }
             }
-        }
-        if watches.is_empty() {
-            tracing::warn!("--watch: no [[producer]] is a .wasm file; nothing to watch");
+            (false, None) => loading.push(served),
         }
     }
-    let plugins = plugins.into_iter().map(|served| served.plugin).collect();
-    let server = McpServer::with_plugins(host.clone(), config.serve.clone(), plugins);
+    if args.watch && ready.iter().all(|(_, file)| file.is_none()) && loading.iter().all(|s| s.file.is_none()) {
+        tracing::warn!("--watch: no [[producer]] is a .wasm file; nothing to watch");
+    }
+    // Kept until the server stops: dropping a handle stops its watch.
+    let watches = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watch_file = {
+        let watches = watches.clone();
+        move |plugin: &Arc<ReloadablePlugin>, file: &Path| -> anyhow::Result<()> {
+            let handle = crate::reload::watch(plugin.clone(), file, WatchOptions::default())?;
+            watches.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+            tracing::info!(tool = %plugin.tool(), file = %file.display(), "watching the plugin file");
+            Ok(())
+        }
+    };
+    if args.watch {
+        for (plugin, file) in &ready {
+            if let Some(file) = file {
+                watch_file(plugin, file)?;
+            }
+        }
+    }
+    let server = McpServer::with_load_gate(
+        host.clone(),
+        config.serve.clone(),
+        ready.into_iter().map(|(p, _)| p).collect(),
+        gate,
+    );
+    let mut joining = Vec::new();
+    for served in loading {
+        let server = server.clone();
+        let watch_file = watch_file.clone();
+        let watch = args.watch;
+        joining.push(tokio::spawn(async move {
+            let Ok(plugin) = served.plugin.await else { return };
+            if let (true, Some(file)) = (watch, &served.file)
+                && let Err(err) = watch_file(&plugin, file)
+            {
+                tracing::error!(tool = %plugin.tool(), error = %format!("{err:#}"), "cannot watch the plugin file");
+            }
+            server.add_plugin(plugin);
+        }));
+    }
     let shutdown = CancellationToken::new();
     // Registered here, before anything is served: a SIGTERM right after the
     // address is printed must still dispose the host.
@@ -96,7 +150,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     signals.abort();
-    drop(watches);
+    for join in joining {
+        join.abort();
+    }
+    drop(std::mem::take(&mut *watches.lock().unwrap_or_else(|e| e.into_inner())));
     host.dispose().await;
     // Backstop: disposal awaited every task, but a producer that broke its
     // contract may have left a process tree; none may outlive the host.

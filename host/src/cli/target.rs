@@ -141,10 +141,10 @@ pub async fn open(target: &PluginTarget, agent_name: &str) -> anyhow::Result<Ses
             options.name = wasm.producer.descriptor().kind.clone();
         }
         let name = options.name.clone();
-        let plugin =
-            ReloadablePlugin::serve_producer(&host, runtime.engine()?, wasm.producer, options).with_context(|| {
-                format!("cannot serve {} as the tool {name:?} (choose another with --tool)", entry.plugin)
-            })?;
+        let engine = runtime.engine().await?;
+        let plugin = ReloadablePlugin::serve_producer(&host, &engine, wasm.producer, options).with_context(|| {
+            format!("cannot serve {} as the tool {name:?} (choose another with --tool)", entry.plugin)
+        })?;
         served.push(Served { plugin, file: wasm.file });
     }
     if served.is_empty() {

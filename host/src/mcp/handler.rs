@@ -100,6 +100,9 @@ impl ServerHandler for McpHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let tools = self.server.host().tool_definitions().into_iter().map(mcp_tool).collect();
+        // The start's work is done once the tools are listed: background
+        // plugin loads may have the CPU now.
+        self.server.load_gate().open();
         Ok(ListToolsResult::with_all_items(tools))
     }
 

@@ -29,6 +29,9 @@
 //!   request gets exactly one answer with its id, and the bounds of a
 //!   connection (line length, nesting, requests in flight, queued answers)
 //!   are the gate's (`docs/mcp.md` lists them).
+//! - A plugin served from its cached descriptor loads in the background
+//!   once the server's [`LoadGate`] opens: on the first `tools/list` answer
+//!   (or the first call of that tool). Until then a start does nothing else.
 //! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
 //!   listener, behind the same tokens.
 
@@ -47,6 +50,7 @@ pub use handler::McpHandler;
 
 use crate::Host;
 use crate::config::ServeSettings;
+use crate::plugin::producer::LoadGate;
 use crate::reload::ReloadablePlugin;
 
 /// What every connection and request of one `taskhost serve` shares.
@@ -55,7 +59,10 @@ pub struct McpServer {
     settings: ServeSettings,
     tasks: Arc<tasks::McpTasks>,
     /// The reloadable wasm plugins the host serves (for the dashboard).
-    plugins: Vec<Arc<ReloadablePlugin>>,
+    /// A plugin still loading at start is added when its load ends.
+    plugins: std::sync::RwLock<Vec<Arc<ReloadablePlugin>>>,
+    /// Opened by the first tool listing (see [`Self::with_load_gate`]).
+    load_gate: LoadGate,
 }
 
 impl McpServer {
@@ -66,11 +73,40 @@ impl McpServer {
     /// A server that also knows the host's reloadable plugins, so the web
     /// dashboard can show their versions and reloads.
     pub fn with_plugins(host: Host, settings: ServeSettings, plugins: Vec<Arc<ReloadablePlugin>>) -> Arc<Self> {
-        Arc::new(Self { host, settings, tasks: Arc::default(), plugins })
+        Self::with_load_gate(host, settings, plugins, LoadGate::open_now())
     }
 
-    pub fn plugins(&self) -> &[Arc<ReloadablePlugin>] {
-        &self.plugins
+    /// As [`Self::with_plugins`], opening `gate` (held by plugins still to be
+    /// loaded in the background, see [`crate::setup`]) once the first
+    /// `tools/list` is answered: until then a start has the CPU to itself.
+    pub fn with_load_gate(
+        host: Host,
+        settings: ServeSettings,
+        plugins: Vec<Arc<ReloadablePlugin>>,
+        gate: LoadGate,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            host,
+            settings,
+            tasks: Arc::default(),
+            plugins: std::sync::RwLock::new(plugins),
+            load_gate: gate,
+        })
+    }
+
+    /// The gate background plugin loads wait for.
+    pub fn load_gate(&self) -> &LoadGate {
+        &self.load_gate
+    }
+
+    /// The reloadable plugins known so far.
+    pub fn plugins(&self) -> Vec<Arc<ReloadablePlugin>> {
+        self.plugins.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds a plugin whose load ended after the server was built.
+    pub fn add_plugin(&self, plugin: Arc<ReloadablePlugin>) {
+        self.plugins.write().unwrap_or_else(|e| e.into_inner()).push(plugin);
     }
 
     pub fn host(&self) -> &Host {

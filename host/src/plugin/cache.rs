@@ -26,6 +26,12 @@
 //!   recently used first (a hit refreshes an entry's mtime); an artifact larger
 //!   than the cap is not stored at all.
 //!
+//! - Descriptor entries (`desc-<content sha-256>-<config hash>.desc`, see
+//!   [`descriptor_key`]) hold a plugin's `describe` answer for one instance
+//!   config and host version, as JSON, with the same header, checks, atomic
+//!   writes and trimming. They are never code: a wrong one is caught by the
+//!   real `describe` that always follows (see `super::producer`).
+//!
 //! Trust: the digest catches a partial rewrite of an artifact and an artifact
 //! swapped for another (even a valid one: the key is in the digest). A writer
 //! running as the server's own uid with access to the directory could forge
@@ -43,8 +49,10 @@ use sha2::Digest as _;
 const MAGIC: &[u8; 16] = b"taskhost-cwasm1\n";
 /// Magic, then the 32-byte digest.
 pub const HEADER_LEN: usize = MAGIC.len() + 32;
-/// File name extension of entries.
+/// File name extension of compiled-component entries.
 const EXTENSION: &str = "cwasm";
+/// File name extension of descriptor entries (see [`descriptor_key`]).
+const DESCRIPTOR_EXTENSION: &str = "desc";
 
 /// A checked compile cache directory.
 #[derive(Debug)]
@@ -121,10 +129,35 @@ impl CompileCache {
         self.dir.join(format!("{key}.{EXTENSION}"))
     }
 
+    /// The file of the descriptor entry `key`.
+    pub fn descriptor_path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.{DESCRIPTOR_EXTENSION}"))
+    }
+
     /// Looks `key` up. A refused entry is deleted (the caller recompiles and
     /// stores it again); the reason is returned for the log.
     pub fn load(&self, key: &str) -> Lookup {
-        let path = self.entry_path(key);
+        self.load_at(key, &self.entry_path(key))
+    }
+
+    /// Looks the descriptor entry `key` up, with the same checks as a
+    /// compiled component (a refused entry is deleted).
+    pub fn load_descriptor(&self, key: &str) -> Lookup {
+        self.load_at(key, &self.descriptor_path(key))
+    }
+
+    /// Stores a descriptor entry (JSON text) under `key`, atomically.
+    pub fn store_descriptor(&self, key: &str, json: &[u8]) -> std::io::Result<()> {
+        self.store_at(key, &self.descriptor_path(key), json)
+    }
+
+    /// Deletes the descriptor entry of `key` (it proved wrong or unusable).
+    pub fn discard_descriptor(&self, key: &str) {
+        self.remove(&self.descriptor_path(key));
+    }
+
+    fn load_at(&self, key: &str, path: &Path) -> Lookup {
+        let path = path.to_path_buf();
         match self.read_checked(key, &path) {
             Ok(Some(bytes)) => Lookup::Hit(bytes),
             Ok(None) => Lookup::Miss,
@@ -194,6 +227,10 @@ impl CompileCache {
 
     /// Stores `artifact` under `key` atomically, then trims the directory.
     pub fn store(&self, key: &str, artifact: &[u8]) -> std::io::Result<()> {
+        self.store_at(key, &self.entry_path(key), artifact)
+    }
+
+    fn store_at(&self, key: &str, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
         let total = (HEADER_LEN + artifact.len()) as u64;
         if total > self.max_bytes {
             tracing::info!(
@@ -203,7 +240,7 @@ impl CompileCache {
             );
             return Ok(());
         }
-        let path = self.entry_path(key);
+        let path = path.to_path_buf();
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self.dir.join(format!(".tmp-{}-{n}-{key}", std::process::id()));
         let written = (|| {
@@ -246,7 +283,7 @@ impl CompileCache {
                 }
             }
             total += meta.len();
-            if path.extension().is_some_and(|e| e == EXTENSION) && path != keep {
+            if path.extension().is_some_and(|e| e == EXTENSION || e == DESCRIPTOR_EXTENSION) && path != keep {
                 files.push((meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), path));
             }
         }
@@ -267,6 +304,20 @@ impl CompileCache {
             }
         }
     }
+}
+
+/// The key of the descriptor entry of a component (`content_hash`, the
+/// SHA-256 of its bytes in hex) described with `config_json` by this host
+/// version: `describe` depends on all three.
+pub fn descriptor_key(content_hash: &str, config_json: &str) -> String {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"taskhost-descriptor\n");
+    hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
+    hasher.update(b"\n");
+    hasher.update(config_json.as_bytes());
+    let config: [u8; 32] = hasher.finalize().into();
+    let config: String = config[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("desc-{content_hash}-{config}")
 }
 
 /// SHA-256 of the format name, the key and the artifact: a file moved to

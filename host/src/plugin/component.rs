@@ -157,12 +157,12 @@ impl PluginEngine {
     pub async fn load_file(&self, path: impl AsRef<Path>) -> anyhow::Result<Arc<PluginVersion>> {
         let path = path.as_ref();
         let bytes = tokio::fs::read(path).await.with_context(|| format!("cannot read plugin {}", path.display()))?;
-        let name = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .map(|s| s.replace('_', "-"))
-            .unwrap_or_else(|| "plugin".to_string());
-        self.load(name, bytes, PluginSource::File(path.to_path_buf()))
+        self.load_file_bytes(path, bytes).await
+    }
+
+    /// Loads the bytes already read from the plugin file `path`.
+    pub async fn load_file_bytes(&self, path: &Path, bytes: Vec<u8>) -> anyhow::Result<Arc<PluginVersion>> {
+        self.load(plugin_name_of(path), bytes, PluginSource::File(path.to_path_buf()))
             .await
             .with_context(|| format!("cannot load plugin {}", path.display()))
     }
@@ -177,7 +177,7 @@ impl PluginEngine {
     async fn load(&self, name: String, bytes: Vec<u8>, source: PluginSource) -> anyhow::Result<Arc<PluginVersion>> {
         let started = Instant::now();
         sniff(&bytes)?;
-        let hash = hex(&sha2::Sha256::digest(&bytes));
+        let hash = content_hash(&bytes);
         let version: Arc<str> = format!("{name}@{}", &hash[..12]).into();
         let engine = self.clone();
         let key = hash.clone();
@@ -411,6 +411,17 @@ fn check_signatures(
         }
     }
     Ok(())
+}
+
+/// The name a plugin file is loaded under: its stem, `_` spelled `-`.
+pub fn plugin_name_of(path: &Path) -> String {
+    path.file_stem().and_then(|s| s.to_str()).map(|s| s.replace('_', "-")).unwrap_or_else(|| "plugin".to_string())
+}
+
+/// The SHA-256 of a component's bytes, in hex: what identifies a version
+/// ([`PluginVersion::content_hash`]) and keys its cache entries.
+pub fn content_hash(bytes: &[u8]) -> String {
+    hex(&sha2::Sha256::digest(bytes))
 }
 
 fn hex(bytes: &[u8]) -> String {

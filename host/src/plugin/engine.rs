@@ -16,6 +16,8 @@
 //!   for that reason alone.
 //! - The compile cache is used only when its directory passes the checks of
 //!   [`super::cache`]; otherwise the engine compiles every load and says so.
+//!   It may be opened before the engine ([`open_cache`], [`PluginEngine::with_cache`]):
+//!   `setup` reads cached descriptors from it while the engine is not built.
 //! - `component-model-async` stays off and `concurrency_support(false)`: the
 //!   plugin ABI is the stable WASI 0.2 component model.
 //! - A pool slot freed by a dropped store is reset before it is reused (a
@@ -169,7 +171,7 @@ struct EngineInner {
     pooling: bool,
     /// Address space reserved by engine creation (the pool), from `VmSize`.
     reserved_bytes: Option<u64>,
-    cache: Option<CompileCache>,
+    cache: Option<Arc<CompileCache>>,
     ticker: EpochTicker,
 }
 
@@ -186,6 +188,14 @@ impl std::fmt::Debug for PluginEngine {
 impl PluginEngine {
     /// Builds the engine, its epoch ticker and (unless disabled) its cache dir.
     pub fn new(config: PluginRuntimeConfig) -> anyhow::Result<Self> {
+        config.validate().context("invalid plugin runtime configuration")?;
+        let cache = open_cache(&config);
+        Self::with_cache(config, cache)
+    }
+
+    /// As [`Self::new`], with the compile cache already opened (by
+    /// [`open_cache`]), so a caller can read it while the engine is built.
+    pub fn with_cache(config: PluginRuntimeConfig, cache: Option<Arc<CompileCache>>) -> anyhow::Result<Self> {
         config.validate().context("invalid plugin runtime configuration")?;
         let before = vm_size_bytes();
         let (engine, pooling) = if config.pooling {
@@ -207,17 +217,6 @@ impl PluginEngine {
             (Some(before), Some(after)) => Some(after.saturating_sub(before)),
             _ => None,
         };
-        let cache =
-            config.effective_cache_dir().and_then(|dir| match CompileCache::open(&dir, config.cache_max_bytes) {
-                Ok(cache) => Some(cache),
-                Err(why) => {
-                    tracing::warn!(
-                        dir = %dir.display(),
-                        "the compile cache directory cannot be trusted ({why}); compiling without a cache"
-                    );
-                    None
-                }
-            });
         let cache_dir = cache.as_ref().map(|c| c.dir().to_path_buf());
         tracing::info!(
             pooling,
@@ -256,18 +255,33 @@ impl PluginEngine {
     /// Where compiled components are cached, if anywhere: `None` when the
     /// cache is off or its directory could not be trusted.
     pub fn cache_dir(&self) -> Option<&std::path::Path> {
-        self.inner.cache.as_ref().map(CompileCache::dir)
+        self.inner.cache.as_deref().map(CompileCache::dir)
     }
 
     /// The compile cache, if any.
     pub(crate) fn cache(&self) -> Option<&CompileCache> {
-        self.inner.cache.as_ref()
+        self.inner.cache.as_deref()
     }
 
     /// The epoch tick period.
     pub fn epoch_tick(&self) -> Duration {
         self.inner.ticker.period
     }
+}
+
+/// Opens the compile cache `config` asks for: `None` when it is off, or
+/// (with one warning) when its directory cannot be trusted.
+pub fn open_cache(config: &PluginRuntimeConfig) -> Option<Arc<CompileCache>> {
+    config.effective_cache_dir().and_then(|dir| match CompileCache::open(&dir, config.cache_max_bytes) {
+        Ok(cache) => Some(Arc::new(cache)),
+        Err(why) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the compile cache directory cannot be trusted ({why}); compiling without a cache"
+            );
+            None
+        }
+    })
 }
 
 fn build_on_demand(config: &PluginRuntimeConfig) -> anyhow::Result<Engine> {

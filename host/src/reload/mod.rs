@@ -28,6 +28,10 @@
 //! - A schema change is visible at once: tool definitions are computed from
 //!   the serving descriptor on every listing.
 //!
+//! A tool `serve` started from a cached descriptor becomes a
+//! `ReloadablePlugin` ([`ReloadablePlugin::attach`]) when its background
+//! load ends; until then there is nothing to reload (and no file watch).
+//!
 //! [`watch`] adds file watching with debounce on top.
 
 pub mod watch;
@@ -166,9 +170,16 @@ impl ReloadablePlugin {
     ) -> anyhow::Result<Arc<Self>> {
         let tool = options.name.clone();
         host.add_producer(producer.clone() as Arc<dyn Producer>, options)?;
+        Ok(Self::attach(host, engine, producer, tool))
+    }
+
+    /// Makes `producer` reloadable as the tool `tool` that `host` already
+    /// serves through a [`crate::plugin::producer::LoadingProducer`] whose
+    /// load ended with `producer` (a start from a cached descriptor).
+    pub fn attach(host: &Host, engine: &PluginEngine, producer: Arc<WasmProducer>, tool: String) -> Arc<Self> {
         let (events, _) = broadcast::channel(64);
         tracing::info!(tool = %tool, version = %producer.serving().info(), "plugin serving");
-        Ok(Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events }))
+        Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events })
     }
 
     /// The tool name.

@@ -4,6 +4,7 @@
 
 mod cli;
 mod cli_plugin;
+mod cold_start;
 mod common;
 mod dashboard;
 mod dev_watch;
