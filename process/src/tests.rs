@@ -671,7 +671,7 @@ impl SinkReader {
     }
 
     /// Takes until the process finished, then what is left.
-    async fn to_end(&mut self, process: &Process) -> ExitStatus {
+    async fn follow_to_end(&mut self, process: &Process) -> ExitStatus {
         let finished = process.finished();
         tokio::pin!(finished);
         let wait = async {
@@ -710,7 +710,7 @@ async fn forwarded_output_goes_to_the_sink_in_order_with_stream_headers() {
     process.write_stdin(b"go\n").unwrap();
     reader.until("the mid-line change", |t| t.ends_with("line")).await;
     process.write_stdin(b"go\n").unwrap();
-    let status = reader.to_end(&process).await;
+    let status = reader.follow_to_end(&process).await;
     assert_eq!(status, ExitStatus::Code(0));
     assert_eq!(reader.text, "early\n[stderr]\nlate é\n[stdout]\nmid-\n[stderr]\nline\n[stdout]\nback\n");
     // Nothing is left for consuming reads, and the byte counts still add up.
@@ -729,7 +729,7 @@ async fn forwarded_stdout_written_before_stderr_always_comes_first() {
     let process = host.spawn(&bash_grant(), bash(script, &mark), &tracing::Span::none()).await.unwrap();
     let mut reader = SinkReader::new(1 << 20);
     process.forward_output(reader.sink.clone()).unwrap();
-    assert_eq!(reader.to_end(&process).await, ExitStatus::Code(3));
+    assert_eq!(reader.follow_to_end(&process).await, ExitStatus::Code(3));
     let expected: String = (1..=20000).map(|i| format!("line {i}\n")).collect();
     assert_eq!(reader.text, format!("{expected}[stderr]\nwarn\n"));
 }
@@ -759,7 +759,7 @@ async fn a_full_sink_holds_the_program_until_the_host_takes() {
     };
     tokio::time::timeout(Duration::from_secs(20), full).await.expect("the sink filled");
     assert!(process.exit_status().is_none(), "4 MiB cannot have gone through a 64 KiB sink nobody took from");
-    let status = reader.to_end(&process).await;
+    let status = reader.follow_to_end(&process).await;
     assert_eq!(status, ExitStatus::Code(0));
     assert_eq!(reader.text.len(), total + "\n[stderr]\ndone\n".len());
     assert!(reader.text.ends_with("a\n[stderr]\ndone\n"));
@@ -783,6 +783,6 @@ async fn forwarded_invalid_utf8_is_replaced_and_split_characters_are_joined() {
     let mut reader = SinkReader::new(1 << 20);
     process.forward_output(reader.sink.clone()).unwrap();
     process.write_stdin(b"go\n").unwrap();
-    assert_eq!(reader.to_end(&process).await, ExitStatus::Code(0));
+    assert_eq!(reader.follow_to_end(&process).await, ExitStatus::Code(0));
     assert_eq!(reader.text, "✓ ok \u{fffd} end\n");
 }
