@@ -9,10 +9,16 @@
 //!
 //! Invariants:
 //! - The nested cargo uses its own target directory,
-//!   `<outer target dir>/wasm-guests/<workspace key>`. The outer cargo holds
+//!   `<outer target dir>/wasm-guests/<checkout key>`. The outer cargo holds
 //!   the lock of its target directory while build scripts run, so sharing it
-//!   would deadlock. Each guest workspace (of each checkout) gets its own
-//!   directory: artifacts of path crates from two checkouts would collide.
+//!   would deadlock. The guest workspaces of one checkout share it (their
+//!   lock files pin the same registry crates, so the bindings generator and
+//!   the guest-side libraries are compiled once, not once per workspace; a
+//!   second nested build waits for the first's lock), and each checkout gets
+//!   its own: artifacts of path crates from two checkouts would collide.
+//!   Guest crate names are therefore unique across the checkout's guest
+//!   workspaces (their components land side by side; the architecture test
+//!   checks it).
 //! - The outer build's compiler settings never leak into the guest build:
 //!   flags meant for the host target (`RUSTFLAGS` and friends), a forced
 //!   `--target`, a pinned toolchain or a clippy wrapper are cleared.
@@ -100,7 +106,7 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
     }
 
     let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    let target_dir = guest_target_dir(&workspace);
+    let target_dir = guest_target_dir();
     ensure_target_installed();
 
     let mut command = Command::new(&cargo);
@@ -153,18 +159,21 @@ fn watch_guest_sources(workspace: &Path) {
     }
 }
 
-/// `<outer target dir>/wasm-guests/<workspace key>`. The outer target
+/// `<outer target dir>/wasm-guests/<checkout key>`. The outer target
 /// directory is `CARGO_TARGET_DIR` when set to an absolute path, else the
 /// ancestor of `OUT_DIR` that Cargo marked with `CACHEDIR.TAG`; failing both,
 /// a directory inside `OUT_DIR` (correct, only not shared between crates).
 ///
-/// The key (a hash of the workspace's canonical path) keeps checkouts that
-/// share one target directory apart: Cargo hashes path dependencies relative
-/// to their workspace, so two checkouts of the guest workspace would
-/// otherwise overwrite each other's artifacts (an SDK built from another
-/// checkout's WIT) and take them for fresh.
-fn guest_target_dir(workspace: &Path) -> PathBuf {
-    let canonical = workspace.canonicalize().unwrap_or_else(|_| workspace.to_path_buf());
+/// The key (a hash of the checkout's canonical path: the directory holding
+/// this crate) keeps checkouts that share one target directory apart: Cargo
+/// hashes path dependencies relative to their workspace, so two checkouts of
+/// a guest workspace would otherwise overwrite each other's artifacts (an
+/// SDK built from another checkout's WIT) and take them for fresh. Within a
+/// checkout the guest workspaces differ in path, so their path crates do not
+/// collide, while the registry crates they share are built once.
+fn guest_target_dir() -> PathBuf {
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("/"));
+    let canonical = checkout.canonicalize().unwrap_or_else(|_| checkout.to_path_buf());
     // FNV-1a: stable across runs and Rust versions, unlike DefaultHasher.
     let key = canonical
         .as_os_str()

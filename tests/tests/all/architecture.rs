@@ -13,6 +13,9 @@
 //! - **`taskhost-core` stands alone**: no plugin runtime, network stack or
 //!   libc in its dependencies (also stated by `cargo tree`, which CI runs).
 //! - **Every fixture plugin is used by some test.**
+//! - **Guest crate names are unique across the guest workspaces**
+//!   (`plugins/`, `tests/fixtures/`): their builds share one target
+//!   directory, where each component is named after its crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -334,4 +337,35 @@ fn every_fixture_plugin_is_used_by_a_test() {
     let unused: Vec<&&str> =
         constants.iter().filter(|constant| !suites.values().any(|text| code(text).contains(**constant))).collect();
     assert!(unused.is_empty(), "fixture plugins no test uses (use them or remove them): {unused:?}");
+}
+
+/// The `members` of the Cargo workspace at `dir`, by package name.
+fn guest_packages(dir: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    let list = manifest.split("members = [").nth(1).and_then(|rest| rest.split(']').next()).unwrap();
+    list.split(',')
+        .map(|member| member.trim().trim_matches('"'))
+        .filter(|member| !member.is_empty())
+        .map(|member| {
+            let package = std::fs::read_to_string(dir.join(member).join("Cargo.toml")).unwrap();
+            let name = package.lines().find_map(|line| line.strip_prefix("name = ")).unwrap();
+            name.trim().trim_matches('"').to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn guest_crate_names_are_unique_across_guest_workspaces() {
+    let plugins = guest_packages(&workspace().join("plugins"));
+    let fixtures = guest_packages(&workspace().join("tests/fixtures"));
+    assert!(
+        plugins.contains(&"bash".to_string()) && fixtures.contains(&"misbehave".to_string()),
+        "{plugins:?} {fixtures:?}"
+    );
+    let shared: Vec<&String> = fixtures.iter().filter(|name| plugins.contains(name)).collect();
+    assert!(
+        shared.is_empty(),
+        "guest crates named in both plugins/ and tests/fixtures/ (their components would overwrite \
+         each other in the shared guest target directory; rename one): {shared:?}"
+    );
 }
