@@ -1,6 +1,6 @@
 //! Registry benchmark: start → read → settle for the native ticker kind.
 //!
-//! Run: `cargo bench -p taskhost --bench registry`
+//! Run: `cargo bench -p taskhost-core --bench registry`
 //!
 //! Measures, in one run so the ratios are fair on a noisy machine:
 //! - starts/s of 10 000 background ticker tasks through `TaskRegistry::start`,
@@ -8,6 +8,8 @@
 //!   per task), and through the whole tool path (`Host::call_tool`);
 //! - start cost at 1 000, 10 000 and 50 000 live tasks (flat = O(1));
 //! - RSS per live task with 10 000 live tasks, registry vs baseline.
+//!
+//! `-- --only registry|baseline` runs one side's starts alone (for `perf record`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,7 +35,14 @@ fn rss_bytes() -> usize {
 fn registry() -> (TaskRegistry, taskhost_core::tasks::SurfaceGuard) {
     let registry = TaskRegistry::new(
         AgentRegistry::new(),
-        RegistryConfig { max_live_tasks_per_owner: usize::MAX, ..Default::default() },
+        // No history bound either: every finished task stays readable until
+        // the round reads it (the default keeps 100, so a round's first
+        // tasks would be gone before they are waited for).
+        RegistryConfig {
+            max_live_tasks_per_owner: usize::MAX,
+            max_finished_tasks_per_owner: usize::MAX,
+            ..Default::default()
+        },
     );
     let surface = registry.attach_surface("bench");
     (registry, surface)
@@ -131,6 +140,10 @@ async fn main() {
     if let Some(pos) = args.iter().position(|a| a == "--memory") {
         return memory_probe(&args[pos + 1]).await;
     }
+    if let Some(pos) = args.iter().position(|a| a == "--only") {
+        let what = args[pos + 1].clone();
+        return tokio::spawn(async move { starts_only(&what).await }).await.unwrap();
+    }
     // Run on a worker thread, as tool calls do in a server: spawns go to the
     // worker's local queue instead of waking the runtime from outside.
     tokio::spawn(run_benchmarks()).await.unwrap();
@@ -200,6 +213,23 @@ async fn run_benchmarks() {
     };
     let (reg_bytes, base_bytes) = (measure("registry"), measure("baseline"));
     println!("RSS per live task  registry {reg_bytes} B, baseline {base_bytes} B");
+}
+
+/// `--only registry|baseline`: 50 rounds of 10 000 starts of one side alone,
+/// for `perf record`.
+async fn starts_only(what: &str) {
+    for _ in 0..50 {
+        if what == "registry" {
+            let (registry, _surface) = registry();
+            let (_, ids) = registry_starts(&registry, N, 1).await;
+            wait_all_settled(&registry, &ids).await;
+            registry.dispose().await;
+        } else {
+            let (_, baseline) = baseline_starts(N, Duration::from_millis(1));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(baseline);
+        }
+    }
 }
 
 /// `--memory registry|baseline`: prints RSS bytes per live task for N live tasks.
