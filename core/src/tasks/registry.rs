@@ -135,6 +135,9 @@ struct Shared {
     /// Wakes disposal when the last in-flight start finished.
     starts_drained: Notify,
     events: broadcast::Sender<TaskEvent>,
+    /// Set once anyone subscribed to `events`: until then, no event is made
+    /// (asking the channel for its receivers takes its lock).
+    subscribed: std::sync::atomic::AtomicBool,
     output_limits: Arc<OutputLimits>,
     /// The registry's private directory of output spill files, once set.
     output_dir: std::sync::OnceLock<std::path::PathBuf>,
@@ -150,11 +153,11 @@ impl Drop for Shared {
 
 #[derive(Default)]
 struct State {
-    tasks: HashMap<TaskId, Record>,
+    /// Boxed: a live record is a few hundred bytes, and a map of boxes
+    /// neither moves them when it grows nor keeps empty slots their size.
+    tasks: HashMap<TaskId, Box<Record>>,
     /// Per-kind id counters; the value keeps the shared kind name.
     next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
-    /// Reused buffer for formatting ids.
-    id_scratch: String,
     /// Start order, for stable listings.
     next_seq: u64,
     /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
@@ -193,6 +196,8 @@ struct Owner {
     agent: WeakAgent,
 }
 
+/// One task. Kept small, since every live task holds one: what only a
+/// finished task has is in [`Ended`], and only stream kinds have an output log.
 struct Record {
     seq: u64,
     id: TaskId,
@@ -200,10 +205,9 @@ struct Record {
     label: String,
     owner: Option<Owner>,
     status: TaskStatus,
-    detail: Option<String>,
-    output: Option<String>,
+    /// Set at settlement (with a terminal status), never before.
+    ended: Option<Box<Ended>>,
     started_at: SystemTime,
-    finished_at: Option<SystemTime>,
     reported: bool,
     /// Waits and kills in progress; at settlement they take over reporting.
     pending_reporters: u32,
@@ -211,13 +215,14 @@ struct Record {
     notice_held: bool,
     /// The completion notice was injected into the owner's session.
     notice_delivered: bool,
-    producer_info: Option<String>,
-    streams_output: bool,
+    producer_info: Option<Box<str>>,
     /// Whether `task_input` may write to it.
     input: TaskInput,
     control: Arc<dyn TaskControl>,
-    /// Every pull of stream output goes through it (see [`output_ops`]).
-    output_log: Arc<tokio::sync::Mutex<TaskOutput>>,
+    /// Stream kinds: every pull of output goes through it (see
+    /// [`output_ops`]). `None` for final-output kinds, whose one output is
+    /// [`Ended::output`].
+    output_log: Option<Arc<tokio::sync::Mutex<TaskOutput>>>,
     /// The `notify_on.stalled_ms` watcher, stopped at settlement.
     stall_watcher: Option<tokio::task::AbortHandle>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
@@ -225,6 +230,14 @@ struct Record {
     /// Fires after settlement (and its listeners); made on first demand,
     /// since most tasks are never waited on.
     settled: Option<CancellationToken>,
+}
+
+/// What a task has once it settled.
+struct Ended {
+    finished_at: SystemTime,
+    detail: Option<String>,
+    /// Final-output kinds: the output, read idempotently.
+    output: Option<String>,
 }
 
 impl Record {
@@ -235,11 +248,26 @@ impl Record {
             label: self.label.clone(),
             owner_session: self.owner.as_ref().map(|o| o.session.clone()),
             status: self.status,
-            detail: self.detail.clone(),
+            detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
             started_at: self.started_at,
-            finished_at: self.finished_at,
+            finished_at: self.finished_at(),
             reported: self.reported,
-            producer_info: self.producer_info.clone(),
+            producer_info: self.producer_info.as_deref().map(str::to_string),
+        }
+    }
+
+    fn finished_at(&self) -> Option<SystemTime> {
+        self.ended.as_ref().map(|e| e.finished_at)
+    }
+
+    /// Where reads find the output: the log of a stream kind, or a
+    /// final-output kind's output (empty while live).
+    fn output_source(&self) -> output_ops::OutputSource {
+        match &self.output_log {
+            Some(log) => output_ops::OutputSource::Log(log.clone()),
+            None => {
+                output_ops::OutputSource::Final(self.ended.as_ref().and_then(|e| e.output.clone()).unwrap_or_default())
+            }
         }
     }
 
@@ -335,6 +363,11 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("task registry state poisoned")
     }
+
+    /// Whether an event sent now would reach a subscriber.
+    fn has_subscribers(&self) -> bool {
+        self.subscribed.load(std::sync::atomic::Ordering::SeqCst) && self.events.receiver_count() > 0
+    }
 }
 
 impl TaskRegistry {
@@ -349,6 +382,7 @@ impl TaskRegistry {
                 listeners: Mutex::new(Vec::new()),
                 starts_drained: Notify::new(),
                 events: broadcast::channel(TASK_EVENT_BUFFER).0,
+                subscribed: false.into(),
             }),
         };
         if let Some(parent) = registry.shared.config.output.spill_dir.clone()
@@ -560,14 +594,7 @@ impl TaskRegistry {
                 (name, 1)
             }
         };
-        let mut scratch = std::mem::take(&mut state.id_scratch);
-        scratch.clear();
-        {
-            use std::fmt::Write;
-            let _ = write!(scratch, "{kind}-{counter}");
-        }
-        let id = TaskId::new(scratch.as_str());
-        state.id_scratch = scratch;
+        let id = TaskId::issue(&kind, counter);
         let seq = state.next_seq;
         state.next_seq += 1;
 
@@ -579,16 +606,17 @@ impl TaskRegistry {
         // Spawned under the lock so the record can hold its abort handle; the
         // watcher's first settle simply waits for this commit to finish.
         let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
-        let streams_output = control.streams_output();
-        let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
-        let output_log = Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
-            OutputLog::new(self.shared.output_limits.clone(), spill_path),
-            &options,
-        )));
-        let stall_watcher = if streams_output { self.watch_stalls(&id, &output_log) } else { None };
+        let output_log = control.streams_output().then(|| {
+            let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
+            Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
+                OutputLog::new(self.shared.output_limits.clone(), spill_path),
+                &options,
+            )))
+        });
+        let stall_watcher = output_log.as_ref().and_then(|log| self.watch_stalls(&id, log));
         state.tasks.insert(
             id.clone(),
-            Record {
+            Box::new(Record {
                 seq,
                 id: id.clone(),
                 kind,
@@ -599,25 +627,22 @@ impl TaskRegistry {
                     agent: agent.downgrade(),
                 }),
                 status: TaskStatus::Running,
-                detail: None,
-                output: None,
+                ended: None,
                 started_at: SystemTime::now(),
-                finished_at: None,
                 reported: false,
                 pending_reporters: 0,
                 notice_held: false,
                 notice_delivered: false,
-                producer_info,
-                streams_output,
+                producer_info: producer_info.map(String::into_boxed_str),
                 input: options.input,
                 control,
                 output_log,
                 stall_watcher,
                 watcher,
                 settled: None,
-            },
+            }),
         );
-        if self.shared.events.receiver_count() > 0
+        if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)
         {
             let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
@@ -649,6 +674,7 @@ impl TaskRegistry {
     /// [`TASK_EVENT_BUFFER`] events behind gets `RecvError::Lagged` and should
     /// re-read [`TaskRegistry::list`]. Events carry no output text.
     pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
+        self.shared.subscribed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.shared.events.subscribe()
     }
 
@@ -656,7 +682,7 @@ impl TaskRegistry {
     /// view of an operator, not of a model (no owner fence).
     pub fn list_all(&self) -> Vec<TaskSnapshot> {
         let state = self.shared.lock();
-        let mut all: Vec<&Record> = state.tasks.values().collect();
+        let mut all: Vec<&Record> = state.tasks.values().map(|r| &**r).collect();
         all.sort_by_key(|r| r.seq);
         all.into_iter().map(Record::snapshot).collect()
     }
@@ -665,7 +691,7 @@ impl TaskRegistry {
     /// in start order.
     pub fn list(&self, caller: Option<&Agent>) -> Vec<TaskSnapshot> {
         let state = self.shared.lock();
-        let mut visible: Vec<&Record> = state.tasks.values().filter(|r| visible_to(r, caller)).collect();
+        let mut visible: Vec<&Record> = state.tasks.values().map(|r| &**r).filter(|r| visible_to(r, caller)).collect();
         visible.sort_by_key(|r| r.seq);
         visible.into_iter().map(Record::snapshot).collect()
     }
@@ -835,7 +861,7 @@ impl TaskRegistry {
             let mut earliest: Option<(SystemTime, &TaskId)> = None;
             for id in ids {
                 let record = fenced(&state, id, caller)?;
-                if let Some(at) = record.finished_at.filter(|_| record.status.is_terminal())
+                if let Some(at) = record.finished_at().filter(|_| record.status.is_terminal())
                     && earliest.is_none_or(|(first, _)| at < first)
                 {
                     earliest = Some((at, id));
@@ -970,7 +996,7 @@ impl TaskRegistry {
                 agent.remove_cleanup(scope.cleanup);
             }
         }
-        let records: Vec<Record> = self.shared.lock().tasks.drain().map(|(_, record)| record).collect();
+        let records: Vec<Record> = self.shared.lock().tasks.drain().map(|(_, record)| *record).collect();
         self.release_records(records);
         self.shared.listeners.lock().expect("listeners poisoned").clear();
     }
@@ -1037,9 +1063,7 @@ impl TaskRegistry {
                 return;
             }
             record.status = status;
-            record.detail = detail;
-            record.output = output;
-            record.finished_at = Some(SystemTime::now());
+            record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
             if record.pending_reporters > 0 {
                 record.reported = true;
                 record.notice_held = true;
@@ -1072,7 +1096,7 @@ impl TaskRegistry {
         // Subscribers and waiters (waits, teardown, disposal) hear of it only
         // after the listeners ran, so whoever saw the settlement also sees
         // its notice, and a disposal that returned has none in flight.
-        if self.shared.events.receiver_count() > 0 {
+        if self.shared.has_subscribers() {
             let _ = self.shared.events.send(TaskEvent::Settled { task: snapshot.clone() });
         }
         // History is pruned before waiters wake: whoever saw the settlement
@@ -1091,7 +1115,7 @@ impl TaskRegistry {
         if records.is_empty() {
             return;
         }
-        let subscribed = self.shared.events.receiver_count() > 0;
+        let subscribed = self.shared.has_subscribers();
         for record in records {
             tracing::debug!(task = %record.id, "task record released");
             if subscribed {
@@ -1227,7 +1251,7 @@ impl TaskRegistry {
         let records: Vec<Record> = {
             let mut state = self.shared.lock();
             match state.owner_scopes.remove(&instance) {
-                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect(),
+                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).map(|r| *r).collect(),
                 None => Vec::new(),
             }
         };
@@ -1271,7 +1295,7 @@ fn prune_history(state: &mut State, shared: &Shared, bucket_key: Option<u64>) ->
         }
         if let Some(record) = tasks.remove(&id) {
             bucket.dropped += 1;
-            taken.push(record);
+            taken.push(*record);
         }
     }
     taken
@@ -1339,17 +1363,23 @@ fn bucket_mut(state: &mut State, bucket_key: Option<u64>) -> Option<&mut Bucket>
     }
 }
 
+/// A start in flight ended (committed or given back). Only a cleanup or a
+/// disposal waits for starts to drain, and each marks its scope closing (or
+/// the registry disposed) before it looks, so nobody else is woken.
 fn release_start(state: &mut State, shared: &Shared, bucket_key: Option<u64>) {
-    if let Some(bucket) = bucket_mut(state, bucket_key) {
-        bucket.starting -= 1;
-    }
-    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k))
-        && scope.bucket.starting == 0
-    {
-        scope.starts_drained.notify_one();
+    match bucket_key {
+        None => state.unowned.starting -= 1,
+        Some(key) => {
+            if let Some(scope) = state.owner_scopes.get_mut(&key) {
+                scope.bucket.starting -= 1;
+                if scope.closing && scope.bucket.starting == 0 {
+                    scope.starts_drained.notify_one();
+                }
+            }
+        }
     }
     state.starts_in_flight -= 1;
-    if state.starts_in_flight == 0 {
+    if state.disposed && state.starts_in_flight == 0 {
         shared.starts_drained.notify_waiters();
     }
 }

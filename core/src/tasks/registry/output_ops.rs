@@ -75,6 +75,14 @@ impl TaskOutput {
     }
 }
 
+/// Where a read finds a task's output.
+pub(super) enum OutputSource {
+    /// A stream kind's log.
+    Log(Arc<tokio::sync::Mutex<TaskOutput>>),
+    /// A final-output kind's output (empty while it runs).
+    Final(String),
+}
+
 /// Raised by a producer's output signal: at most one drain is scheduled per
 /// task at a time.
 #[derive(Default)]
@@ -87,15 +95,14 @@ impl TaskRegistry {
     pub async fn read(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskRead, TaskError> {
         // The status is taken BEFORE the stream is drained: if it says
         // terminal, the producer was quiescent, so the drain got everything.
-        let (snapshot, control, output, final_text) = {
+        let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
             let newly_reported = record.status.is_terminal() && !record.reported;
             if record.status.is_terminal() {
                 record.mark_reported();
             }
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            let taken = (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text);
+            let taken = (record.snapshot(), record.control.clone(), record.output_source());
             if newly_reported {
                 // This read is the report, so older finished tasks may now
                 // go (if this one goes too, the control taken above still
@@ -107,9 +114,10 @@ impl TaskRegistry {
             }
             taken
         };
-        if let Some(text) = final_text {
-            return Ok(TaskRead { text, snapshot });
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => return Ok(TaskRead { text, snapshot }),
+        };
         let mut output = output.lock().await;
         output.rearm();
         match self.pull(id, &*control, &mut output).await? {
@@ -134,17 +142,20 @@ impl TaskRegistry {
         caller: Option<&Agent>,
         request: &ViewRequest,
     ) -> Result<(String, TaskSnapshot), TaskError> {
-        let (control, output, final_text) = {
+        let (control, output) = {
             let state = self.shared.lock();
             let record = fenced(&state, id, caller)?;
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.control.clone(), record.output_log.clone(), final_text)
+            (record.control.clone(), record.output_source())
         };
-        if let Some(text) = final_text {
-            let mut log = OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
-            log.append(&text, None);
-            return Ok((log.view(request), self.get(id, caller)?));
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => {
+                let mut log =
+                    OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
+                log.append(&text, None);
+                return Ok((log.view(request), self.get(id, caller)?));
+            }
+        };
         let mut output = output.lock().await;
         output.rearm();
         if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
@@ -161,15 +172,15 @@ impl TaskRegistry {
     /// (no notice is suppressed). Final-output kinds: their output once
     /// settled. Passes the owner fence like every read.
     pub async fn peek(&self, id: &TaskId, caller: Option<&Agent>, since: u64) -> Result<OutputPeek, TaskError> {
-        let (snapshot, control, output, final_text) = {
+        let (snapshot, control, output) = {
             let state = self.shared.lock();
             let record = fenced(&state, id, caller)?;
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text)
+            (record.snapshot(), record.control.clone(), record.output_source())
         };
-        if let Some(text) = final_text {
-            return Ok(OutputPeek::whole(text, snapshot));
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => return Ok(OutputPeek::whole(text, snapshot)),
+        };
         let mut output = output.lock().await;
         if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
             // The pull ended the task: settle it unreported, so the owner
@@ -293,7 +304,7 @@ impl TaskRegistry {
                     registry.drain(&id).await;
                 });
             }
-            if shared.events.receiver_count() > 0 {
+            if shared.has_subscribers() {
                 let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
             }
         })
@@ -304,10 +315,8 @@ impl TaskRegistry {
         let (control, output) = {
             let state = self.shared.lock();
             let Some(record) = state.tasks.get(id) else { return };
-            if !record.streams_output {
-                return;
-            }
-            (record.control.clone(), record.output_log.clone())
+            let Some(output) = record.output_log.clone() else { return };
+            (record.control.clone(), output)
         };
         let mut output = output.lock().await;
         match self.pull(id, &*control, &mut output).await {
