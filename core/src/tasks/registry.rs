@@ -153,9 +153,7 @@ impl Drop for Shared {
 
 #[derive(Default)]
 struct State {
-    /// Boxed: a live record is a few hundred bytes, and a map of boxes
-    /// neither moves them when it grows nor keeps empty slots their size.
-    tasks: HashMap<TaskId, Box<Record>>,
+    tasks: Tasks,
     /// Per-kind id counters; the value keeps the shared kind name.
     next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
     /// Start order, for stable listings.
@@ -166,6 +164,47 @@ struct State {
     surfaces: usize,
     starts_in_flight: usize,
     disposed: bool,
+}
+
+/// Every record, found by its id. A table of boxed records keyed by the id
+/// each holds: a slot is one pointer (no copy of the key, no record-sized
+/// empty slots), and growing the table moves pointers, not records.
+#[derive(Default)]
+struct Tasks(hashbrown::HashTable<Box<Record>>);
+
+impl Tasks {
+    fn hash(id: &TaskId) -> u64 {
+        use std::hash::BuildHasher as _;
+        rustc_hash::FxBuildHasher.hash_one(id.as_str())
+    }
+
+    fn get(&self, id: &TaskId) -> Option<&Record> {
+        self.0.find(Self::hash(id), |r| &r.id == id).map(|r| &**r)
+    }
+
+    fn get_mut(&mut self, id: &TaskId) -> Option<&mut Record> {
+        self.0.find_mut(Self::hash(id), |r| &r.id == id).map(|r| &mut **r)
+    }
+
+    /// Adds a record whose id is not in the table (ids are issued once).
+    fn insert(&mut self, record: Box<Record>) {
+        self.0.insert_unique(Self::hash(&record.id), record, |r| Self::hash(&r.id));
+    }
+
+    fn remove(&mut self, id: &TaskId) -> Option<Record> {
+        match self.0.find_entry(Self::hash(id), |r| &r.id == id) {
+            Ok(entry) => Some(*entry.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Record> {
+        self.0.iter().map(|r| &**r)
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Record> {
+        self.0.drain().map(|r| *r)
+    }
 }
 
 /// Task accounting for one owner instance (or `None`: unowned).
@@ -181,8 +220,8 @@ struct Bucket {
 
 /// The registry's registration in one owner's disposal scope.
 struct OwnerScope {
-    agent: WeakAgent,
-    session: SessionId,
+    /// Shared by every record of this owner instance.
+    owner: Arc<Owner>,
     cleanup: CleanupKey,
     closing: bool,
     bucket: Bucket,
@@ -190,6 +229,7 @@ struct OwnerScope {
     tasks: Vec<TaskId>,
 }
 
+/// Who owns a task: one per owner instance, shared by its records.
 struct Owner {
     session: SessionId,
     instance: u64,
@@ -202,8 +242,8 @@ struct Record {
     seq: u64,
     id: TaskId,
     kind: Arc<str>,
-    label: String,
-    owner: Option<Owner>,
+    label: Box<str>,
+    owner: Option<Arc<Owner>>,
     status: TaskStatus,
     /// Set at settlement (with a terminal status), never before.
     ended: Option<Box<Ended>>,
@@ -245,7 +285,7 @@ impl Record {
         TaskSnapshot {
             id: self.id.clone(),
             kind: self.kind.to_string(),
-            label: self.label.clone(),
+            label: self.label.to_string(),
             owner_session: self.owner.as_ref().map(|o| o.session.clone()),
             status: self.status,
             detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
@@ -555,8 +595,11 @@ impl TaskRegistry {
             state.owner_scopes.insert(
                 owner.instance(),
                 OwnerScope {
-                    agent: owner.downgrade(),
-                    session: owner.session().clone(),
+                    owner: Arc::new(Owner {
+                        session: owner.session().clone(),
+                        instance: owner.instance(),
+                        agent: owner.downgrade(),
+                    }),
                     cleanup: key,
                     closing: false,
                     bucket: Bucket::default(),
@@ -599,13 +642,27 @@ impl TaskRegistry {
         state.next_seq += 1;
 
         let mut cancel_now = state.disposed;
+        let mut owner_ref = None;
         if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
             scope.tasks.push(id.clone());
             cancel_now |= scope.closing;
+            owner_ref = Some(scope.owner.clone());
         }
+        // The scope outlives every start in flight (its cleanup waits for
+        // them), so this is only a fallback.
+        let owner = owner.map(|agent| {
+            owner_ref.unwrap_or_else(|| {
+                Arc::new(Owner {
+                    session: agent.session().clone(),
+                    instance: agent.instance(),
+                    agent: agent.downgrade(),
+                })
+            })
+        });
         // Spawned under the lock so the record can hold its abort handle; the
         // watcher's first settle simply waits for this commit to finish.
-        let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
+        let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
+        let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
         let output_log = control.streams_output().then(|| {
             let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
             Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
@@ -614,34 +671,27 @@ impl TaskRegistry {
             )))
         });
         let stall_watcher = output_log.as_ref().and_then(|log| self.watch_stalls(&id, log));
-        state.tasks.insert(
-            id.clone(),
-            Box::new(Record {
-                seq,
-                id: id.clone(),
-                kind,
-                label,
-                owner: owner.map(|agent| Owner {
-                    session: agent.session().clone(),
-                    instance: agent.instance(),
-                    agent: agent.downgrade(),
-                }),
-                status: TaskStatus::Running,
-                ended: None,
-                started_at: SystemTime::now(),
-                reported: false,
-                pending_reporters: 0,
-                notice_held: false,
-                notice_delivered: false,
-                producer_info: producer_info.map(String::into_boxed_str),
-                input: options.input,
-                control,
-                output_log,
-                stall_watcher,
-                watcher,
-                settled: None,
-            }),
-        );
+        state.tasks.insert(Box::new(Record {
+            seq,
+            id: id.clone(),
+            kind,
+            label: label.into_boxed_str(),
+            owner,
+            status: TaskStatus::Running,
+            ended: None,
+            started_at: SystemTime::now(),
+            reported: false,
+            pending_reporters: 0,
+            notice_held: false,
+            notice_delivered: false,
+            producer_info: producer_info.map(String::into_boxed_str),
+            input: options.input,
+            control,
+            output_log,
+            stall_watcher,
+            watcher,
+            settled: None,
+        }));
         if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)
         {
@@ -661,9 +711,12 @@ impl TaskRegistry {
     pub fn dropped_from_history(&self, caller: Option<&Agent>) -> u64 {
         let state = self.shared.lock();
         let owned: u64 = match caller {
-            Some(caller) => {
-                state.owner_scopes.values().filter(|s| &s.session == caller.session()).map(|s| s.bucket.dropped).sum()
-            }
+            Some(caller) => state
+                .owner_scopes
+                .values()
+                .filter(|s| &s.owner.session == caller.session())
+                .map(|s| s.bucket.dropped)
+                .sum(),
             None => 0,
         };
         owned + state.unowned.dropped
@@ -682,7 +735,7 @@ impl TaskRegistry {
     /// view of an operator, not of a model (no owner fence).
     pub fn list_all(&self) -> Vec<TaskSnapshot> {
         let state = self.shared.lock();
-        let mut all: Vec<&Record> = state.tasks.values().map(|r| &**r).collect();
+        let mut all: Vec<&Record> = state.tasks.values().collect();
         all.sort_by_key(|r| r.seq);
         all.into_iter().map(Record::snapshot).collect()
     }
@@ -691,7 +744,7 @@ impl TaskRegistry {
     /// in start order.
     pub fn list(&self, caller: Option<&Agent>) -> Vec<TaskSnapshot> {
         let state = self.shared.lock();
-        let mut visible: Vec<&Record> = state.tasks.values().map(|r| &**r).filter(|r| visible_to(r, caller)).collect();
+        let mut visible: Vec<&Record> = state.tasks.values().filter(|r| visible_to(r, caller)).collect();
         visible.sort_by_key(|r| r.seq);
         visible.into_iter().map(Record::snapshot).collect()
     }
@@ -992,11 +1045,11 @@ impl TaskRegistry {
         }
         let scopes = std::mem::take(&mut self.shared.lock().owner_scopes);
         for scope in scopes.into_values() {
-            if let Some(agent) = scope.agent.upgrade() {
+            if let Some(agent) = scope.owner.agent.upgrade() {
                 agent.remove_cleanup(scope.cleanup);
             }
         }
-        let records: Vec<Record> = self.shared.lock().tasks.drain().map(|(_, record)| *record).collect();
+        let records: Vec<Record> = self.shared.lock().tasks.drain().collect();
         self.release_records(records);
         self.shared.listeners.lock().expect("listeners poisoned").clear();
     }
@@ -1236,7 +1289,7 @@ impl TaskRegistry {
                 let live: Vec<TaskId> = scope
                     .tasks
                     .iter()
-                    .filter(|id| tasks.get(*id).is_some_and(|r| !r.status.is_terminal()))
+                    .filter(|id| tasks.get(id).is_some_and(|r| !r.status.is_terminal()))
                     .cloned()
                     .collect();
                 (live, scope.bucket.starting, scope.starts_drained.clone())
@@ -1251,7 +1304,7 @@ impl TaskRegistry {
         let records: Vec<Record> = {
             let mut state = self.shared.lock();
             match state.owner_scopes.remove(&instance) {
-                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).map(|r| *r).collect(),
+                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect(),
                 None => Vec::new(),
             }
         };
@@ -1295,21 +1348,48 @@ fn prune_history(state: &mut State, shared: &Shared, bucket_key: Option<u64>) ->
         }
         if let Some(record) = tasks.remove(&id) {
             bucket.dropped += 1;
-            taken.push(*record);
+            taken.push(record);
         }
     }
     taken
 }
 
 /// Awaits a producer's `done` and settles its task; contains errors and
-/// panics as `failed` outcomes.
-async fn watch_done(
+/// panics as `failed` outcomes. Every live task is one of these.
+///
+/// Written by hand to be the producer's future and one pointer (24 bytes):
+/// a tokio task around it then fits one 128-byte cell, where an `async fn`
+/// holding the registry and the id needed two (see `watcher_fits_one_tokio_cell`).
+struct Watcher {
+    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+    task: Box<WatchedTask>,
+}
+
+/// Whose `done` a [`Watcher`] awaits.
+struct WatchedTask {
     registry: Weak<Shared>,
     id: TaskId,
-    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
-) {
-    let outcome = AssertUnwindSafe(done).catch_unwind().await;
-    let Some(shared) = registry.upgrade() else { return };
+}
+
+impl std::future::Future for Watcher {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let this = &mut *self;
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| this.done.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(result)) => Ok(result),
+            Err(panic) => Err(panic),
+        };
+        // Not polled again: tokio never polls a finished task.
+        settle_watched(&this.task, outcome);
+        std::task::Poll::Ready(())
+    }
+}
+
+fn settle_watched(task: &WatchedTask, outcome: std::thread::Result<anyhow::Result<TaskOutcome>>) {
+    let Some(shared) = task.registry.upgrade() else { return };
+    let id = &task.id;
     let _span = tracing::info_span!("task", task = %id).entered();
     let outcome = match outcome {
         Ok(Ok(outcome)) => outcome,
@@ -1323,7 +1403,7 @@ async fn watch_done(
             TaskOutcome::failed(format!("producer panicked: {message}"))
         }
     };
-    TaskRegistry { shared }.settle(&id, outcome);
+    TaskRegistry { shared }.settle(id, outcome);
 }
 
 /// What a start says about its task, kept for the commit.
@@ -1441,4 +1521,18 @@ fn fenced_mut<'a>(state: &'a mut State, id: &TaskId, caller: Option<&Agent>) -> 
         return Err(TaskError::ForeignTask(id.clone()));
     }
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tokio task is a 128-byte-aligned cell: header, scheduler, id and
+    /// trailer take 96 bytes, the future's stage the rest. A watcher of 24
+    /// bytes keeps every live task at one 128-byte cell; a byte more costs
+    /// 128 per live task.
+    #[test]
+    fn watcher_fits_one_tokio_cell() {
+        assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    }
 }
