@@ -55,8 +55,8 @@ use crate::panics::panic_message;
 
 mod output_ops;
 
-use output_ops::TaskOutput;
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
+use output_ops::{StreamOutput, TaskOutput};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -154,8 +154,8 @@ impl Drop for Shared {
 #[derive(Default)]
 struct State {
     tasks: Tasks,
-    /// Per-kind id counters; the value keeps the shared kind name.
-    next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
+    /// Per-kind id counters: the last number issued.
+    next_id_by_kind: HashMap<String, u64>,
     /// Start order, for stable listings.
     next_seq: u64,
     /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
@@ -167,10 +167,11 @@ struct State {
 }
 
 /// Every record, found by its id. A table of boxed records keyed by the id
-/// each holds: a slot is one pointer (no copy of the key, no record-sized
-/// empty slots), and growing the table moves pointers, not records.
+/// each holds, next to the id's hash: a slot is 16 bytes (no copy of the
+/// key, no record-sized empty slots), growing the table moves slots, not
+/// records, and neither growth nor a probe reads a record whose hash differs.
 #[derive(Default)]
-struct Tasks(hashbrown::HashTable<Box<Record>>);
+struct Tasks(hashbrown::HashTable<(u64, Box<Record>)>);
 
 impl Tasks {
     fn hash(id: &TaskId) -> u64 {
@@ -179,31 +180,35 @@ impl Tasks {
     }
 
     fn get(&self, id: &TaskId) -> Option<&Record> {
-        self.0.find(Self::hash(id), |r| &r.id == id).map(|r| &**r)
+        let hash = Self::hash(id);
+        self.0.find(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &**r)
     }
 
     fn get_mut(&mut self, id: &TaskId) -> Option<&mut Record> {
-        self.0.find_mut(Self::hash(id), |r| &r.id == id).map(|r| &mut **r)
+        let hash = Self::hash(id);
+        self.0.find_mut(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &mut **r)
     }
 
     /// Adds a record whose id is not in the table (ids are issued once).
     fn insert(&mut self, record: Box<Record>) {
-        self.0.insert_unique(Self::hash(&record.id), record, |r| Self::hash(&r.id));
+        let hash = Self::hash(&record.id);
+        self.0.insert_unique(hash, (hash, record), |(h, _)| *h);
     }
 
     fn remove(&mut self, id: &TaskId) -> Option<Record> {
-        match self.0.find_entry(Self::hash(id), |r| &r.id == id) {
-            Ok(entry) => Some(*entry.remove().0),
+        let hash = Self::hash(id);
+        match self.0.find_entry(hash, |(h, r)| *h == hash && &r.id == id) {
+            Ok(entry) => Some(*entry.remove().0.1),
             Err(_) => None,
         }
     }
 
     fn values(&self) -> impl Iterator<Item = &Record> {
-        self.0.iter().map(|r| &**r)
+        self.0.iter().map(|(_, r)| &**r)
     }
 
     fn drain(&mut self) -> impl Iterator<Item = Record> {
-        self.0.drain().map(|r| *r)
+        self.0.drain().map(|(_, r)| *r)
     }
 }
 
@@ -241,13 +246,15 @@ struct Owner {
 struct Record {
     seq: u64,
     id: TaskId,
-    kind: Arc<str>,
+    /// The kind is the id's first `kind_len` bytes (`<kind>-N`).
+    kind_len: u8,
     label: Box<str>,
     owner: Option<Arc<Owner>>,
     status: TaskStatus,
     /// Set at settlement (with a terminal status), never before.
     ended: Option<Box<Ended>>,
-    started_at: SystemTime,
+    /// Nanoseconds since the Unix epoch (half a `SystemTime`).
+    started_at: u64,
     reported: bool,
     /// Waits and kills in progress; at settlement they take over reporting.
     pending_reporters: u32,
@@ -262,14 +269,18 @@ struct Record {
     /// Stream kinds: every pull of output goes through it (see
     /// [`output_ops`]). `None` for final-output kinds, whose one output is
     /// [`Ended::output`].
-    output_log: Option<Arc<tokio::sync::Mutex<TaskOutput>>>,
-    /// The `notify_on.stalled_ms` watcher, stopped at settlement.
-    stall_watcher: Option<tokio::task::AbortHandle>,
+    output_log: Option<Arc<StreamOutput>>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
     watcher: tokio::task::AbortHandle,
     /// Fires after settlement (and its listeners); made on first demand,
     /// since most tasks are never waited on.
     settled: Option<CancellationToken>,
+}
+
+/// `at` in nanoseconds since the Unix epoch (0 before it; saturating
+/// past the year 2554).
+fn unix_nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// What a task has once it settled.
@@ -284,16 +295,20 @@ impl Record {
     fn snapshot(&self) -> TaskSnapshot {
         TaskSnapshot {
             id: self.id.clone(),
-            kind: self.kind.to_string(),
+            kind: self.kind().to_string(),
             label: self.label.to_string(),
             owner_session: self.owner.as_ref().map(|o| o.session.clone()),
             status: self.status,
             detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
-            started_at: self.started_at,
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.started_at),
             finished_at: self.finished_at(),
             reported: self.reported,
             producer_info: self.producer_info.as_deref().map(str::to_string),
         }
+    }
+
+    fn kind(&self) -> &str {
+        &self.id.as_str()[..usize::from(self.kind_len)]
     }
 
     fn finished_at(&self) -> Option<SystemTime> {
@@ -626,18 +641,19 @@ impl TaskRegistry {
             bucket.live += 1;
         }
 
-        let (kind, counter) = match state.next_id_by_kind.get_mut(kind.as_str()) {
-            Some((name, next)) => {
+        let counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
+            Some(next) => {
                 *next += 1;
-                (name.clone(), *next)
+                *next
             }
-            None => {
-                let name: Arc<str> = Arc::from(kind);
-                state.next_id_by_kind.insert(name.clone(), (name.clone(), 1));
-                (name, 1)
-            }
+            None => 1,
         };
         let id = TaskId::issue(&kind, counter);
+        // A valid kind has at most 64 bytes.
+        let kind_len = u8::try_from(kind.len()).expect("a valid kind is at most 64 bytes");
+        if counter == 1 {
+            state.next_id_by_kind.insert(kind, 1);
+        }
         let seq = state.next_seq;
         state.next_seq += 1;
 
@@ -665,21 +681,23 @@ impl TaskRegistry {
         let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
         let output_log = control.streams_output().then(|| {
             let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
-            Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
+            Arc::new(StreamOutput::new(TaskOutput::new(
                 OutputLog::new(self.shared.output_limits.clone(), spill_path),
                 &options,
             )))
         });
-        let stall_watcher = output_log.as_ref().and_then(|log| self.watch_stalls(&id, log));
+        if let Some(log) = &output_log {
+            self.watch_stalls(&id, log);
+        }
         state.tasks.insert(Box::new(Record {
             seq,
             id: id.clone(),
-            kind,
+            kind_len,
             label: label.into_boxed_str(),
             owner,
             status: TaskStatus::Running,
             ended: None,
-            started_at: SystemTime::now(),
+            started_at: unix_nanos(SystemTime::now()),
             reported: false,
             pending_reporters: 0,
             notice_held: false,
@@ -688,7 +706,6 @@ impl TaskRegistry {
             input: options.input,
             control,
             output_log,
-            stall_watcher,
             watcher,
             settled: None,
         }));
@@ -980,7 +997,7 @@ impl TaskRegistry {
             let record = fenced(&state, id, caller)?;
             match record.input {
                 TaskInput::Unsupported => {
-                    return Err(TaskError::NoInput { id: id.clone(), kind: record.kind.to_string() });
+                    return Err(TaskError::NoInput { id: id.clone(), kind: record.kind().to_string() });
                 }
                 TaskInput::NotRequested => return Err(TaskError::NotInteractive(id.clone())),
                 TaskInput::Open => {}
@@ -1126,8 +1143,8 @@ impl TaskRegistry {
             if reported || owner_closing || silent {
                 record.reported = true;
             }
-            if let Some(stall_watcher) = record.stall_watcher.take() {
-                stall_watcher.abort();
+            if let Some(output) = &record.output_log {
+                output.stop_stall_watcher();
             }
             let done = record.done_event();
             let settled = record.settled.take();
@@ -1534,5 +1551,13 @@ mod tests {
     #[test]
     fn watcher_fits_one_tokio_cell() {
         assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    }
+
+    /// Every live task holds one record (boxed: malloc rounds to 16 bytes
+    /// with 8 of its own). What grows it belongs in [`Ended`] or in the
+    /// stream output, unless every live task needs it.
+    #[test]
+    fn a_record_stays_small() {
+        assert!(std::mem::size_of::<Record>() <= 136, "{} bytes", std::mem::size_of::<Record>());
     }
 }

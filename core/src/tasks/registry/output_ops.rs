@@ -75,10 +75,39 @@ impl TaskOutput {
     }
 }
 
+/// A stream task's output as its record and its readers share it: the log
+/// under its own async mutex (the deref), and the `notify_on.stalled_ms`
+/// watcher, stopped at settlement.
+pub(super) struct StreamOutput {
+    output: tokio::sync::Mutex<TaskOutput>,
+    stall_watcher: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+impl StreamOutput {
+    pub(super) fn new(output: TaskOutput) -> Self {
+        Self { output: tokio::sync::Mutex::new(output), stall_watcher: std::sync::OnceLock::new() }
+    }
+
+    /// The task settled: no stall notice any more.
+    pub(super) fn stop_stall_watcher(&self) {
+        if let Some(watcher) = self.stall_watcher.get() {
+            watcher.abort();
+        }
+    }
+}
+
+impl std::ops::Deref for StreamOutput {
+    type Target = tokio::sync::Mutex<TaskOutput>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.output
+    }
+}
+
 /// Where a read finds a task's output.
 pub(super) enum OutputSource {
     /// A stream kind's log.
-    Log(Arc<tokio::sync::Mutex<TaskOutput>>),
+    Log(Arc<StreamOutput>),
     /// A final-output kind's output (empty while it runs).
     Final(String),
 }
@@ -332,16 +361,18 @@ impl TaskRegistry {
     }
 
     /// Watches a task with `notify_on.stalled_ms` for as long as it is live.
-    pub(super) fn watch_stalls(
-        &self,
-        id: &TaskId,
-        output: &Arc<tokio::sync::Mutex<TaskOutput>>,
-    ) -> Option<tokio::task::AbortHandle> {
+    pub(super) fn watch_stalls(&self, id: &TaskId, output: &Arc<StreamOutput>) {
         let (stalled, interactive) = {
-            let milestones = output.try_lock().ok()?.milestones.as_ref().map(|m| (m.stalled, m.interactive))?;
-            (milestones.0?, milestones.1)
+            let Some(milestones) =
+                output.try_lock().ok().and_then(|o| o.milestones.as_ref().map(|m| (m.stalled, m.interactive)))
+            else {
+                return;
+            };
+            let Some(stalled) = milestones.0 else { return };
+            (stalled, milestones.1)
         };
         let registry = Arc::downgrade(&self.shared);
+        let shared_output = output;
         let output = output.clone();
         let id = id.clone();
         let watcher = async move {
@@ -372,7 +403,7 @@ impl TaskRegistry {
                 });
             }
         };
-        Some(tokio::spawn(watcher).abort_handle())
+        let _ = shared_output.stall_watcher.set(tokio::spawn(watcher).abort_handle());
     }
 }
 
