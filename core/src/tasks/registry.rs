@@ -633,6 +633,11 @@ impl TaskRegistry {
     fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
         let Identity { kind, label, owner, producer_info, options } = identity;
         let TaskHooks { control, done } = hooks;
+        // Whatever needs no id is made before the lock is taken.
+        let started_at = unix_nanos(SystemTime::now());
+        let label = label.into_boxed_str();
+        let producer_info = producer_info.map(String::into_boxed_str);
+        let streams_output = control.streams_output();
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
@@ -679,7 +684,7 @@ impl TaskRegistry {
         // watcher's first settle simply waits for this commit to finish.
         let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
         let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
-        let output_log = control.streams_output().then(|| {
+        let output_log = streams_output.then(|| {
             let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
             Arc::new(StreamOutput::new(TaskOutput::new(
                 OutputLog::new(self.shared.output_limits.clone(), spill_path),
@@ -693,16 +698,16 @@ impl TaskRegistry {
             seq,
             id: id.clone(),
             kind_len,
-            label: label.into_boxed_str(),
+            label,
             owner,
             status: TaskStatus::Running,
             ended: None,
-            started_at: unix_nanos(SystemTime::now()),
+            started_at,
             reported: false,
             pending_reporters: 0,
             notice_held: false,
             notice_delivered: false,
-            producer_info: producer_info.map(String::into_boxed_str),
+            producer_info,
             input: options.input,
             control,
             output_log,

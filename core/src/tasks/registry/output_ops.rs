@@ -112,10 +112,39 @@ pub(super) enum OutputSource {
     Final(String),
 }
 
-/// Raised by a producer's output signal: at most one drain is scheduled per
-/// task at a time.
-#[derive(Default)]
-pub(super) struct DrainFlag(AtomicBool);
+/// The registry's side of one task's [`OutputSignal`] (one allocation).
+struct RegistrySignal {
+    /// This signal, for the drain it schedules.
+    this: std::sync::Weak<RegistrySignal>,
+    registry: std::sync::Weak<Shared>,
+    id: TaskId,
+    owner_session: Option<SessionId>,
+    /// A drain is scheduled: at most one is, per task at a time.
+    scheduled: AtomicBool,
+}
+
+impl RaiseOutput for RegistrySignal {
+    fn raise(&self) {
+        let Some(shared) = self.registry.upgrade() else { return };
+        if !self.scheduled.swap(true, Ordering::AcqRel)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(this) = self.this.upgrade()
+        {
+            let registry = TaskRegistry { shared: shared.clone() };
+            runtime.spawn(async move {
+                // Cleared first: output signalled during this drain
+                // schedules the next one.
+                this.scheduled.store(false, Ordering::Release);
+                registry.drain(&this.id).await;
+            });
+        }
+        if shared.has_subscribers() {
+            let _ = shared
+                .events
+                .send(TaskEvent::Output { id: self.id.clone(), owner_session: self.owner_session.clone() });
+        }
+    }
+}
 
 impl TaskRegistry {
     /// Reads a task's output: the consuming delta for stream kinds, or (for
@@ -315,28 +344,13 @@ impl TaskRegistry {
     /// schedules a drain into the log (one at a time per task) and becomes a
     /// [`TaskEvent::Output`] when anyone subscribed.
     pub(super) fn output_signal(&self, id: &TaskId, owner_session: Option<SessionId>) -> OutputSignal {
-        let registry = Arc::downgrade(&self.shared);
-        let id = id.clone();
-        let scheduled = Arc::new(DrainFlag::default());
-        OutputSignal::new(move || {
-            let Some(shared) = registry.upgrade() else { return };
-            if !scheduled.0.swap(true, Ordering::AcqRel)
-                && let Ok(runtime) = tokio::runtime::Handle::try_current()
-            {
-                let scheduled = scheduled.clone();
-                let registry = TaskRegistry { shared: shared.clone() };
-                let id = id.clone();
-                runtime.spawn(async move {
-                    // Cleared first: output signalled during this drain
-                    // schedules the next one.
-                    scheduled.0.store(false, Ordering::Release);
-                    registry.drain(&id).await;
-                });
-            }
-            if shared.has_subscribers() {
-                let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
-            }
-        })
+        OutputSignal::to(Arc::new_cyclic(|this| RegistrySignal {
+            this: this.clone(),
+            registry: Arc::downgrade(&self.shared),
+            id: id.clone(),
+            owner_session,
+            scheduled: AtomicBool::new(false),
+        }))
     }
 
     /// Pulls a live stream task's new output into its log.
