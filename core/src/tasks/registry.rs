@@ -5,6 +5,13 @@
 //! they settle, until their owner is disposed, the registry is, or they age
 //! out of the owner's bounded history of finished tasks.
 //!
+//! What a live task costs, since a host may hold tens of thousands: one boxed
+//! [`Record`] (the table keeps a pointer and the id's hash), the id, its
+//! label, and one tokio task awaiting the producer's `done` (a [`Watcher`]
+//! that fits one 128-byte cell). Stream kinds add their output log; what
+//! only a finished task has is made at settlement. A start takes the lock
+//! twice (preflight, commit) and spawns that one task.
+//!
 //! Invariants:
 //! - `start` runs every failable check first (surface fence, kind, exact live
 //!   owner, owner-cleanup attach, per-owner cap), then the producer's runner
