@@ -70,6 +70,35 @@ branded_string!(
     AgentId
 );
 
+impl TaskId {
+    /// The id `<kind>-<n>`, formatted without the `fmt` machinery (one is
+    /// issued per start). `kind` is a valid kind, so at most 64 bytes.
+    pub(crate) fn issue(kind: &str, n: u64) -> Self {
+        if kind.len() > 64 {
+            return Self::new(format!("{kind}-{n}"));
+        }
+        let mut buffer = [0u8; 64 + 1 + 20];
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = n;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let digits = &digits[at..];
+        let len = kind.len() + 1 + digits.len();
+        buffer[..kind.len()].copy_from_slice(kind.as_bytes());
+        buffer[kind.len()] = b'-';
+        buffer[kind.len() + 1..len].copy_from_slice(digits);
+        // ASCII digits and '-' after a whole `str`.
+        Self::new(std::str::from_utf8(&buffer[..len]).expect("a kind, '-' and digits are UTF-8"))
+    }
+}
+
 /// Whether `kind` is usable as a task kind (and so as an id prefix).
 ///
 /// Lowercase ASCII letters, digits, `_` and `-`, starting with a letter, at
@@ -84,6 +113,16 @@ pub fn is_valid_kind(kind: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issued_ids_are_kind_dash_number() {
+        assert_eq!(TaskId::issue("bash", 1).as_str(), "bash-1");
+        assert_eq!(TaskId::issue("subagent_fork", 0).as_str(), "subagent_fork-0");
+        assert_eq!(TaskId::issue("t", 1_234_567_890).as_str(), "t-1234567890");
+        assert_eq!(TaskId::issue("t", u64::MAX).as_str(), format!("t-{}", u64::MAX));
+        let long = "a".repeat(64);
+        assert_eq!(TaskId::issue(&long, 42).as_str(), format!("{long}-42"));
+    }
 
     #[test]
     fn kinds() {

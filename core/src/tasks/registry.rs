@@ -5,6 +5,13 @@
 //! they settle, until their owner is disposed, the registry is, or they age
 //! out of the owner's bounded history of finished tasks.
 //!
+//! What a live task costs, since a host may hold tens of thousands: one boxed
+//! [`Record`] (the table keeps a pointer and the id's hash), the id, its
+//! label, and one tokio task awaiting the producer's `done` (a [`Watcher`]
+//! that fits one 128-byte cell). Stream kinds add their output log; what
+//! only a finished task has is made at settlement. A start takes the lock
+//! twice (preflight, commit) and spawns that one task.
+//!
 //! Invariants:
 //! - `start` runs every failable check first (surface fence, kind, exact live
 //!   owner, owner-cleanup attach, per-owner cap), then the producer's runner
@@ -55,8 +62,8 @@ use crate::panics::panic_message;
 
 mod output_ops;
 
-use output_ops::TaskOutput;
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
+use output_ops::{StreamOutput, TaskOutput};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -135,6 +142,9 @@ struct Shared {
     /// Wakes disposal when the last in-flight start finished.
     starts_drained: Notify,
     events: broadcast::Sender<TaskEvent>,
+    /// Set once anyone subscribed to `events`: until then, no event is made
+    /// (asking the channel for its receivers takes its lock).
+    subscribed: std::sync::atomic::AtomicBool,
     output_limits: Arc<OutputLimits>,
     /// The registry's private directory of output spill files, once set.
     output_dir: std::sync::OnceLock<std::path::PathBuf>,
@@ -150,11 +160,9 @@ impl Drop for Shared {
 
 #[derive(Default)]
 struct State {
-    tasks: HashMap<TaskId, Record>,
-    /// Per-kind id counters; the value keeps the shared kind name.
-    next_id_by_kind: HashMap<Arc<str>, (Arc<str>, u64)>,
-    /// Reused buffer for formatting ids.
-    id_scratch: String,
+    tasks: Tasks,
+    /// Per-kind id counters: the last number issued.
+    next_id_by_kind: HashMap<String, u64>,
     /// Start order, for stable listings.
     next_seq: u64,
     /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
@@ -163,6 +171,52 @@ struct State {
     surfaces: usize,
     starts_in_flight: usize,
     disposed: bool,
+}
+
+/// Every record, found by its id. A table of boxed records keyed by the id
+/// each holds, next to the id's hash: a slot is 16 bytes (no copy of the
+/// key, no record-sized empty slots), growing the table moves slots, not
+/// records, and neither growth nor a probe reads a record whose hash differs.
+#[derive(Default)]
+struct Tasks(hashbrown::HashTable<(u64, Box<Record>)>);
+
+impl Tasks {
+    fn hash(id: &TaskId) -> u64 {
+        use std::hash::BuildHasher as _;
+        rustc_hash::FxBuildHasher.hash_one(id.as_str())
+    }
+
+    fn get(&self, id: &TaskId) -> Option<&Record> {
+        let hash = Self::hash(id);
+        self.0.find(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &**r)
+    }
+
+    fn get_mut(&mut self, id: &TaskId) -> Option<&mut Record> {
+        let hash = Self::hash(id);
+        self.0.find_mut(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &mut **r)
+    }
+
+    /// Adds a record whose id is not in the table (ids are issued once).
+    fn insert(&mut self, record: Box<Record>) {
+        let hash = Self::hash(&record.id);
+        self.0.insert_unique(hash, (hash, record), |(h, _)| *h);
+    }
+
+    fn remove(&mut self, id: &TaskId) -> Option<Record> {
+        let hash = Self::hash(id);
+        match self.0.find_entry(hash, |(h, r)| *h == hash && &r.id == id) {
+            Ok(entry) => Some(*entry.remove().0.1),
+            Err(_) => None,
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Record> {
+        self.0.iter().map(|(_, r)| &**r)
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Record> {
+        self.0.drain().map(|(_, r)| *r)
+    }
 }
 
 /// Task accounting for one owner instance (or `None`: unowned).
@@ -178,8 +232,8 @@ struct Bucket {
 
 /// The registry's registration in one owner's disposal scope.
 struct OwnerScope {
-    agent: WeakAgent,
-    session: SessionId,
+    /// Shared by every record of this owner instance.
+    owner: Arc<Owner>,
     cleanup: CleanupKey,
     closing: bool,
     bucket: Bucket,
@@ -187,23 +241,27 @@ struct OwnerScope {
     tasks: Vec<TaskId>,
 }
 
+/// Who owns a task: one per owner instance, shared by its records.
 struct Owner {
     session: SessionId,
     instance: u64,
     agent: WeakAgent,
 }
 
+/// One task. Kept small, since every live task holds one: what only a
+/// finished task has is in [`Ended`], and only stream kinds have an output log.
 struct Record {
     seq: u64,
     id: TaskId,
-    kind: Arc<str>,
-    label: String,
-    owner: Option<Owner>,
+    /// The kind is the id's first `kind_len` bytes (`<kind>-N`).
+    kind_len: u8,
+    label: Box<str>,
+    owner: Option<Arc<Owner>>,
     status: TaskStatus,
-    detail: Option<String>,
-    output: Option<String>,
-    started_at: SystemTime,
-    finished_at: Option<SystemTime>,
+    /// Set at settlement (with a terminal status), never before.
+    ended: Option<Box<Ended>>,
+    /// Nanoseconds since the Unix epoch (half a `SystemTime`).
+    started_at: u64,
     reported: bool,
     /// Waits and kills in progress; at settlement they take over reporting.
     pending_reporters: u32,
@@ -211,15 +269,14 @@ struct Record {
     notice_held: bool,
     /// The completion notice was injected into the owner's session.
     notice_delivered: bool,
-    producer_info: Option<String>,
-    streams_output: bool,
+    producer_info: Option<Box<str>>,
     /// Whether `task_input` may write to it.
     input: TaskInput,
     control: Arc<dyn TaskControl>,
-    /// Every pull of stream output goes through it (see [`output_ops`]).
-    output_log: Arc<tokio::sync::Mutex<TaskOutput>>,
-    /// The `notify_on.stalled_ms` watcher, stopped at settlement.
-    stall_watcher: Option<tokio::task::AbortHandle>,
+    /// Stream kinds: every pull of output goes through it (see
+    /// [`output_ops`]). `None` for final-output kinds, whose one output is
+    /// [`Ended::output`].
+    output_log: Option<Arc<StreamOutput>>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
     watcher: tokio::task::AbortHandle,
     /// Fires after settlement (and its listeners); made on first demand,
@@ -227,19 +284,52 @@ struct Record {
     settled: Option<CancellationToken>,
 }
 
+/// `at` in nanoseconds since the Unix epoch (0 before it; saturating
+/// past the year 2554).
+fn unix_nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// What a task has once it settled.
+struct Ended {
+    finished_at: SystemTime,
+    detail: Option<String>,
+    /// Final-output kinds: the output, read idempotently.
+    output: Option<String>,
+}
+
 impl Record {
     fn snapshot(&self) -> TaskSnapshot {
         TaskSnapshot {
             id: self.id.clone(),
-            kind: self.kind.to_string(),
-            label: self.label.clone(),
+            kind: self.kind().to_string(),
+            label: self.label.to_string(),
             owner_session: self.owner.as_ref().map(|o| o.session.clone()),
             status: self.status,
-            detail: self.detail.clone(),
-            started_at: self.started_at,
-            finished_at: self.finished_at,
+            detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.started_at),
+            finished_at: self.finished_at(),
             reported: self.reported,
-            producer_info: self.producer_info.clone(),
+            producer_info: self.producer_info.as_deref().map(str::to_string),
+        }
+    }
+
+    fn kind(&self) -> &str {
+        &self.id.as_str()[..usize::from(self.kind_len)]
+    }
+
+    fn finished_at(&self) -> Option<SystemTime> {
+        self.ended.as_ref().map(|e| e.finished_at)
+    }
+
+    /// Where reads find the output: the log of a stream kind, or a
+    /// final-output kind's output (empty while live).
+    fn output_source(&self) -> output_ops::OutputSource {
+        match &self.output_log {
+            Some(log) => output_ops::OutputSource::Log(log.clone()),
+            None => {
+                output_ops::OutputSource::Final(self.ended.as_ref().and_then(|e| e.output.clone()).unwrap_or_default())
+            }
         }
     }
 
@@ -335,6 +425,11 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("task registry state poisoned")
     }
+
+    /// Whether an event sent now would reach a subscriber.
+    fn has_subscribers(&self) -> bool {
+        self.subscribed.load(std::sync::atomic::Ordering::SeqCst) && self.events.receiver_count() > 0
+    }
 }
 
 impl TaskRegistry {
@@ -349,6 +444,7 @@ impl TaskRegistry {
                 listeners: Mutex::new(Vec::new()),
                 starts_drained: Notify::new(),
                 events: broadcast::channel(TASK_EVENT_BUFFER).0,
+                subscribed: false.into(),
             }),
         };
         if let Some(parent) = registry.shared.config.output.spill_dir.clone()
@@ -521,8 +617,11 @@ impl TaskRegistry {
             state.owner_scopes.insert(
                 owner.instance(),
                 OwnerScope {
-                    agent: owner.downgrade(),
-                    session: owner.session().clone(),
+                    owner: Arc::new(Owner {
+                        session: owner.session().clone(),
+                        instance: owner.instance(),
+                        agent: owner.downgrade(),
+                    }),
                     cleanup: key,
                     closing: false,
                     bucket: Bucket::default(),
@@ -541,6 +640,11 @@ impl TaskRegistry {
     fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
         let Identity { kind, label, owner, producer_info, options } = identity;
         let TaskHooks { control, done } = hooks;
+        // Whatever needs no id is made before the lock is taken.
+        let started_at = unix_nanos(SystemTime::now());
+        let label = label.into_boxed_str();
+        let producer_info = producer_info.map(String::into_boxed_str);
+        let streams_output = control.streams_output();
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
@@ -549,75 +653,75 @@ impl TaskRegistry {
             bucket.live += 1;
         }
 
-        let (kind, counter) = match state.next_id_by_kind.get_mut(kind.as_str()) {
-            Some((name, next)) => {
+        let counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
+            Some(next) => {
                 *next += 1;
-                (name.clone(), *next)
+                *next
             }
-            None => {
-                let name: Arc<str> = Arc::from(kind);
-                state.next_id_by_kind.insert(name.clone(), (name.clone(), 1));
-                (name, 1)
-            }
+            None => 1,
         };
-        let mut scratch = std::mem::take(&mut state.id_scratch);
-        scratch.clear();
-        {
-            use std::fmt::Write;
-            let _ = write!(scratch, "{kind}-{counter}");
+        let id = TaskId::issue(&kind, counter);
+        // A valid kind has at most 64 bytes.
+        let kind_len = u8::try_from(kind.len()).expect("a valid kind is at most 64 bytes");
+        if counter == 1 {
+            state.next_id_by_kind.insert(kind, 1);
         }
-        let id = TaskId::new(scratch.as_str());
-        state.id_scratch = scratch;
         let seq = state.next_seq;
         state.next_seq += 1;
 
         let mut cancel_now = state.disposed;
+        let mut owner_ref = None;
         if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
             scope.tasks.push(id.clone());
             cancel_now |= scope.closing;
+            owner_ref = Some(scope.owner.clone());
         }
-        // Spawned under the lock so the record can hold its abort handle; the
-        // watcher's first settle simply waits for this commit to finish.
-        let watcher = tokio::spawn(watch_done(Arc::downgrade(&self.shared), id.clone(), done)).abort_handle();
-        let streams_output = control.streams_output();
-        let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
-        let output_log = Arc::new(tokio::sync::Mutex::new(TaskOutput::new(
-            OutputLog::new(self.shared.output_limits.clone(), spill_path),
-            &options,
-        )));
-        let stall_watcher = if streams_output { self.watch_stalls(&id, &output_log) } else { None };
-        state.tasks.insert(
-            id.clone(),
-            Record {
-                seq,
-                id: id.clone(),
-                kind,
-                label,
-                owner: owner.map(|agent| Owner {
+        // The scope outlives every start in flight (its cleanup waits for
+        // them), so this is only a fallback.
+        let owner = owner.map(|agent| {
+            owner_ref.unwrap_or_else(|| {
+                Arc::new(Owner {
                     session: agent.session().clone(),
                     instance: agent.instance(),
                     agent: agent.downgrade(),
-                }),
-                status: TaskStatus::Running,
-                detail: None,
-                output: None,
-                started_at: SystemTime::now(),
-                finished_at: None,
-                reported: false,
-                pending_reporters: 0,
-                notice_held: false,
-                notice_delivered: false,
-                producer_info,
-                streams_output,
-                input: options.input,
-                control,
-                output_log,
-                stall_watcher,
-                watcher,
-                settled: None,
-            },
-        );
-        if self.shared.events.receiver_count() > 0
+                })
+            })
+        });
+        // Spawned under the lock so the record can hold its abort handle; the
+        // watcher's first settle simply waits for this commit to finish.
+        let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
+        let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
+        let output_log = streams_output.then(|| {
+            let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
+            Arc::new(StreamOutput::new(TaskOutput::new(
+                OutputLog::new(self.shared.output_limits.clone(), spill_path),
+                &options,
+            )))
+        });
+        if let Some(log) = &output_log {
+            self.watch_stalls(&id, log);
+        }
+        state.tasks.insert(Box::new(Record {
+            seq,
+            id: id.clone(),
+            kind_len,
+            label,
+            owner,
+            status: TaskStatus::Running,
+            ended: None,
+            started_at,
+            reported: false,
+            pending_reporters: 0,
+            notice_held: false,
+            notice_delivered: false,
+            producer_info,
+            input: options.input,
+            control,
+            output_log,
+            watcher,
+            settled: None,
+        }));
+        if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)
         {
             let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
@@ -636,9 +740,12 @@ impl TaskRegistry {
     pub fn dropped_from_history(&self, caller: Option<&Agent>) -> u64 {
         let state = self.shared.lock();
         let owned: u64 = match caller {
-            Some(caller) => {
-                state.owner_scopes.values().filter(|s| &s.session == caller.session()).map(|s| s.bucket.dropped).sum()
-            }
+            Some(caller) => state
+                .owner_scopes
+                .values()
+                .filter(|s| &s.owner.session == caller.session())
+                .map(|s| s.bucket.dropped)
+                .sum(),
             None => 0,
         };
         owned + state.unowned.dropped
@@ -649,6 +756,7 @@ impl TaskRegistry {
     /// [`TASK_EVENT_BUFFER`] events behind gets `RecvError::Lagged` and should
     /// re-read [`TaskRegistry::list`]. Events carry no output text.
     pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
+        self.shared.subscribed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.shared.events.subscribe()
     }
 
@@ -835,7 +943,7 @@ impl TaskRegistry {
             let mut earliest: Option<(SystemTime, &TaskId)> = None;
             for id in ids {
                 let record = fenced(&state, id, caller)?;
-                if let Some(at) = record.finished_at.filter(|_| record.status.is_terminal())
+                if let Some(at) = record.finished_at().filter(|_| record.status.is_terminal())
                     && earliest.is_none_or(|(first, _)| at < first)
                 {
                     earliest = Some((at, id));
@@ -901,7 +1009,7 @@ impl TaskRegistry {
             let record = fenced(&state, id, caller)?;
             match record.input {
                 TaskInput::Unsupported => {
-                    return Err(TaskError::NoInput { id: id.clone(), kind: record.kind.to_string() });
+                    return Err(TaskError::NoInput { id: id.clone(), kind: record.kind().to_string() });
                 }
                 TaskInput::NotRequested => return Err(TaskError::NotInteractive(id.clone())),
                 TaskInput::Open => {}
@@ -966,11 +1074,11 @@ impl TaskRegistry {
         }
         let scopes = std::mem::take(&mut self.shared.lock().owner_scopes);
         for scope in scopes.into_values() {
-            if let Some(agent) = scope.agent.upgrade() {
+            if let Some(agent) = scope.owner.agent.upgrade() {
                 agent.remove_cleanup(scope.cleanup);
             }
         }
-        let records: Vec<Record> = self.shared.lock().tasks.drain().map(|(_, record)| record).collect();
+        let records: Vec<Record> = self.shared.lock().tasks.drain().collect();
         self.release_records(records);
         self.shared.listeners.lock().expect("listeners poisoned").clear();
     }
@@ -1037,9 +1145,7 @@ impl TaskRegistry {
                 return;
             }
             record.status = status;
-            record.detail = detail;
-            record.output = output;
-            record.finished_at = Some(SystemTime::now());
+            record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
             if record.pending_reporters > 0 {
                 record.reported = true;
                 record.notice_held = true;
@@ -1049,8 +1155,8 @@ impl TaskRegistry {
             if reported || owner_closing || silent {
                 record.reported = true;
             }
-            if let Some(stall_watcher) = record.stall_watcher.take() {
-                stall_watcher.abort();
+            if let Some(output) = &record.output_log {
+                output.stop_stall_watcher();
             }
             let done = record.done_event();
             let settled = record.settled.take();
@@ -1072,7 +1178,7 @@ impl TaskRegistry {
         // Subscribers and waiters (waits, teardown, disposal) hear of it only
         // after the listeners ran, so whoever saw the settlement also sees
         // its notice, and a disposal that returned has none in flight.
-        if self.shared.events.receiver_count() > 0 {
+        if self.shared.has_subscribers() {
             let _ = self.shared.events.send(TaskEvent::Settled { task: snapshot.clone() });
         }
         // History is pruned before waiters wake: whoever saw the settlement
@@ -1091,7 +1197,7 @@ impl TaskRegistry {
         if records.is_empty() {
             return;
         }
-        let subscribed = self.shared.events.receiver_count() > 0;
+        let subscribed = self.shared.has_subscribers();
         for record in records {
             tracing::debug!(task = %record.id, "task record released");
             if subscribed {
@@ -1212,7 +1318,7 @@ impl TaskRegistry {
                 let live: Vec<TaskId> = scope
                     .tasks
                     .iter()
-                    .filter(|id| tasks.get(*id).is_some_and(|r| !r.status.is_terminal()))
+                    .filter(|id| tasks.get(id).is_some_and(|r| !r.status.is_terminal()))
                     .cloned()
                     .collect();
                 (live, scope.bucket.starting, scope.starts_drained.clone())
@@ -1278,14 +1384,41 @@ fn prune_history(state: &mut State, shared: &Shared, bucket_key: Option<u64>) ->
 }
 
 /// Awaits a producer's `done` and settles its task; contains errors and
-/// panics as `failed` outcomes.
-async fn watch_done(
+/// panics as `failed` outcomes. Every live task is one of these.
+///
+/// Written by hand to be the producer's future and one pointer (24 bytes):
+/// a tokio task around it then fits one 128-byte cell, where an `async fn`
+/// holding the registry and the id needed two (see `watcher_fits_one_tokio_cell`).
+struct Watcher {
+    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+    task: Box<WatchedTask>,
+}
+
+/// Whose `done` a [`Watcher`] awaits.
+struct WatchedTask {
     registry: Weak<Shared>,
     id: TaskId,
-    done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
-) {
-    let outcome = AssertUnwindSafe(done).catch_unwind().await;
-    let Some(shared) = registry.upgrade() else { return };
+}
+
+impl std::future::Future for Watcher {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let this = &mut *self;
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| this.done.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(result)) => Ok(result),
+            Err(panic) => Err(panic),
+        };
+        // Not polled again: tokio never polls a finished task.
+        settle_watched(&this.task, outcome);
+        std::task::Poll::Ready(())
+    }
+}
+
+fn settle_watched(task: &WatchedTask, outcome: std::thread::Result<anyhow::Result<TaskOutcome>>) {
+    let Some(shared) = task.registry.upgrade() else { return };
+    let id = &task.id;
     let _span = tracing::info_span!("task", task = %id).entered();
     let outcome = match outcome {
         Ok(Ok(outcome)) => outcome,
@@ -1299,7 +1432,7 @@ async fn watch_done(
             TaskOutcome::failed(format!("producer panicked: {message}"))
         }
     };
-    TaskRegistry { shared }.settle(&id, outcome);
+    TaskRegistry { shared }.settle(id, outcome);
 }
 
 /// What a start says about its task, kept for the commit.
@@ -1339,17 +1472,23 @@ fn bucket_mut(state: &mut State, bucket_key: Option<u64>) -> Option<&mut Bucket>
     }
 }
 
+/// A start in flight ended (committed or given back). Only a cleanup or a
+/// disposal waits for starts to drain, and each marks its scope closing (or
+/// the registry disposed) before it looks, so nobody else is woken.
 fn release_start(state: &mut State, shared: &Shared, bucket_key: Option<u64>) {
-    if let Some(bucket) = bucket_mut(state, bucket_key) {
-        bucket.starting -= 1;
-    }
-    if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k))
-        && scope.bucket.starting == 0
-    {
-        scope.starts_drained.notify_one();
+    match bucket_key {
+        None => state.unowned.starting -= 1,
+        Some(key) => {
+            if let Some(scope) = state.owner_scopes.get_mut(&key) {
+                scope.bucket.starting -= 1;
+                if scope.closing && scope.bucket.starting == 0 {
+                    scope.starts_drained.notify_one();
+                }
+            }
+        }
     }
     state.starts_in_flight -= 1;
-    if state.starts_in_flight == 0 {
+    if state.disposed && state.starts_in_flight == 0 {
         shared.starts_drained.notify_waiters();
     }
 }
@@ -1411,4 +1550,26 @@ fn fenced_mut<'a>(state: &'a mut State, id: &TaskId, caller: Option<&Agent>) -> 
         return Err(TaskError::ForeignTask(id.clone()));
     }
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tokio task is a 128-byte-aligned cell: header, scheduler, id and
+    /// trailer take 96 bytes, the future's stage the rest. A watcher of 24
+    /// bytes keeps every live task at one 128-byte cell; a byte more costs
+    /// 128 per live task.
+    #[test]
+    fn watcher_fits_one_tokio_cell() {
+        assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    }
+
+    /// Every live task holds one record (boxed: malloc rounds to 16 bytes
+    /// with 8 of its own). What grows it belongs in [`Ended`] or in the
+    /// stream output, unless every live task needs it.
+    #[test]
+    fn a_record_stays_small() {
+        assert!(std::mem::size_of::<Record>() <= 136, "{} bytes", std::mem::size_of::<Record>());
+    }
 }

@@ -203,15 +203,33 @@ pub struct ReadEndedTask {
 
 /// A producer's "new output may be readable" signal. Cheap to clone.
 #[derive(Clone)]
-pub struct OutputSignal(std::sync::Arc<dyn Fn() + Send + Sync>);
+pub struct OutputSignal(std::sync::Arc<dyn RaiseOutput>);
+
+/// What raising an [`OutputSignal`] does: a closure ([`OutputSignal::new`]),
+/// or the registry's own target, made in one allocation per task.
+pub(crate) trait RaiseOutput: Send + Sync + 'static {
+    fn raise(&self);
+}
+
+struct RaiseFn<F>(F);
+
+impl<F: Fn() + Send + Sync + 'static> RaiseOutput for RaiseFn<F> {
+    fn raise(&self) {
+        (self.0)()
+    }
+}
 
 impl OutputSignal {
     pub fn new(raise: impl Fn() + Send + Sync + 'static) -> Self {
-        Self(std::sync::Arc::new(raise))
+        Self(std::sync::Arc::new(RaiseFn(raise)))
+    }
+
+    pub(crate) fn to(target: std::sync::Arc<dyn RaiseOutput>) -> Self {
+        Self(target)
     }
 
     pub fn raise(&self) {
-        (self.0)()
+        self.0.raise()
     }
 }
 

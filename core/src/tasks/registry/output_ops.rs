@@ -75,10 +75,76 @@ impl TaskOutput {
     }
 }
 
-/// Raised by a producer's output signal: at most one drain is scheduled per
-/// task at a time.
-#[derive(Default)]
-pub(super) struct DrainFlag(AtomicBool);
+/// A stream task's output as its record and its readers share it: the log
+/// under its own async mutex (the deref), and the `notify_on.stalled_ms`
+/// watcher, stopped at settlement.
+pub(super) struct StreamOutput {
+    output: tokio::sync::Mutex<TaskOutput>,
+    stall_watcher: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+impl StreamOutput {
+    pub(super) fn new(output: TaskOutput) -> Self {
+        Self { output: tokio::sync::Mutex::new(output), stall_watcher: std::sync::OnceLock::new() }
+    }
+
+    /// The task settled: no stall notice any more.
+    pub(super) fn stop_stall_watcher(&self) {
+        if let Some(watcher) = self.stall_watcher.get() {
+            watcher.abort();
+        }
+    }
+}
+
+impl std::ops::Deref for StreamOutput {
+    type Target = tokio::sync::Mutex<TaskOutput>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.output
+    }
+}
+
+/// Where a read finds a task's output.
+pub(super) enum OutputSource {
+    /// A stream kind's log.
+    Log(Arc<StreamOutput>),
+    /// A final-output kind's output (empty while it runs).
+    Final(String),
+}
+
+/// The registry's side of one task's [`OutputSignal`] (one allocation).
+struct RegistrySignal {
+    /// This signal, for the drain it schedules.
+    this: std::sync::Weak<RegistrySignal>,
+    registry: std::sync::Weak<Shared>,
+    id: TaskId,
+    owner_session: Option<SessionId>,
+    /// A drain is scheduled: at most one is, per task at a time.
+    scheduled: AtomicBool,
+}
+
+impl RaiseOutput for RegistrySignal {
+    fn raise(&self) {
+        let Some(shared) = self.registry.upgrade() else { return };
+        if !self.scheduled.swap(true, Ordering::AcqRel)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(this) = self.this.upgrade()
+        {
+            let registry = TaskRegistry { shared: shared.clone() };
+            runtime.spawn(async move {
+                // Cleared first: output signalled during this drain
+                // schedules the next one.
+                this.scheduled.store(false, Ordering::Release);
+                registry.drain(&this.id).await;
+            });
+        }
+        if shared.has_subscribers() {
+            let _ = shared
+                .events
+                .send(TaskEvent::Output { id: self.id.clone(), owner_session: self.owner_session.clone() });
+        }
+    }
+}
 
 impl TaskRegistry {
     /// Reads a task's output: the consuming delta for stream kinds, or (for
@@ -87,15 +153,14 @@ impl TaskRegistry {
     pub async fn read(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskRead, TaskError> {
         // The status is taken BEFORE the stream is drained: if it says
         // terminal, the producer was quiescent, so the drain got everything.
-        let (snapshot, control, output, final_text) = {
+        let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
             let newly_reported = record.status.is_terminal() && !record.reported;
             if record.status.is_terminal() {
                 record.mark_reported();
             }
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            let taken = (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text);
+            let taken = (record.snapshot(), record.control.clone(), record.output_source());
             if newly_reported {
                 // This read is the report, so older finished tasks may now
                 // go (if this one goes too, the control taken above still
@@ -107,9 +172,10 @@ impl TaskRegistry {
             }
             taken
         };
-        if let Some(text) = final_text {
-            return Ok(TaskRead { text, snapshot });
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => return Ok(TaskRead { text, snapshot }),
+        };
         let mut output = output.lock().await;
         output.rearm();
         match self.pull(id, &*control, &mut output).await? {
@@ -134,17 +200,20 @@ impl TaskRegistry {
         caller: Option<&Agent>,
         request: &ViewRequest,
     ) -> Result<(String, TaskSnapshot), TaskError> {
-        let (control, output, final_text) = {
+        let (control, output) = {
             let state = self.shared.lock();
             let record = fenced(&state, id, caller)?;
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.control.clone(), record.output_log.clone(), final_text)
+            (record.control.clone(), record.output_source())
         };
-        if let Some(text) = final_text {
-            let mut log = OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
-            log.append(&text, None);
-            return Ok((log.view(request), self.get(id, caller)?));
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => {
+                let mut log =
+                    OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
+                log.append(&text, None);
+                return Ok((log.view(request), self.get(id, caller)?));
+            }
+        };
         let mut output = output.lock().await;
         output.rearm();
         if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
@@ -161,15 +230,15 @@ impl TaskRegistry {
     /// (no notice is suppressed). Final-output kinds: their output once
     /// settled. Passes the owner fence like every read.
     pub async fn peek(&self, id: &TaskId, caller: Option<&Agent>, since: u64) -> Result<OutputPeek, TaskError> {
-        let (snapshot, control, output, final_text) = {
+        let (snapshot, control, output) = {
             let state = self.shared.lock();
             let record = fenced(&state, id, caller)?;
-            let final_text = (!record.streams_output).then(|| record.output.clone().unwrap_or_default());
-            (record.snapshot(), record.control.clone(), record.output_log.clone(), final_text)
+            (record.snapshot(), record.control.clone(), record.output_source())
         };
-        if let Some(text) = final_text {
-            return Ok(OutputPeek::whole(text, snapshot));
-        }
+        let output = match output {
+            OutputSource::Log(log) => log,
+            OutputSource::Final(text) => return Ok(OutputPeek::whole(text, snapshot)),
+        };
         let mut output = output.lock().await;
         if let Some(outcome) = self.pull(id, &*control, &mut output).await? {
             // The pull ended the task: settle it unreported, so the owner
@@ -275,28 +344,13 @@ impl TaskRegistry {
     /// schedules a drain into the log (one at a time per task) and becomes a
     /// [`TaskEvent::Output`] when anyone subscribed.
     pub(super) fn output_signal(&self, id: &TaskId, owner_session: Option<SessionId>) -> OutputSignal {
-        let registry = Arc::downgrade(&self.shared);
-        let id = id.clone();
-        let scheduled = Arc::new(DrainFlag::default());
-        OutputSignal::new(move || {
-            let Some(shared) = registry.upgrade() else { return };
-            if !scheduled.0.swap(true, Ordering::AcqRel)
-                && let Ok(runtime) = tokio::runtime::Handle::try_current()
-            {
-                let scheduled = scheduled.clone();
-                let registry = TaskRegistry { shared: shared.clone() };
-                let id = id.clone();
-                runtime.spawn(async move {
-                    // Cleared first: output signalled during this drain
-                    // schedules the next one.
-                    scheduled.0.store(false, Ordering::Release);
-                    registry.drain(&id).await;
-                });
-            }
-            if shared.events.receiver_count() > 0 {
-                let _ = shared.events.send(TaskEvent::Output { id: id.clone(), owner_session: owner_session.clone() });
-            }
-        })
+        OutputSignal::to(Arc::new_cyclic(|this| RegistrySignal {
+            this: this.clone(),
+            registry: Arc::downgrade(&self.shared),
+            id: id.clone(),
+            owner_session,
+            scheduled: AtomicBool::new(false),
+        }))
     }
 
     /// Pulls a live stream task's new output into its log.
@@ -304,10 +358,8 @@ impl TaskRegistry {
         let (control, output) = {
             let state = self.shared.lock();
             let Some(record) = state.tasks.get(id) else { return };
-            if !record.streams_output {
-                return;
-            }
-            (record.control.clone(), record.output_log.clone())
+            let Some(output) = record.output_log.clone() else { return };
+            (record.control.clone(), output)
         };
         let mut output = output.lock().await;
         match self.pull(id, &*control, &mut output).await {
@@ -323,16 +375,18 @@ impl TaskRegistry {
     }
 
     /// Watches a task with `notify_on.stalled_ms` for as long as it is live.
-    pub(super) fn watch_stalls(
-        &self,
-        id: &TaskId,
-        output: &Arc<tokio::sync::Mutex<TaskOutput>>,
-    ) -> Option<tokio::task::AbortHandle> {
+    pub(super) fn watch_stalls(&self, id: &TaskId, output: &Arc<StreamOutput>) {
         let (stalled, interactive) = {
-            let milestones = output.try_lock().ok()?.milestones.as_ref().map(|m| (m.stalled, m.interactive))?;
-            (milestones.0?, milestones.1)
+            let Some(milestones) =
+                output.try_lock().ok().and_then(|o| o.milestones.as_ref().map(|m| (m.stalled, m.interactive)))
+            else {
+                return;
+            };
+            let Some(stalled) = milestones.0 else { return };
+            (stalled, milestones.1)
         };
         let registry = Arc::downgrade(&self.shared);
+        let shared_output = output;
         let output = output.clone();
         let id = id.clone();
         let watcher = async move {
@@ -363,7 +417,7 @@ impl TaskRegistry {
                 });
             }
         };
-        Some(tokio::spawn(watcher).abort_handle())
+        let _ = shared_output.stall_watcher.set(tokio::spawn(watcher).abort_handle());
     }
 }
 
