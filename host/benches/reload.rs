@@ -3,10 +3,16 @@
 //! Run: `cargo bench -p taskhost --bench reload`
 //!
 //! Measures, in one run:
-//! - file change → new version serving, through the file watcher (default
-//!   debounce 40 ms + settle 20 ms), for a build whose compiled code is in
-//!   the cache and for a new build (compiled now); also the load → swap time
-//!   alone (what a reload costs without the debounce);
+//! - file change → new version serving, through the file watcher, for each
+//!   way a build lands on the file (`std::fs::write`; a rename onto it; the
+//!   old name removed and the build hard-linked, as cargo does), with the
+//!   default options (a complete write reloads after a 5 ms coalescing
+//!   window) and, as the baseline of the same run, with every change
+//!   debounced (`WatchOptions::debounce_only`: 40 ms of quiet + 20 ms
+//!   settle, the watcher before complete writes were recognized), in
+//!   interleaved rounds; for builds whose compiled code is in the cache and
+//!   for new builds (compiled now); also the load → swap time alone (what a
+//!   reload costs without the watcher);
 //! - `Host::call_tool` background start latency (p50/p99) with no reloads,
 //!   while the plugin is reloaded back to back with cached builds (the worst
 //!   case: a reload loop owns one of the two cores), and at the watcher's
@@ -57,6 +63,102 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// How the new build lands on the watched file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Landing {
+    /// `std::fs::write`: truncate, write, close.
+    Write,
+    /// Written next to it, then renamed onto it (`cp` + `mv`, atomic writers).
+    Rename,
+    /// The old name removed, then a hard link of the built file (cargo).
+    HardLink,
+}
+
+struct Variant {
+    name: &'static str,
+    landing: Landing,
+    /// Complete writes recognized (the default) or every change debounced.
+    fast: bool,
+    cached: bool,
+    per_round: usize,
+    /// The variant this one is compared with.
+    baseline: Option<usize>,
+}
+
+const VARIANTS: [Variant; 8] = [
+    Variant {
+        name: "cached, write, debounced (baseline)",
+        landing: Landing::Write,
+        fast: false,
+        cached: true,
+        per_round: 2,
+        baseline: None,
+    },
+    Variant {
+        name: "cached, write",
+        landing: Landing::Write,
+        fast: true,
+        cached: true,
+        per_round: 2,
+        baseline: Some(0),
+    },
+    Variant {
+        name: "cached, rename, debounced (baseline)",
+        landing: Landing::Rename,
+        fast: false,
+        cached: true,
+        per_round: 2,
+        baseline: None,
+    },
+    Variant {
+        name: "cached, rename",
+        landing: Landing::Rename,
+        fast: true,
+        cached: true,
+        per_round: 2,
+        baseline: Some(2),
+    },
+    Variant {
+        name: "cached, hard link (cargo), debounced (baseline)",
+        landing: Landing::HardLink,
+        fast: false,
+        cached: true,
+        per_round: 2,
+        baseline: None,
+    },
+    Variant {
+        name: "cached, hard link (cargo)",
+        landing: Landing::HardLink,
+        fast: true,
+        cached: true,
+        per_round: 2,
+        baseline: Some(4),
+    },
+    Variant {
+        name: "uncached, write, debounced (baseline)",
+        landing: Landing::Write,
+        fast: false,
+        cached: false,
+        per_round: 1,
+        baseline: None,
+    },
+    Variant {
+        name: "uncached, write",
+        landing: Landing::Write,
+        fast: true,
+        cached: false,
+        per_round: 1,
+        baseline: Some(6),
+    },
+];
+const ROUNDS: usize = 5;
+
+struct Run {
+    variant: usize,
+    serving_after: Duration,
+    took: Duration,
+}
+
 fn main() -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(bench())
 }
@@ -81,40 +183,76 @@ async fn bench() -> anyhow::Result<()> {
     };
     let plugin = ReloadablePlugin::serve(&host, &engine, engine.load_file(&file).await?, json!({}), options).await?;
 
-    // 1. File change → serving, through the watcher.
+    // 1. File change → serving, through the watcher: each way of landing
+    // the file, with complete writes recognized (the default) and with
+    // every change debounced (the watcher before complete writes were
+    // recognized: the baseline), in interleaved rounds of the same run.
     let mut events = plugin.subscribe();
-    let watch = taskhost::reload::watch(plugin.clone(), &file, WatchOptions::default())?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     // Two builds whose compiled code gets cached on their first load.
     let cached = [rebuilt("cached A"), rebuilt("cached B")];
     for bytes in &cached {
         engine.load_bytes("ticker", bytes.clone()).await?;
     }
-    let mut runs: Vec<(CompileSource, Duration, Duration)> = Vec::new();
+    let deps = dir.join("deps");
+    std::fs::create_dir_all(&deps)?;
     let nonce = std::process::id();
-    for i in 0..16 {
-        let (bytes, expect) = if i % 2 == 0 {
-            (cached[(i / 2) % 2].clone(), CompileSource::Cache)
-        } else {
-            (rebuilt(&format!("fresh {nonce} {i}")), CompileSource::Compiled)
-        };
-        let written = Instant::now();
-        std::fs::write(&file, &bytes)?;
-        let event = tokio::time::timeout(Duration::from_secs(30), events.recv()).await??;
-        let serving_after = written.elapsed();
-        let ReloadEvent::Reloaded(reloaded) = event else { anyhow::bail!("reload failed: {event}") };
-        anyhow::ensure!(reloaded.compile == expect, "expected {expect:?}, got {:?}", reloaded.compile);
-        runs.push((expect, serving_after, reloaded.took));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut n = 0usize;
+    for round in 0..ROUNDS {
+        for (variant, spec) in VARIANTS.iter().enumerate() {
+            let options = if spec.fast { WatchOptions::default() } else { WatchOptions::debounce_only() };
+            let watch = taskhost::reload::watch(plugin.clone(), &file, options)?;
+            for i in 0..spec.per_round {
+                n += 1;
+                let bytes = if spec.cached {
+                    cached[n % 2].clone()
+                } else {
+                    rebuilt(&format!("fresh {nonce} {round} {variant} {i}"))
+                };
+                let expect = if spec.cached { CompileSource::Cache } else { CompileSource::Compiled };
+                // Prepared before the clock starts: the build tool's own work.
+                let staged = match spec.landing {
+                    Landing::Write => None,
+                    Landing::Rename => {
+                        let temp = dir.join(".ticker.wasm.tmp");
+                        std::fs::write(&temp, &bytes)?;
+                        Some(temp)
+                    }
+                    Landing::HardLink => {
+                        let built = deps.join(format!("ticker-{n}.wasm"));
+                        std::fs::write(&built, &bytes)?;
+                        Some(built)
+                    }
+                };
+                let written = Instant::now();
+                match (spec.landing, &staged) {
+                    (Landing::Write, _) => std::fs::write(&file, &bytes)?,
+                    (Landing::Rename, Some(temp)) => std::fs::rename(temp, &file)?,
+                    (Landing::HardLink, Some(built)) => {
+                        std::fs::remove_file(&file)?;
+                        std::fs::hard_link(built, &file)?;
+                    }
+                    _ => unreachable!(),
+                }
+                let event = tokio::time::timeout(Duration::from_secs(30), events.recv()).await??;
+                let serving_after = written.elapsed();
+                let ReloadEvent::Reloaded(reloaded) = event else { anyhow::bail!("reload failed: {event}") };
+                anyhow::ensure!(reloaded.compile == expect, "expected {expect:?}, got {:?}", reloaded.compile);
+                runs.push(Run { variant, serving_after, took: reloaded.took });
+                if let (Landing::HardLink, Some(built)) = (spec.landing, staged) {
+                    std::fs::remove_file(built)?;
+                }
+                // Pacing: let the watcher go idle before the next change.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            drop(watch);
+        }
     }
-    drop(watch);
-    let pick = |source: CompileSource, which: fn(&(CompileSource, Duration, Duration)) -> Duration| {
-        median(runs.iter().filter(|r| r.0 == source).map(which).collect())
+    let pick = |variant: usize, which: fn(&Run) -> Duration| {
+        median(runs.iter().filter(|r| r.variant == variant).map(which).collect())
     };
-    let cached_change = pick(CompileSource::Cache, |r| r.1);
-    let cached_swap = pick(CompileSource::Cache, |r| r.2);
-    let fresh_change = pick(CompileSource::Compiled, |r| r.1);
-    let fresh_swap = pick(CompileSource::Compiled, |r| r.2);
+    let change: Vec<Duration> = (0..VARIANTS.len()).map(|v| pick(v, |r| r.serving_after)).collect();
+    let swap: Vec<Duration> = (0..VARIANTS.len()).map(|v| pick(v, |r| r.took)).collect();
 
     // 2. Start latency with and without reloads, alternating rounds.
     let ctx = CallContext::for_agent(&agent);
@@ -174,10 +312,23 @@ async fn bench() -> anyhow::Result<()> {
     println!("## Reload results");
     println!("| metric | result |");
     println!("| --- | --- |");
-    println!("| file change → new version serving, cached compile (median of 8) | {:.1} ms |", ms(cached_change));
-    println!("| file change → new version serving, uncached compile (median of 8) | {:.1} ms |", ms(fresh_change));
-    println!("| load → swap alone, cached | {:.1} ms |", ms(cached_swap));
-    println!("| load → swap alone, uncached | {:.1} ms |", ms(fresh_swap));
+    for (variant, spec) in VARIANTS.iter().enumerate() {
+        let samples = runs.iter().filter(|r| r.variant == variant).count();
+        let ratio = match spec.baseline {
+            Some(base) if base != variant => format!(
+                " — **{:.2}× the debounced path ({:.1} ms)**",
+                change[variant].as_secs_f64() / change[base].as_secs_f64(),
+                ms(change[base])
+            ),
+            _ => " (baseline)".to_string(),
+        };
+        println!(
+            "| file change → new version serving, {} (median of {samples}) | {:.1} ms{ratio}; load → swap {:.1} ms |",
+            spec.name,
+            ms(change[variant]),
+            ms(swap[variant])
+        );
+    }
     let names = ["no reloads", "back-to-back cached reloads", "a reload every 200 ms, every other one compiled fresh"];
     for mode in 0..3 {
         let (p50, p99) = stats[mode];

@@ -32,7 +32,9 @@
 //! `ReloadablePlugin` ([`ReloadablePlugin::attach`]) when its background
 //! load ends; until then there is nothing to reload (and no file watch).
 //!
-//! [`watch`] adds file watching with debounce on top.
+//! [`watch`] adds file watching on top: a write known to be complete (a
+//! close after writing, a rename onto the file, a hard link) reloads at once,
+//! any other change after a debounce and a settle check.
 
 pub mod watch;
 
@@ -236,6 +238,17 @@ impl ReloadablePlugin {
     /// Serves an already loaded version (still described first).
     pub async fn reload_version(&self, version: Arc<PluginVersion>) -> Result<Reloaded, ReloadFailed> {
         self.finish(Instant::now(), Ok(version)).instrument(self.span()).await
+    }
+
+    /// Serves the outcome of a load that began at `started` (the watcher
+    /// loads first, so that a torn file can be retried before it is
+    /// reported).
+    pub(crate) async fn serve_loaded(
+        &self,
+        started: Instant,
+        loaded: anyhow::Result<Arc<PluginVersion>>,
+    ) -> Result<Reloaded, ReloadFailed> {
+        self.finish(started, loaded).instrument(self.span()).await
     }
 
     fn span(&self) -> tracing::Span {

@@ -1,44 +1,109 @@
 //! Watching a plugin file and reloading it when it changes.
 //!
+//! Model: a notify callback classifies each event on the file (the parent
+//! directory is watched) as a *complete* write, a *partial* one or a
+//! metadata change, and a task turns the stream of those into loads.
+//!
+//! - **Complete writes** reload at once: the writer said it is done. They
+//!   are `IN_CLOSE_WRITE` (a writer closed the file after writing),
+//!   `IN_MOVED_TO` (a file renamed onto the name: `cp`-then-`mv`, atomic
+//!   writers, most build tools) and an `IN_CREATE` of a file that already
+//!   has another link (a hard link: cargo uplifts a built artifact from
+//!   `deps/` into the target directory this way, after removing the old
+//!   name). After one, events are coalesced for
+//!   [`WatchOptions::complete_quiet`] (a few ms) and the file is loaded
+//!   without a settle check.
+//! - **Partial writes** (`IN_MODIFY`, a plain create, anything unknown) wait
+//!   as before: until the directory has been quiet for
+//!   [`WatchOptions::debounce`], then until the file's size and mtime stay
+//!   the same over [`WatchOptions::settle`]. A complete write arriving while
+//!   that wait runs makes it a complete one.
+//! - Metadata changes (`IN_ATTRIB`) say nothing about the content: they
+//!   extend the current wait without changing its kind.
+//!
 //! Invariants:
-//! - A rebuild that writes the file in several steps (truncate, write in
-//!   chunks, rename over it, touch) reloads once: events are debounced until
-//!   the directory has been quiet for [`WatchOptions::debounce`], and then the
-//!   file's size and mtime must stay the same over [`WatchOptions::settle`].
 //! - A half-written file is never served: it either is still changing (and
-//!   is waited for) or fails to compile or validate, which is reported as a
-//!   failed reload while the previous version keeps serving; the next change
-//!   of the file retries. A failure never ends the watch.
+//!   is waited for) or fails to compile or validate while the previous
+//!   version keeps serving. A failed load after a complete write is not
+//!   reported at once (it may be the first close of a writer that opens
+//!   the file again): the file is waited for as after a partial write, and
+//!   the failure is reported only if the content is still the one that
+//!   failed. A reported failure waits for the next change of the file. A
+//!   failure never ends the watch.
+//! - A rebuild reloads once per complete write: the events of one write
+//!   (truncate, chunks, close; a rename and its pair; a rename then a
+//!   `touch`) coalesce or leave the content the serving version already has.
+//!   The explicit rule for a writer that closes the file several times: each
+//!   close followed by [`WatchOptions::complete_quiet`] without another event
+//!   is a finished write. If the content at that moment is a valid plugin
+//!   it is served (so a tool that writes a valid plugin and then rewrites it
+//!   more than a few ms later makes two versions); if not (a torn first
+//!   step), nothing is reported and the last close serves the final content.
+//!   A writer that wants one reload for several steps writes elsewhere and
+//!   renames onto the file.
 //! - Content identical to the serving version (a `touch`, a no-op rebuild)
 //!   does not make a new version.
+//! - With `complete_quiet: None` every change takes the partial-write path
+//!   (the behaviour before complete writes were recognized).
 //!
 //! The parent directory is watched, not the file: build tools and `cp`
 //! replace files by rename, which would end a watch on the old inode.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
-use sha2::Digest as _;
 use tokio::sync::mpsc;
 
 use super::ReloadablePlugin;
+use crate::plugin::component::content_hash;
 
 /// Debounce settings.
 #[derive(Clone, Copy, Debug)]
 pub struct WatchOptions {
-    /// Quiet time after the last event before the file is looked at.
+    /// Quiet time after the last partial-write event before the file is
+    /// looked at.
     pub debounce: Duration,
-    /// The size and mtime must not change over this long before loading.
+    /// After a partial write, the size and mtime must not change over this
+    /// long before loading.
     pub settle: Duration,
+    /// Quiet time after a complete write (close after writing, rename onto
+    /// the file, hard link) before loading, with no settle check. `None`
+    /// treats every change as a partial write.
+    pub complete_quiet: Option<Duration>,
 }
 
 impl Default for WatchOptions {
     fn default() -> Self {
-        Self { debounce: Duration::from_millis(40), settle: Duration::from_millis(20) }
+        Self {
+            debounce: Duration::from_millis(40),
+            settle: Duration::from_millis(20),
+            complete_quiet: Some(Duration::from_millis(5)),
+        }
     }
+}
+
+impl WatchOptions {
+    /// Every change waits for the debounce and the settle check, as before
+    /// complete writes were recognized (for comparison).
+    pub fn debounce_only() -> Self {
+        Self { complete_quiet: None, ..Self::default() }
+    }
+}
+
+/// What an event on the plugin file says about its content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// The writer is done: the content is whole.
+    Complete,
+    /// Content may still be changing.
+    Partial,
+    /// Metadata only (`IN_ATTRIB`): the content did not change.
+    Metadata,
 }
 
 /// Keeps the watch alive; dropping it stops watching.
@@ -71,9 +136,8 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
         let file_name = file_name.clone();
         move |event: notify::Result<notify::Event>| match event {
             Ok(event) => {
-                let ours = event.paths.iter().any(|p| p.file_name() == Some(file_name.as_os_str()));
-                if ours && is_change(&event.kind) {
-                    let _ = tx.send(());
+                if let Some(change) = classify(&event, &file_name) {
+                    let _ = tx.send(change);
                 }
             }
             Err(error) => tracing::warn!(%error, "file watch error"),
@@ -86,45 +150,134 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
     Ok(WatchHandle { _watcher: watcher, task, path })
 }
 
-/// Events that can mean new content. Opens and reads (our own reads among
-/// them) are not changes.
-fn is_change(kind: &EventKind) -> bool {
-    use notify::event::{AccessKind, AccessMode};
-    match kind {
-        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Any | EventKind::Other => true,
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) | EventKind::Remove(_) => false,
+/// What `event` says about the file named `file_name`, or `None` when it is
+/// about another file or cannot mean new content under that name (opens,
+/// reads, our own reads among them; a removal; a rename away).
+fn classify(event: &notify::Event, file_name: &OsStr) -> Option<Change> {
+    let ours = |p: &PathBuf| p.file_name() == Some(file_name);
+    match event.kind {
+        // `[from, to]`: only a rename onto our name brings content.
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+            event.paths.last().filter(|p| ours(p)).map(|_| Change::Complete)
+        }
+        _ if !event.paths.iter().any(ours) => None,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => Some(Change::Complete),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => Some(Change::Complete),
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => None,
+        EventKind::Modify(ModifyKind::Metadata(_)) => Some(Change::Metadata),
+        EventKind::Create(_) => Some(if event.paths.iter().find(|p| ours(p)).is_some_and(|p| linked_elsewhere(p)) {
+            Change::Complete
+        } else {
+            Change::Partial
+        }),
+        EventKind::Modify(_) | EventKind::Any | EventKind::Other => Some(Change::Partial),
+        EventKind::Access(_) | EventKind::Remove(_) => None,
     }
 }
 
-async fn run(plugin: Arc<ReloadablePlugin>, path: PathBuf, options: WatchOptions, mut rx: mpsc::UnboundedReceiver<()>) {
-    while rx.recv().await.is_some() {
-        // Debounce: wait until no event came for `debounce`, then until the
-        // file stopped changing.
-        loop {
-            while let Ok(Some(())) = tokio::time::timeout(options.debounce, rx.recv()).await {}
+/// A file that has another link was created by `link(2)` from existing
+/// content, not opened empty by a writer.
+#[cfg(unix)]
+fn linked_elsewhere(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file() && meta.nlink() > 1)
+}
+
+#[cfg(not(unix))]
+fn linked_elsewhere(_path: &Path) -> bool {
+    false
+}
+
+/// Waits until the events starting with `first` say the file can be read:
+/// `Some(true)` after a complete write, `Some(false)` after a partial one
+/// (debounced and settled), `None` when the watch ended.
+async fn quiet(first: Change, options: &WatchOptions, rx: &mut mpsc::UnboundedReceiver<Change>) -> Option<bool> {
+    let fast = |change: Change, was: bool| match change {
+        Change::Complete => options.complete_quiet.is_some(),
+        Change::Partial => false,
+        Change::Metadata => was,
+    };
+    let mut complete = fast(first, false);
+    loop {
+        let wait = match (complete, options.complete_quiet) {
+            (true, Some(quiet)) => quiet,
+            _ => options.debounce,
+        };
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(change)) => complete = fast(change, complete),
+            Ok(None) => return None,
+            Err(_) if complete => return Some(true),
+            Err(_) => return Some(false),
+        }
+    }
+}
+
+async fn run(
+    plugin: Arc<ReloadablePlugin>,
+    path: PathBuf,
+    options: WatchOptions,
+    mut rx: mpsc::UnboundedReceiver<Change>,
+) {
+    // A load that failed after a complete write and was not reported yet:
+    // the content's hash and the error.
+    let mut unreported: Option<(String, anyhow::Error)> = None;
+    let mut next = rx.recv().await;
+    while let Some(first) = next.take() {
+        let Some(complete) = quiet(first, &options, &mut rx).await else { return };
+        if !complete {
+            // Wait until the file stopped changing; a change meanwhile
+            // starts the wait over (and may make it a complete write).
             match stable(&path, options.settle).await {
-                Some(true) => break,
-                Some(false) => continue,
+                Some(true) => {}
+                Some(false) => {
+                    next = Some(Change::Partial);
+                    continue;
+                }
                 // Gone (mid-replace, or deleted): the next event retries.
-                None => break,
+                None => {
+                    next = rx.recv().await;
+                    continue;
+                }
             }
         }
+        let started = Instant::now();
         let bytes = match tokio::fs::read(&path).await {
             Ok(bytes) => bytes,
             Err(error) => {
                 tracing::debug!(path = %path.display(), %error, "plugin file unreadable; waiting for the next change");
+                next = rx.recv().await;
                 continue;
             }
         };
-        let hash = hex(&sha2::Sha256::digest(&bytes));
+        let hash = content_hash(&bytes);
         if hash == plugin.serving().version.content_hash() {
             tracing::debug!(tool = plugin.tool(), "plugin file changed but its content is the serving version's");
+            unreported = None;
+            next = rx.recv().await;
             continue;
         }
-        // The outcome is broadcast (and logged) by the reload itself; a
-        // failure only waits for the next change.
-        let _ = plugin.reload_file(&path).await;
+        let loaded = match unreported.take() {
+            // Settled on the content that failed: report that failure.
+            Some((failed, error)) if !complete && failed == hash => Err(error),
+            _ => plugin.engine().load_file_bytes(&path, bytes).await,
+        };
+        match loaded {
+            Err(error) if complete => {
+                tracing::debug!(
+                    tool = plugin.tool(),
+                    error = %format!("{error:#}"),
+                    "a completed write did not load; waiting for the file to settle before reporting"
+                );
+                unreported = Some((hash, error));
+                next = Some(Change::Partial);
+            }
+            // The outcome is broadcast (and logged) by the reload itself; a
+            // failure only waits for the next change.
+            loaded => {
+                let _ = plugin.serve_loaded(started, loaded).await;
+                next = rx.recv().await;
+            }
+        }
     }
 }
 
@@ -140,12 +293,4 @@ async fn stable(path: &Path, settle: Duration) -> Option<bool> {
 async fn stamp(path: &Path) -> Option<(u64, Option<SystemTime>)> {
     let meta = tokio::fs::metadata(path).await.ok()?;
     Some((meta.len(), meta.modified().ok()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }

@@ -15,6 +15,7 @@ mod plugin_bounds;
 mod plugin_errors;
 mod polyglot;
 mod reload;
+mod reload_watch;
 mod subagent_plugin;
 mod subagents;
 mod subagents_acp;
