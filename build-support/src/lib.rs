@@ -18,7 +18,10 @@
 //!   its own: artifacts of path crates from two checkouts would collide.
 //!   Guest crate names are therefore unique across the checkout's guest
 //!   workspaces (their components land side by side; the architecture test
-//!   checks it).
+//!   checks it). `TASKHOST_GUEST_TARGET_DIR` (an absolute path) names the
+//!   directory instead: CI builds the guests there itself, beside the host's
+//!   dependencies, so the build scripts find them fresh and the nested
+//!   cargo is not left alone on the build's critical path.
 //! - The outer build's compiler settings never leak into the guest build:
 //!   flags meant for the host target (`RUSTFLAGS` and friends), a forced
 //!   `--target`, a pinned toolchain or a clippy wrapper are cleared.
@@ -48,6 +51,10 @@ const CLEARED_ENV: &[&str] = &[
     "RUSTUP_TOOLCHAIN",
     "RUSTC_WORKSPACE_WRAPPER",
 ];
+
+/// When set to an absolute path, the guest target directory to use instead
+/// of the one derived from the outer build (see the module's invariants).
+pub const GUEST_TARGET_DIR_ENV: &str = "TASKHOST_GUEST_TARGET_DIR";
 
 /// The components a guest workspace build produced.
 #[derive(Clone, Debug)]
@@ -104,6 +111,7 @@ pub fn build_guests(workspace: &Path, also_watch: &[&Path]) -> GuestArtifacts {
         // The guest build reads them; a change must rebuild the guests.
         println!("cargo:rerun-if-env-changed={name}");
     }
+    println!("cargo:rerun-if-env-changed={GUEST_TARGET_DIR_ENV}");
 
     let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let target_dir = guest_target_dir();
@@ -159,6 +167,7 @@ fn watch_guest_sources(workspace: &Path) {
     }
 }
 
+/// `TASKHOST_GUEST_TARGET_DIR` when set to an absolute path, else
 /// `<outer target dir>/wasm-guests/<checkout key>`. The outer target
 /// directory is `CARGO_TARGET_DIR` when set to an absolute path, else the
 /// ancestor of `OUT_DIR` that Cargo marked with `CACHEDIR.TAG`; failing both,
@@ -172,6 +181,9 @@ fn watch_guest_sources(workspace: &Path) {
 /// checkout the guest workspaces differ in path, so their path crates do not
 /// collide, while the registry crates they share are built once.
 fn guest_target_dir() -> PathBuf {
+    if let Some(dir) = env::var_os(GUEST_TARGET_DIR_ENV).map(PathBuf::from).filter(|dir| dir.is_absolute()) {
+        return dir;
+    }
     let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("/"));
     let canonical = checkout.canonicalize().unwrap_or_else(|_| checkout.to_path_buf());
     // FNV-1a: stable across runs and Rust versions, unlike DefaultHasher.

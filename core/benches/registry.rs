@@ -11,7 +11,8 @@
 //!
 //! `-- --only registry|baseline` runs one side's starts alone (for `perf record`);
 //! `REGISTRY_BENCH_ROUNDS=n` sets the rounds (5 by default), and the
-//! registry/baseline ratio is also printed per round with its median.
+//! registry/baseline ratio is also printed per round with its median (each
+//! round runs both sides back to back, the first side alternating).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,18 @@ fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
     let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
+}
+
+/// CPU time of every thread of this process so far (ns, from each thread's
+/// `schedstat`): what a side cost, whatever share of the cores it was given.
+fn process_cpu_ns() -> u64 {
+    let mut total = 0;
+    for thread in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
+        if let Ok(stat) = std::fs::read_to_string(thread.path().join("schedstat")) {
+            total += stat.split_whitespace().next().and_then(|ns| ns.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    total
 }
 
 fn registry() -> (TaskRegistry, taskhost_core::tasks::SurfaceGuard) {
@@ -154,25 +167,41 @@ async fn main() {
 async fn run_benchmarks() {
     // Rounds interleave registry and baseline, so each round's ratio is
     // measured under the same load; the median of those ratios is the
-    // figure to quote on a busy machine.
+    // figure to quote on a busy machine. The side that goes first alternates
+    // from round to round, so neither always runs right after the tool path.
     let rounds: usize = std::env::var("REGISTRY_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
     println!("registry benchmark: {N} tasks per round, {rounds} rounds, median reported");
 
     // Throughput: registry vs baseline vs full tool path, interleaved per round.
     let (mut reg, mut base, mut tool, mut cycle) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        let (registry, _surface) = registry();
-        let started = Instant::now();
-        let (rate, ids) = registry_starts(&registry, N, 1).await;
-        wait_all_settled(&registry, &ids).await;
-        cycle.push(N as f64 / started.elapsed().as_secs_f64());
-        reg.push(rate);
-        registry.dispose().await;
-
-        let (rate, baseline) = baseline_starts(N, Duration::from_millis(1));
-        base.push(rate);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(baseline);
+    // CPU per side during its starts (all threads: the settles of timers
+    // that fire meanwhile included), baseline over registry: a cost ratio
+    // the share of the cores a side was given cannot skew (printed beside
+    // the wall-clock figures, which remain the goal's measure).
+    let mut cpu_ratios = Vec::new();
+    let mut cpu = [0u64; 2];
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                let (registry, _surface) = registry();
+                let cpu_before = process_cpu_ns();
+                let started = Instant::now();
+                let (rate, ids) = registry_starts(&registry, N, 1).await;
+                cpu[0] = process_cpu_ns() - cpu_before;
+                wait_all_settled(&registry, &ids).await;
+                cycle.push(N as f64 / started.elapsed().as_secs_f64());
+                reg.push(rate);
+                registry.dispose().await;
+            } else {
+                let cpu_before = process_cpu_ns();
+                let (rate, baseline) = baseline_starts(N, Duration::from_millis(1));
+                cpu[1] = process_cpu_ns() - cpu_before;
+                base.push(rate);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(baseline);
+            }
+        }
+        cpu_ratios.push(cpu[1] as f64 / cpu[0] as f64);
 
         let host = Host::new(&TasksSettings { max_live_tasks_per_owner: usize::MAX, ..Default::default() }).unwrap();
         host.add_producer_named("ticker", Arc::new(TickerProducer::new(&json!({})).unwrap()))
@@ -203,6 +232,12 @@ async fn run_benchmarks() {
         "ratio     registry / baseline per round: {} (median {:.2})",
         per_round.join(" "),
         median(&mut round_ratios)
+    );
+    let per_round: Vec<String> = cpu_ratios.iter().map(|r| format!("{r:.2}")).collect();
+    println!(
+        "ratio     CPU per start, baseline / registry, per round: {} (median {:.2})",
+        per_round.join(" "),
+        median(&mut cpu_ratios)
     );
 
     // O(1) start: cost per start with many tasks already live.

@@ -15,7 +15,11 @@
 //!   runs neither rebuild nor (the `.wasm` being the same file) recompile:
 //!   the binary's compile cache (`XDG_CACHE_HOME`) and the in-process
 //!   engine's share one directory there. In one run, an example is built
-//!   and first compiled once (a `OnceLock`), before any test uses it.
+//!   and first compiled once, before any test uses it: once per process (a
+//!   `OnceLock`), and one process at a time (an exclusive lock on
+//!   `<name>.lock` beside the output), so a runner that gives every test its
+//!   own process (cargo-nextest) builds each example once and never reads a
+//!   half-written component.
 //! - Synchronization is on signals only: process exit, registry output
 //!   events and `wait`; never on sleeps.
 
@@ -79,7 +83,12 @@ impl Example {
         self.built.get_or_init(|| {
             let script =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/examples").join(self.name).join("build.sh");
+            std::fs::create_dir_all(work_dir()).expect("create the polyglot work directory");
             let out = work_dir().join(format!("{}.wasm", self.name));
+            // Held until the build and the first compile are done; the
+            // next process then finds both up to date.
+            let lock = std::fs::File::create(work_dir().join(format!("{}.lock", self.name))).expect("lock file");
+            lock.lock().expect("lock the example's build");
             let build = Command::new(&script).arg(&out).output().expect("run build.sh");
             match build.status.code() {
                 Some(0) => {}
