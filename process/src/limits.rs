@@ -173,10 +173,6 @@ impl TreeLimiter {
         &self.mechanism
     }
 
-    pub(crate) fn limits(&self) -> TreeLimits {
-        self.limits
-    }
-
     /// The rlimits a tree's keeper sets (`RLIMIT_NPROC`, `RLIMIT_DATA`; 0:
     /// leave as is), in the fallback only.
     pub(crate) fn rlimits(&self) -> (u64, u64) {
