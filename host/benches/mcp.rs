@@ -2,7 +2,9 @@
 //!
 //! Measures, against the real `taskhost serve` binary (release build):
 //! - cold start: spawn to the first tools/list answer (stdio), against a
-//!   baseline of spawning the same binary for `--version`;
+//!   baseline of spawning the same binary for `--version`, the two
+//!   interleaved sample by sample (after one unmeasured start that fills the
+//!   descriptor cache);
 //! - tools/call round trip of `task_list` over stdio and over HTTP, against
 //!   the same call through the in-process library, and against the floor
 //!   rmcp itself sets: the same client calling a no-op tool of a minimal
@@ -12,7 +14,9 @@
 //!   tickers and collecting them with `task_output(wait: true)`: throughput
 //!   and p99, against the same work by 50 agents through the library.
 //!
-//! `MCP_BENCH_ONLY=cold` measures the cold start only.
+//! `MCP_BENCH_ONLY=cold` measures the cold start only; `MCP_BENCH_BIN=PATH`
+//! runs another `taskhost` binary (e.g. main's build, for a before/after in
+//! one session) wherever this bench spawns `taskhost` for stdio.
 //!
 //! Prints a Markdown section for BENCHMARKS.md. Numbers vary with the
 //! machine; the ratios are measured in one run.
@@ -38,7 +42,15 @@ use taskhost::tools::CallContext;
 mod common;
 
 use common::BIN;
-const COLD_STARTS: usize = 20;
+
+/// The binary the cold-start row measures: `MCP_BENCH_BIN` when set (another
+/// build, e.g. main's, for a before/after in one session), else this build's.
+fn cold_bin() -> std::ffi::OsString {
+    std::env::var_os("MCP_BENCH_BIN").unwrap_or_else(|| BIN.into())
+}
+
+/// Samples of each side of the cold-start row (interleaved).
+const COLD_STARTS: usize = 60;
 const ROUND_TRIPS: usize = 2000;
 const CLIENTS: usize = 50;
 const TASKS_PER_CLIENT: usize = 40;
@@ -203,7 +215,7 @@ fn config_text() -> String {
 /// `taskhost serve` over stdio with the bench's configuration, logging
 /// warnings only (and nowhere), so its timing is the server's own.
 fn serve_stdio(config_path: &std::path::Path, dir: &std::path::Path) -> tokio::process::Child {
-    tokio::process::Command::new(BIN)
+    tokio::process::Command::new(cold_bin())
         .args(["serve", "--config"])
         .arg(config_path)
         .current_dir(dir)
@@ -216,6 +228,29 @@ fn serve_stdio(config_path: &std::path::Path, dir: &std::path::Path) -> tokio::p
         .expect("spawn taskhost serve")
 }
 
+/// Spawn and exit of `taskhost --version`: the cold start's baseline.
+async fn version_spawn() -> Duration {
+    let started = Instant::now();
+    let status =
+        tokio::process::Command::new(cold_bin()).arg("--version").stdout(Stdio::null()).status().await.unwrap();
+    assert!(status.success());
+    started.elapsed()
+}
+
+/// One `taskhost serve` over stdio, from the spawn to the first `tools/list`
+/// answer (then closed, and waited for outside the measurement).
+async fn cold_start(config_path: &std::path::Path, dir: &std::path::Path) -> Duration {
+    let started = Instant::now();
+    let mut child = serve_stdio(config_path, dir);
+    let client = ().serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(tools.len(), 7, "the default bash and ticker, and the five control tools");
+    let _ = client.cancel().await;
+    child.wait().await.unwrap();
+    elapsed
+}
+
 async fn run() {
     let dir = std::env::temp_dir().join(format!("taskhost-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -223,28 +258,19 @@ async fn run() {
     std::fs::write(&config_path, config_text()).unwrap();
     let config = Config::load(&config_path).unwrap();
 
-    // Process spawn baseline.
+    // Cold start to the first tools/list answer over stdio, against the
+    // process spawn baseline, interleaved sample by sample so load changes
+    // hit both alike. One unmeasured start first: a new build's first start
+    // describes the plugin and writes the descriptor cache every later start
+    // lists from (what a user's second start sees).
+    cold_start(&config_path, &dir).await;
     let mut spawns = Vec::new();
-    for _ in 0..COLD_STARTS {
-        let started = Instant::now();
-        let status = tokio::process::Command::new(BIN).arg("--version").stdout(Stdio::null()).status().await.unwrap();
-        assert!(status.success());
-        spawns.push(started.elapsed());
-    }
-    let spawn = stats(spawns);
-
-    // Cold start to the first tools/list answer over stdio.
     let mut colds = Vec::new();
     for _ in 0..COLD_STARTS {
-        let started = Instant::now();
-        let mut child = serve_stdio(&config_path, &dir);
-        let client = ().serve((child.stdout.take().unwrap(), child.stdin.take().unwrap())).await.unwrap();
-        let tools = client.list_all_tools().await.unwrap();
-        colds.push(started.elapsed());
-        assert_eq!(tools.len(), 7, "the default bash and ticker, and the five control tools");
-        let _ = client.cancel().await;
-        child.wait().await.unwrap();
+        spawns.push(version_spawn().await);
+        colds.push(cold_start(&config_path, &dir).await);
     }
+    let spawn = stats(spawns);
     let cold = stats(colds);
     if std::env::var("MCP_BENCH_ONLY").is_ok_and(|only| only == "cold") {
         // Only the cold start (`MCP_BENCH_ONLY=cold`), for a quick re-run.

@@ -8,8 +8,14 @@
 //! that built the binary; use the bytes at run time.
 //!
 //! The generated constants are, per plugin `<name>` (upper-cased):
-//! `<NAME>_WASM: &[u8]` and `<NAME>_PATH: &str`, e.g. [`TICKER_WASM`] and
-//! [`TICKER_PATH`]; [`BUILTIN_PLUGINS`] lists them all.
+//! `<NAME>_WASM: &[u8]`, `<NAME>_PATH: &str` and `<NAME>_SHA256: &str`,
+//! e.g. [`TICKER_WASM`], [`TICKER_PATH`] and [`TICKER_SHA256`];
+//! [`BUILTIN_PLUGINS`] lists them all.
+//!
+//! Invariant: a plugin's `sha256` is the SHA-256 of its `wasm`, computed by
+//! `build.rs` from the very bytes it embeds (a copy in `OUT_DIR`), so a start
+//! keys the descriptor cache by it without hashing the bytes again (checked
+//! by `host/tests/all/cold_start.rs`).
 
 /// One plugin built into the binary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +26,9 @@ pub struct BuiltinPlugin {
     pub path: &'static str,
     /// The component itself.
     pub wasm: &'static [u8],
+    /// The SHA-256 of `wasm`, lower-case hex (what
+    /// [`crate::plugin::component::content_hash`] returns for it).
+    pub sha256: &'static str,
 }
 
 include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));

@@ -11,15 +11,19 @@
 //! configured, and lives as long as the plugins loaded into it.
 //!
 //! Start from cached descriptors ([`served_from_config_gated`]): a wasm
-//! entry's bytes are read, hashed and its grants checked first; when the
+//! entry's bytes are read, hashed (a built-in plugin's bytes are neither
+//! copied nor hashed: `build.rs` hashed them) and its grants checked first; when the
 //! compile cache holds a descriptor for (bytes, config, host version), the
 //! tool is served at once by a [`LoadingProducer`] and the rest (engine on a
 //! thread of its own, load, validation, `describe`) runs in the background
 //! once the [`LoadGate`] opens. Otherwise the entry is loaded and described
 //! before serving, as always, and its descriptor is cached for next time.
 //! The process host's spill directory is made at once; its start-ahead work
-//! (confinement probe, warm keeper) begins when a producer using it is built.
+//! (tree limiter and its cgroups, the sweep of dead hosts' spill
+//! directories, confinement probe, warm keeper) begins when a producer using
+//! it is built.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -127,12 +131,16 @@ pub async fn build_wasm_producer(
 }
 
 /// Everything a wasm entry's producer is built from, read and checked
-/// before any engine is needed: the bytes (and their hash, the cache key),
+/// before any engine is needed: the bytes (and their hash, the cache key;
+/// a built-in plugin's was computed when the binary was built),
 /// the instance config, and the capabilities its grants name.
 struct WasmPlan {
     tool: String,
     name: String,
-    bytes: Vec<u8>,
+    /// A built-in plugin's bytes are borrowed from the binary.
+    bytes: Cow<'static, [u8]>,
+    /// The SHA-256 of `bytes` (for a built-in plugin, computed at build time).
+    hash: String,
     file: Option<PathBuf>,
     instance_config: serde_json::Value,
     config_json: String,
@@ -147,16 +155,20 @@ impl WasmPlan {
         runtime: &mut PluginRuntime,
         subagents: Option<&Subagents>,
     ) -> anyhow::Result<Option<Self>> {
-        let (name, bytes, file) = match &config.plugin {
+        let (name, bytes, hash, file) = match &config.plugin {
             ProducerSource::Native(_) => return Ok(None),
-            ProducerSource::Builtin(builtin) => (builtin.name.to_string(), builtin.wasm.to_vec(), None),
+            // Hashed at build time; copied only when loaded (after the gate).
+            ProducerSource::Builtin(builtin) => {
+                (builtin.name.to_string(), Cow::Borrowed(builtin.wasm), builtin.sha256.to_string(), None)
+            }
             ProducerSource::File(path) => {
                 let file = base_dir.join(path);
                 let bytes = tokio::fs::read(&file)
                     .await
                     .with_context(|| format!("cannot read plugin {}", file.display()))
                     .with_context(|| format!("cannot load plugin {}", file.display()))?;
-                (crate::plugin::component::plugin_name_of(&file), bytes, Some(file))
+                let hash = content_hash(&bytes);
+                (crate::plugin::component::plugin_name_of(&file), Cow::Owned(bytes), hash, Some(file))
             }
         };
         let is_subagent = matches!(&config.plugin, ProducerSource::Builtin(builtin) if builtin.name == "subagent");
@@ -184,6 +196,7 @@ impl WasmPlan {
             tool: tool_context(config),
             name,
             bytes,
+            hash,
             file,
             instance_config,
             config_json,
@@ -198,8 +211,8 @@ impl WasmPlan {
             process.host.start_ahead();
         }
         let version = match &self.file {
-            None => engine.load_bytes(&self.name, self.bytes).await?,
-            Some(file) => engine.load_file_bytes(file, self.bytes).await?,
+            None => engine.load_bytes(&self.name, self.bytes.into_owned()).await?,
+            Some(file) => engine.load_file_bytes(file, self.bytes.into_owned()).await?,
         };
         let mut producer = WasmProducer::new(version, self.instance_config).await.with_context(|| self.tool.clone())?;
         if let Some(subagents) = self.subagents {
@@ -307,7 +320,7 @@ impl PluginRuntime {
     /// holds a sound one (a refused entry is logged and deleted).
     fn cached_descriptor(&mut self, plan: &WasmPlan) -> Option<(Descriptor, String)> {
         let cache = self.cache()?;
-        let key = descriptor_key(&content_hash(&plan.bytes), &plan.config_json);
+        let key = descriptor_key(&plan.hash, &plan.config_json);
         match cache.load_descriptor(&key) {
             Lookup::Hit(json) => match descriptor_from_json(&json) {
                 Some(descriptor) => Some((descriptor, key)),
@@ -335,8 +348,8 @@ impl PluginRuntime {
         store_descriptor(&cache, &key, &producer.descriptor());
     }
 
-    /// The process host. Its start-ahead work (confinement probe, warm
-    /// keeper) begins when a producer using it is built
+    /// The process host. Its start-ahead work (tree limiter, spill sweep,
+    /// confinement probe, warm keeper) begins when a producer using it is built
     /// ([`WasmPlan::build`]), after the gate.
     pub fn process_host(&mut self) -> anyhow::Result<Arc<ProcessHost>> {
         if self.process_host.is_none() {

@@ -161,10 +161,24 @@ pub struct ProcessHost {
     next_id: AtomicU64,
     /// Spill files with no task record to live in (foreground runs), newest last.
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
-    /// Every tree's pids and memory limits.
-    limiter: Arc<limits::TreeLimiter>,
-    /// The removal of dead hosts' spill directories, until waited for.
-    cleanup: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Every tree's pids and memory limits, as configured.
+    tree_limits: TreeLimits,
+    /// How they are enforced: decided (cgroups probed, a base created, dead
+    /// servers' bases swept) off the start's path, by [`Self::start_ahead`]'s
+    /// thread, or by the first spawn or query that needs it.
+    limiter: Arc<std::sync::OnceLock<Arc<limits::TreeLimiter>>>,
+    /// The start-ahead housekeeping thread (the limiter, then the removal of
+    /// dead hosts' spill directories): its spill root until started, then
+    /// its handle until waited for.
+    cleanup: std::sync::Mutex<Cleanup>,
+}
+
+/// The state of [`ProcessHost`]'s start-ahead housekeeping thread.
+enum Cleanup {
+    /// Not started: the spill root to sweep.
+    Pending(PathBuf),
+    Running(std::thread::JoinHandle<()>),
+    Done,
 }
 
 /// How many spill files of foreground runs the host keeps (the oldest go first).
@@ -186,27 +200,23 @@ impl ProcessHost {
     }
 
     /// Starts, in the background, what the first spawn would otherwise wait
-    /// for: the confinement probe and the first warm keeper. Idempotent.
+    /// for: the tree limiter, the confinement probe and the first warm
+    /// keeper; and the removal of dead hosts' spill directories. Idempotent.
     pub fn start_ahead(&self) {
+        self.start_housekeeping();
         confine::probe_in_background();
         // The first tree's keeper is started (and waits) ahead of need.
         zygote::start_ahead();
     }
 
     /// As [`Self::new`], without [`Self::start_ahead`]: for a start that
-    /// wants no background work competing with it yet (the first spawn
-    /// still works, and probes and starts a keeper itself).
+    /// wants no background work competing with it yet. It only creates the
+    /// spill directory; the first spawn still works (it decides the tree
+    /// limits, probes and starts a keeper itself), and dead hosts' spill
+    /// directories are removed once [`Self::start_ahead`] runs.
     pub fn new_unstarted(config: &ProcessHostConfig) -> std::io::Result<Arc<Self>> {
         config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let root = config.spill_root.clone().unwrap_or_else(std::env::temp_dir);
-        // Off the start's path: scanning a busy temp dir takes milliseconds,
-        // and no directory it removes can be this host's (its pid is alive).
-        let orphans_root = root.clone();
-        let cleanup = std::thread::Builder::new()
-            .name("taskhost-spill-cleanup".into())
-            .spawn(move || remove_orphaned_dirs(&orphans_root))
-            .inspect_err(|_| remove_orphaned_dirs(&root))
-            .ok();
         let spill_dir = create_private_dir(&root)?;
         tracing::debug!(spill_dir = %spill_dir.display(), "process spill directory");
         Ok(Arc::new(Self {
@@ -217,28 +227,62 @@ impl ProcessHost {
             spill_bytes_per_owner: config.spill_bytes_per_owner,
             next_id: AtomicU64::new(1),
             retained: Default::default(),
-            limiter: Arc::new(limits::TreeLimiter::new(config.tree_limits())),
-            cleanup: std::sync::Mutex::new(cleanup),
+            tree_limits: config.tree_limits(),
+            limiter: Default::default(),
+            cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
         }))
     }
 
-    /// Waits until the spill directories of dead hosts, which [`Self::new`]
-    /// removes on a thread of its own, are gone.
+    /// Starts the housekeeping thread, once: it decides the tree limiter
+    /// (so the first spawn finds it ready), then removes dead hosts' spill
+    /// directories (scanning a busy temp dir takes milliseconds; no directory
+    /// it removes can be this host's, whose pid is alive). Without a thread,
+    /// both run here.
+    fn start_housekeeping(&self) {
+        let mut cleanup = self.cleanup.lock().unwrap_or_else(|e| e.into_inner());
+        let Cleanup::Pending(root) = &*cleanup else { return };
+        let root = root.clone();
+        let (limiter, limits) = (self.limiter.clone(), self.tree_limits);
+        let work = move |root: &Path| {
+            limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(limits)));
+            remove_orphaned_dirs(root);
+        };
+        let (in_thread, fallback) = (work.clone(), root.clone());
+        *cleanup =
+            match std::thread::Builder::new().name("taskhost-spill-cleanup".into()).spawn(move || in_thread(&root)) {
+                Ok(handle) => Cleanup::Running(handle),
+                Err(_) => {
+                    work(&fallback);
+                    Cleanup::Done
+                }
+            };
+    }
+
+    /// Waits until the spill directories of dead hosts, which
+    /// [`Self::start_ahead`] removes on a thread of its own, are gone
+    /// (starting that removal if nothing started it).
     pub fn wait_for_spill_cleanup(&self) {
-        let cleanup = self.cleanup.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(cleanup) = cleanup {
-            let _ = cleanup.join();
+        self.start_housekeeping();
+        let cleanup = std::mem::replace(&mut *self.cleanup.lock().unwrap_or_else(|e| e.into_inner()), Cleanup::Done);
+        if let Cleanup::Running(handle) = cleanup {
+            let _ = handle.join();
         }
+    }
+
+    /// The tree limiter, decided now unless the housekeeping thread did (or
+    /// is doing: then this waits for it).
+    fn limiter(&self) -> &Arc<limits::TreeLimiter> {
+        self.limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(self.tree_limits)))
     }
 
     /// How the per-tree limits are enforced here.
     pub fn limit_mechanism(&self) -> &LimitMechanism {
-        self.limiter.mechanism()
+        self.limiter().mechanism()
     }
 
     /// The per-tree limits.
     pub fn tree_limits(&self) -> TreeLimits {
-        self.limiter.limits()
+        self.tree_limits
     }
 
     /// What confinement the kernel allows here.
@@ -327,8 +371,9 @@ impl ProcessHost {
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
-        let cgroup = self.limiter.tree().map_err(failed)?;
-        let (nproc, data) = self.limiter.rlimits();
+        let limiter = self.limiter();
+        let cgroup = limiter.tree().map_err(failed)?;
+        let (nproc, data) = limiter.rlimits();
         let bounds = confine::Bounds {
             cgroup_procs: cgroup.as_ref().map_or_else(Vec::new, |c| c.procs_files().to_vec()),
             nproc,
@@ -352,7 +397,7 @@ impl ProcessHost {
         let forked = launch::start(&plan, stdin_read).map_err(failed)?;
         // Only the tree holds the read end now.
         let stdin_write = stdin_pipe.map(|(_, write)| write);
-        self.limiter.make_ahead_in_background();
+        limiter.make_ahead_in_background();
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
@@ -415,6 +460,13 @@ impl ProcessHost {
 
 impl Drop for ProcessHost {
     fn drop(&mut self) {
+        // The housekeeping thread holds the limiter while it decides it:
+        // wait, so the limiter (and its cgroup base) goes with this host.
+        if let Cleanup::Running(handle) =
+            std::mem::replace(&mut *self.cleanup.lock().unwrap_or_else(|e| e.into_inner()), Cleanup::Done)
+        {
+            let _ = handle.join();
+        }
         if let Err(e) = std::fs::remove_dir_all(&self.spill_dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {

@@ -2,8 +2,9 @@
 //! how much memory it may use together.
 //!
 //! ## Model
-//! One [`TreeLimiter`] per [`super::ProcessHost`] decides, once at start-up,
-//! how the limits are enforced, in this order:
+//! One [`TreeLimiter`] per [`super::ProcessHost`] decides, once, how the
+//! limits are enforced: off the start's path (on the host's start-ahead
+//! thread, else at the first spawn that needs it), in this order:
 //!
 //! 1. **cgroup v2**: the server's own cgroup (from `/proc/self/cgroup`) on a
 //!    `cgroup2` mount, with the `pids` and `memory` controllers enabled for
@@ -14,7 +15,7 @@
 //!    may create directories (root on a hybrid host): the same layout in
 //!    each, with `pids.max`, `memory.limit_in_bytes` and, when the kernel
 //!    accounts swap, `memory.memsw.limit_in_bytes`.
-//! 3. **rlimits** otherwise (one warning at start-up with the reason):
+//! 3. **rlimits** otherwise (one warning, when decided, with the reason):
 //!    `RLIMIT_NPROC` and `RLIMIT_DATA`, set in the tree's keeper right after
 //!    it entered its own user namespace, so `RLIMIT_NPROC` counts the tree's
 //!    processes alone (it counts per user and user namespace). Weaker:
@@ -32,7 +33,7 @@
 //! - A tree's cgroup outlives the tree only while processes it could not kill
 //!   at once are still exiting; it is removed when the tree is reaped, else
 //!   retried at the next spawn and at shutdown. The base goes with the
-//!   [`TreeLimiter`]; bases of dead servers are swept at start-up.
+//!   [`TreeLimiter`]; bases of dead servers are swept when it is created.
 //! - Killing a tree with SIGKILL also kills everything in its cgroup.
 //! - A spawn does not wait for the kernel to create a cgroup: the limiter
 //!   keeps one made ahead (on a blocking thread, after each spawn) and hands
@@ -170,10 +171,6 @@ impl TreeLimiter {
 
     pub(crate) fn mechanism(&self) -> &Mechanism {
         &self.mechanism
-    }
-
-    pub(crate) fn limits(&self) -> TreeLimits {
-        self.limits
     }
 
     /// The rlimits a tree's keeper sets (`RLIMIT_NPROC`, `RLIMIT_DATA`; 0:

@@ -786,3 +786,45 @@ async fn forwarded_invalid_utf8_is_replaced_and_split_characters_are_joined() {
     assert_eq!(reader.follow_to_end(&process).await, ExitStatus::Code(0));
     assert_eq!(reader.text, "✓ ok \u{fffd} end\n");
 }
+
+/// A host made with `new_unstarted` (what `serve` uses) does no housekeeping
+/// on the start's path: a dead host's spill directory stays until
+/// `start_ahead`'s thread runs. Its first tree is limited all the same, both
+/// when the spawn decides the limiter itself (nothing started ahead) and when
+/// it races the start-ahead thread deciding it.
+#[tokio::test]
+async fn an_unstarted_host_defers_its_housekeeping_and_still_limits_its_first_tree() {
+    for ahead in [false, true] {
+        let spill_root = std::env::temp_dir().join(format!("taskhost-unstarted-{}-{ahead}", std::process::id()));
+        std::fs::create_dir_all(&spill_root).unwrap();
+        // A pid above any pid_max: its host is dead.
+        let dead = spill_root.join("taskhost-999999999-1");
+        std::fs::create_dir_all(&dead).unwrap();
+        let host = ProcessHost::new_unstarted(&ProcessHostConfig {
+            spill_root: Some(spill_root.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(dead.exists(), "an unstarted host swept the spill root");
+        if ahead {
+            host.start_ahead();
+        }
+        let mark = marker(&format!("unstarted-{ahead}"));
+        let process =
+            host.spawn(&bash_grant(), bash("cat /proc/self/cgroup", &mark), &tracing::Span::none()).await.unwrap();
+        let (out, err, _, status) = drain(&process).await;
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(status, ExitStatus::Code(0), "{}", String::from_utf8_lossy(&err));
+        match host.limit_mechanism() {
+            LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => {
+                assert!(out.contains("/tree-"), "the first tree is not in a tree cgroup (ahead: {ahead}):\n{out}")
+            }
+            mechanism => eprintln!("NOTE: trees are limited by {mechanism} here; no cgroup to check"),
+        }
+        drop(process);
+        host.wait_for_spill_cleanup();
+        assert!(!dead.exists(), "the housekeeping did not remove a dead host's spill directory");
+        drop(host);
+        std::fs::remove_dir_all(&spill_root).unwrap();
+    }
+}

@@ -43,17 +43,22 @@ enum OwnerSource {
 pub struct McpHandler {
     server: Arc<McpServer>,
     owner: OwnerSource,
+    /// A `tools/list` answer opens the server's load gate here; else the
+    /// transport opens it once the answer is written (stdio).
+    listing_opens_gate: bool,
 }
 
 impl McpHandler {
-    /// A handler whose every call runs as `owner` (one connection, one owner).
+    /// A handler whose every call runs as `owner` (one connection, one
+    /// owner). Its transport opens the server's load gate once the first
+    /// `tools/list` answer is written ([`super::stdio`]).
     pub fn for_connection(server: Arc<McpServer>, owner: Agent) -> Self {
-        Self { server, owner: OwnerSource::Connection(owner) }
+        Self { server, owner: OwnerSource::Connection(owner), listing_opens_gate: false }
     }
 
     /// A handler that takes each request's owner from its HTTP authentication.
     pub fn for_http(server: Arc<McpServer>) -> Self {
-        Self { server, owner: OwnerSource::HttpAuth }
+        Self { server, owner: OwnerSource::HttpAuth, listing_opens_gate: true }
     }
 
     fn owner(&self, context: &RequestContext<RoleServer>) -> Result<Agent, McpError> {
@@ -101,8 +106,11 @@ impl ServerHandler for McpHandler {
     ) -> Result<ListToolsResult, McpError> {
         let tools = self.server.host().tool_definitions().into_iter().map(mcp_tool).collect();
         // The start's work is done once the tools are listed: background
-        // plugin loads may have the CPU now.
-        self.server.load_gate().open();
+        // plugin loads may have the CPU now (on stdio, once the answer is
+        // written: the transport opens the gate then).
+        if self.listing_opens_gate {
+            self.server.load_gate().open();
+        }
         Ok(ListToolsResult::with_all_items(tools))
     }
 

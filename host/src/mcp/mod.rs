@@ -31,7 +31,8 @@
 //!   are the gate's (`docs/mcp.md` lists them).
 //! - A plugin served from its cached descriptor loads in the background
 //!   once the server's [`LoadGate`] opens: on the first `tools/list` answer
-//!   (or the first call of that tool). Until then a start does nothing else.
+//!   (on stdio once it is written to the client), or the first call of that
+//!   tool. Until then a start does nothing else.
 //! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
 //!   listener, behind the same tokens.
 

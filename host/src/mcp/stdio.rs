@@ -29,6 +29,11 @@
 //!   client: a client that does not read is not read.
 //! - A 2025-11-25 connection gets the v1 tasks bridge ([`super::tasks_v1`]).
 //! - Every line written to the client is written whole by one writer.
+//! - The server's [`LoadGate`] opens once the first `tools/list` answer has
+//!   been written and flushed (not when rmcp produced it): background plugin
+//!   loads and the process host's start-ahead work do not compete with the
+//!   answer a start is measured by. The first call of a still-loading tool
+//!   opens it too ([`crate::plugin::producer::LoadingProducer`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,6 +53,7 @@ use tracing::Instrument;
 use super::jsonrpc::{self, Checked, INVALID_REQUEST, LIMIT_EXCEEDED, Rejection};
 use super::{McpHandler, McpServer, tasks_v1};
 use crate::agents::Agent;
+use crate::plugin::producer::LoadGate;
 
 /// The longest line accepted from a client (rmcp's own default, 16 MiB).
 pub const MAX_LINE_BYTES: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
@@ -121,7 +127,7 @@ struct Gate {
     server: Arc<McpServer>,
     owner: Agent,
     /// Everything written to the client, whole lines.
-    out: mpsc::Sender<Vec<u8>>,
+    out: mpsc::Sender<Outbound>,
     /// Requests in flight by id (their JSON text), with their method.
     in_flight: Mutex<HashMap<String, InFlight>>,
     lifecycle: Mutex<Lifecycle>,
@@ -129,6 +135,13 @@ struct Gate {
     v1: AtomicBool,
     warned_in_flight: AtomicBool,
     warned_line: AtomicBool,
+}
+
+/// One line for the client.
+struct Outbound {
+    line: Vec<u8>,
+    /// Opened once the line is written and flushed (a `tools/list` answer).
+    then_open: Option<LoadGate>,
 }
 
 struct InFlight {
@@ -231,7 +244,7 @@ impl Gate {
 
     /// Queues a line for the client; waits while the queue is full.
     async fn write(&self, line: Vec<u8>) -> Result<(), std::io::Error> {
-        self.out.send(line).await.map_err(|_| closed())
+        self.out.send(Outbound { line, then_open: None }).await.map_err(|_| closed())
     }
 
     async fn reject(&self, rejection: Rejection) -> Result<(), std::io::Error> {
@@ -265,7 +278,10 @@ impl Gate {
         }
         .map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let written = self.write(line).await;
+        // A tool listing opens the load gate once it is out (see the module docs).
+        let then_open = (method.as_deref() == Some("tools/list") && !self.server.load_gate().is_open())
+            .then(|| self.server.load_gate().clone());
+        let written = self.out.send(Outbound { line, then_open }).await.map_err(|_| closed());
         if let Some(id) = id {
             self.in_flight.lock().expect("in-flight table poisoned").remove(&id_key(&id));
         }
@@ -504,23 +520,27 @@ fn carries_per_request_meta(message: &Value) -> bool {
     }) && meta["io.modelcontextprotocol/clientCapabilities"].is_object()
 }
 
-async fn pump_outbound<W>(mut queued: mpsc::Receiver<Vec<u8>>, mut writer: W, closing: CancellationToken)
+async fn pump_outbound<W>(mut queued: mpsc::Receiver<Outbound>, mut writer: W, closing: CancellationToken)
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     loop {
-        let line = tokio::select! {
-            line = queued.recv() => line,
+        let outbound = tokio::select! {
+            outbound = queued.recv() => outbound,
             // The connection is over: write what is queued, then stop.
             _ = closing.cancelled() => queued.try_recv().ok(),
         };
-        let Some(line) = line else { break };
+        let Some(Outbound { line, then_open }) = outbound else { break };
         if writer.write_all(&line).await.is_err() {
             break;
         }
-        // Flush when nothing else waits, so a burst costs one flush.
-        if queued.is_empty() && writer.flush().await.is_err() {
+        // Flush when nothing else waits, so a burst costs one flush; a line
+        // that opens the load gate is flushed at once, then opens it.
+        if (queued.is_empty() || then_open.is_some()) && writer.flush().await.is_err() {
             break;
+        }
+        if let Some(gate) = then_open {
+            gate.open();
         }
     }
     let _ = writer.flush().await;

@@ -56,6 +56,17 @@ async fn listing(server: &StdioServer) -> serde_json::Value {
     serde_json::to_value(server.client.list_all_tools().await.unwrap()).unwrap()
 }
 
+/// A start keys a built-in plugin's descriptor entry by the hash `build.rs`
+/// recorded: it must be the hash of the bytes the binary embeds, or a stale
+/// entry could be served for changed bytes.
+#[test]
+fn every_builtin_plugin_carries_the_hash_of_its_embedded_bytes() {
+    for plugin in taskhost::builtin::BUILTIN_PLUGINS {
+        assert_eq!(plugin.sha256, content_hash(plugin.wasm), "{}", plugin.name);
+    }
+    assert_ne!(taskhost::builtin::BASH_SHA256, taskhost::builtin::TICKER_SHA256);
+}
+
 /// Serves once to fill the descriptor entry; returns that start's listing.
 async fn first_start(config: &str) -> serde_json::Value {
     let server = StdioServer::start("cold-first", Some(config)).await;

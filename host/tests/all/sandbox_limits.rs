@@ -145,18 +145,20 @@ fn check_fork_bomb(output: &str) {
 #[tokio::test]
 async fn a_fork_bomb_and_a_memory_hog_are_bounded_with_the_server_as_this_user() {
     let cgroup_dir = writable_v1_pids_dir();
-    // A base left by a server that died (pid above any pid_max) is swept at start.
+    // A base left by a server that died (pid above any pid_max) is swept
+    // when the server decides its tree limiter: on its start-ahead thread,
+    // at the latest by the first spawn (which needs the limiter).
     let stale = cgroup_dir.as_ref().map(|dir| dir.join("taskhost-999999999-0"));
     if let Some(stale) = &stale {
         std::fs::create_dir(stale).unwrap();
         std::fs::create_dir(stale.join("tree-1")).unwrap();
     }
     let server = Server::start("limits-self", None).await;
+
+    let bomb = server.bash(FORK_BOMB).await;
     if let Some(stale) = &stale {
         assert!(!stale.exists(), "the stale cgroup base {} was not swept", stale.display());
     }
-
-    let bomb = server.bash(FORK_BOMB).await;
     check_fork_bomb(&bomb);
     let memory = server.bash(MEMORY_HOG).await;
     match &cgroup_dir {
