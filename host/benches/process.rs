@@ -26,6 +26,9 @@
 //!    registry commit) until the task id is returned, vs the same tokio
 //!    spawn, interleaved.
 //!
+//! `PROCESS_BENCH_ONLY=tool` runs part 2 only (for a profile of the tool
+//! path, or a quick before/after).
+//!
 //! Output throughput (raw pipe, capability, registry) is `benches/stream.rs`.
 
 mod common;
@@ -36,6 +39,36 @@ use serde_json::json;
 use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote};
 use taskhost::ids::TaskId;
 use taskhost::tools::CallContext;
+
+/// CPU time (µs) of this process's threads and of its reaped descendants.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    host_us: f64,
+    trees_us: f64,
+}
+
+impl Cpu {
+    fn now() -> Self {
+        let used = |who| {
+            // SAFETY: rusage is plain data, all zeroes a valid value.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: getrusage fills the struct it is given.
+            unsafe { libc::getrusage(who, &mut usage) };
+            let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+            us(usage.ru_utime) + us(usage.ru_stime)
+        };
+        Self { host_us: used(libc::RUSAGE_SELF), trees_us: used(libc::RUSAGE_CHILDREN) }
+    }
+
+    fn since(self, earlier: Self) -> Self {
+        Self { host_us: self.host_us - earlier.host_us, trees_us: self.trees_us - earlier.trees_us }
+    }
+
+    fn add(&mut self, other: Self) {
+        self.host_us += other.host_us;
+        self.trees_us += other.trees_us;
+    }
+}
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -94,20 +127,34 @@ async fn run() {
     .unwrap();
     let grant = ProcessGrant { programs: vec!["bash".into(), "head".into()], ..ProcessGrant::default() };
     let plain = ProcessGrant { pid_namespace: false, network: true, ..grant.clone() };
-    let span = tracing::Span::none();
     println!("confinement: {}", host.support().describe());
     println!("tree limits: {:?} by {}", host.tree_limits(), host.limit_mechanism());
 
-    // 1. start latency
+    if !std::env::var("PROCESS_BENCH_ONLY").is_ok_and(|only| only == "tool") {
+        start_latency(&host, &unlimited_host, &grant, &plain, quick).await;
+        bwrap_anchor(if quick { 20 } else { 100 });
+    }
+    tool_path(&host, &grant, quick).await;
+}
+
+/// Part 1: the capability's start against tokio's.
+async fn start_latency(
+    host: &ProcessHost,
+    unlimited_host: &ProcessHost,
+    grant: &ProcessGrant,
+    plain: &ProcessGrant,
+    quick: bool,
+) {
+    let span = tracing::Span::none();
     let pid_only = ProcessGrant { network: true, ..grant.clone() };
     let variants: [(&str, Option<(&ProcessHost, &ProcessGrant)>); 7] = [
         ("tokio::process", None),
-        ("process cap, full confinement", Some((&host, &grant))),
-        ("  same, keeper exec'd on demand", Some((&host, &grant))),
-        ("  same, warm, waiting for the ack", Some((&host, &grant))),
-        ("  same, no tree limits", Some((&unlimited_host, &grant))),
-        ("process cap, PID namespace", Some((&host, &pid_only))),
-        ("process cap, process group only", Some((&host, &plain))),
+        ("process cap, full confinement", Some((host, grant))),
+        ("  same, keeper exec'd on demand", Some((host, grant))),
+        ("  same, warm, waiting for the ack", Some((host, grant))),
+        ("  same, no tree limits", Some((unlimited_host, grant))),
+        ("process cap, PID namespace", Some((host, &pid_only))),
+        ("process cap, process group only", Some((host, plain))),
     ];
     // Starts: at least 500 samples per variant, so a p99 means something
     // (issue 16), also in `--quick`.
@@ -174,11 +221,13 @@ async fn run() {
             p99.as_secs_f64() / base99.as_secs_f64()
         );
     }
+}
 
-    bwrap_anchor(if quick { 20 } else { 100 });
-
-    // 2. the full tool path
-    let (engine, producer) = common::bash_producer(&host, &grant).await;
+/// Part 2: the whole tool path, and where its time goes.
+async fn tool_path(host: &std::sync::Arc<ProcessHost>, grant: &ProcessGrant, quick: bool) {
+    let iterations = if quick { 500 } else { 1000 };
+    let span = tracing::Span::none();
+    let (engine, producer) = common::bash_producer(host, grant).await;
     // Where the tool path's time goes: the plugin's `label` in a fresh store
     // (prepare) and its `run`, which spawns through the capability.
     let (mut prepare, mut run_call) = (Vec::new(), Vec::new());
@@ -205,7 +254,7 @@ async fn run() {
     let mut direct = Vec::new();
     for i in 0..iterations + 10 {
         let t = Instant::now();
-        let process = host.spawn(&grant, request(&["bash", "-c", "true"]), &span).await.unwrap();
+        let process = host.spawn(grant, request(&["bash", "-c", "true"]), &span).await.unwrap();
         let elapsed = t.elapsed();
         process.finished().await;
         if i >= 10 {
@@ -214,8 +263,12 @@ async fn run() {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     let (mut tool_path, mut raw) = (Vec::new(), Vec::new());
+    // CPU per start, whatever share of the cores each side got: the host's
+    // threads, and the reaped trees (keepers, inits, bash; tokio's bash).
+    let (mut tool_cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
     for i in 0..iterations + 10 {
         for k in 0..2 {
+            let before = Cpu::now();
             let t = Instant::now();
             if (i + k) % 2 == 0 {
                 let args = json!({"command": "true", "run_in_background": true});
@@ -225,6 +278,7 @@ async fn run() {
                 tools.registry().wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
                 if i >= 10 {
                     tool_path.push(elapsed);
+                    tool_cpu.add(Cpu::now().since(before));
                 }
             } else {
                 let mut child = tokio::process::Command::new("bash").args(["-c", "true"]).spawn().unwrap();
@@ -232,6 +286,7 @@ async fn run() {
                 child.wait().await.unwrap();
                 if i >= 10 {
                     raw.push(elapsed);
+                    raw_cpu.add(Cpu::now().since(before));
                 }
             }
             tokio::time::sleep(Duration::from_millis(3)).await;
@@ -246,6 +301,16 @@ async fn run() {
         "  bash tool (wasm plugin)            p50 {t50:>10.1?}  p90 {t90:>10.1?}  p99 {t99:>10.1?}  p50 ratio {:.2}x  p99 ratio {:.2}x",
         t50.as_secs_f64() / r50.as_secs_f64(),
         t99.as_secs_f64() / r99.as_secs_f64()
+    );
+    let n = iterations as f64;
+    println!(
+        "  CPU per start (host threads + reaped trees): tokio {:.0} µs + {:.0} µs, bash tool {:.0} µs + {:.0} µs; host threads {:.2}x, total {:.2}x",
+        raw_cpu.host_us / n,
+        raw_cpu.trees_us / n,
+        tool_cpu.host_us / n,
+        tool_cpu.trees_us / n,
+        tool_cpu.host_us / raw_cpu.host_us,
+        (tool_cpu.host_us + tool_cpu.trees_us) / (raw_cpu.host_us + raw_cpu.trees_us)
     );
     println!(
         "  breakdown: prepare (fresh store, label) p50 {:>10.1?}; run (spawn included) p50 {:>10.1?}",

@@ -11,8 +11,11 @@
 //!
 //! Model: [`FsPolicy`] is the grant's part (`[producer.grants.process.filesystem]`):
 //! paths to deny on top of the defaults, and default paths to read after all.
-//! [`TreePolicy::new`] resolves everything to canonical paths once per
-//! spawn; [`super::sandbox::MountPlan`] and [`super::landlock`] enforce it.
+//! A [`TreePolicy`] is everything resolved to canonical paths for a spawn;
+//! [`PolicyCache`] reuses the previous resolution when `stat` shows that
+//! every path it was resolved from still names the same file (or is still
+//! missing); [`super::sandbox::MountPlan`] and [`super::landlock`] enforce
+//! it.
 //!
 //! Invariants: the host's protected paths (its configuration, tokens,
 //! compile cache, spill root) can never be read by a tree, whatever the
@@ -20,6 +23,7 @@
 //! credential is the credential.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -110,9 +114,67 @@ pub(crate) fn expand(path: &Path, home: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
-/// Canonical form of a path that exists; `None` otherwise.
-fn canonical(path: &Path) -> Option<PathBuf> {
-    path.canonicalize().ok()
+/// What a path named when it was resolved: the file's device, inode and
+/// type, by `stat` (symlinks followed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    kind: u32,
+}
+
+impl Identity {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self { dev: meta.dev(), ino: meta.ino(), kind: meta.mode() & libc::S_IFMT })
+    }
+
+    fn is_dir(self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+}
+
+/// One path resolved for a policy, and what it named: `None` when it did
+/// not exist (or could not be resolved).
+#[derive(Clone, Debug)]
+struct Resolution {
+    path: PathBuf,
+    found: Option<(Identity, PathBuf)>,
+}
+
+impl Resolution {
+    /// The path still names what it named, through the same canonical path;
+    /// a path that was missing is still missing.
+    fn holds(&self) -> bool {
+        match &self.found {
+            None => Identity::of(&self.path).is_none(),
+            Some((identity, canonical)) => {
+                Identity::of(&self.path) == Some(*identity) && Identity::of(canonical) == Some(*identity)
+            }
+        }
+    }
+}
+
+/// Every path a policy was resolved from, with what it named then.
+#[derive(Clone, Debug, Default)]
+struct Resolutions(Vec<Resolution>);
+
+impl Resolutions {
+    /// Canonical form of a path that exists; `None` otherwise. Recorded.
+    fn canonical(&mut self, path: &Path) -> Option<PathBuf> {
+        self.resolve(path).map(|(_, canonical)| canonical)
+    }
+
+    fn resolve(&mut self, path: &Path) -> Option<(Identity, PathBuf)> {
+        let found = path.canonicalize().ok().and_then(|c| Identity::of(&c).map(|identity| (identity, c)));
+        self.0.push(Resolution { path: path.to_path_buf(), found: found.clone() });
+        found
+    }
+
+    fn all_hold(&self) -> bool {
+        self.0.iter().all(Resolution::holds)
+    }
 }
 
 /// The resolved policy of one tree.
@@ -128,10 +190,43 @@ pub(crate) struct TreePolicy {
     pub deny: Vec<PathBuf>,
 }
 
+/// Everything a [`TreePolicy`] is resolved from besides the filesystem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PolicyInputs {
+    workspace: Vec<PathBuf>,
+    read_write: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+    grant: FsPolicy,
+    protected: Vec<PathBuf>,
+    home: Option<PathBuf>,
+    runtime_dir: Option<PathBuf>,
+}
+
+impl PolicyInputs {
+    fn new(
+        workspace: &[PathBuf],
+        read_write: &[PathBuf],
+        read_only: &[PathBuf],
+        grant: &FsPolicy,
+        protected: &[PathBuf],
+    ) -> Self {
+        Self {
+            workspace: workspace.to_vec(),
+            read_write: read_write.to_vec(),
+            read_only: read_only.to_vec(),
+            grant: grant.clone(),
+            protected: protected.to_vec(),
+            home: home(),
+            runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        }
+    }
+}
+
 impl TreePolicy {
     /// Resolves the policy: `workspace` are the grant's working roots,
     /// `read_write`/`read_only` its extra Landlock paths (an empty
     /// `read_only` means everything is readable), `protected` the host's.
+    #[cfg(test)]
     pub(crate) fn new(
         workspace: &[PathBuf],
         read_write: &[PathBuf],
@@ -139,40 +234,113 @@ impl TreePolicy {
         grant: &FsPolicy,
         protected: &[PathBuf],
     ) -> Self {
-        let home = home();
-        let home = home.as_deref();
-        let mut rw: Vec<PathBuf> = workspace.iter().chain(read_write).filter_map(|p| canonical(p)).collect();
+        Self::resolve(
+            &PolicyInputs::new(workspace, read_write, read_only, grant, protected),
+            &mut Resolutions::default(),
+        )
+    }
+
+    fn resolve(inputs: &PolicyInputs, paths: &mut Resolutions) -> Self {
+        let home = inputs.home.as_deref();
+        let mut rw: Vec<PathBuf> =
+            inputs.workspace.iter().chain(&inputs.read_write).filter_map(|p| paths.canonical(p)).collect();
         rw.sort();
         rw.dedup();
-        let private = private_dirs(home);
-        let read = if read_only.is_empty() {
+        let private = private_dirs(inputs.runtime_dir.as_deref(), paths);
+        let read = if inputs.read_only.is_empty() {
             vec![PathBuf::from("/")]
         } else {
-            read_only.iter().filter_map(|p| canonical(p)).collect()
+            inputs.read_only.iter().filter_map(|p| paths.canonical(p)).collect()
         };
-        let allowed: Vec<PathBuf> =
-            grant.allow_read.iter().filter_map(|p| expand(p, home)).filter_map(|p| canonical(&p)).collect();
+        let allowed: Vec<PathBuf> = inputs
+            .grant
+            .allow_read
+            .iter()
+            .filter_map(|p| expand(p, home))
+            .filter_map(|p| paths.canonical(&p))
+            .collect();
         let defaults = DEFAULT_DENY_READ
             .iter()
             .chain(SYSTEM_DENY_READ)
             .map(Path::new)
-            .chain(grant.deny_read.iter().map(PathBuf::as_path));
+            .chain(inputs.grant.deny_read.iter().map(PathBuf::as_path));
         let mut deny: Vec<PathBuf> = defaults
             .filter_map(|p| expand(p, home))
-            .filter_map(|p| canonical(&p))
+            .filter_map(|p| paths.canonical(&p))
             .filter(|p| !allowed.contains(p))
             .collect();
         deny.extend(
             HOST_DENY_READ
                 .iter()
                 .map(Path::new)
-                .chain(protected.iter().map(PathBuf::as_path))
+                .chain(inputs.protected.iter().map(PathBuf::as_path))
                 .filter_map(|p| expand(p, home))
-                .filter_map(|p| canonical(&p)),
+                .filter_map(|p| paths.canonical(&p)),
         );
         deny.sort();
         deny.dedup();
         Self { read_write: rw, read, private, deny }
+    }
+}
+
+/// Resolved policies of recent spawns, so a spawn does not resolve every
+/// default path again (a `canonicalize` per path, ~30 paths).
+///
+/// Invariant: a cached policy is only used after every path it was resolved
+/// from was checked again with `stat`: each path that existed still names
+/// the same file (device, inode, type), as does its canonical form, and
+/// each path that was missing is still missing. A credential directory
+/// created, removed, replaced or re-linked since is seen, as without the
+/// cache; only a policy whose every input still holds is reused (one or
+/// two `stat`s per path instead of a resolution). The inputs that are not
+/// paths (the grant, `$HOME`, `$XDG_RUNTIME_DIR`, the protected paths) are
+/// the key. At most [`PolicyCache::ENTRIES`] policies are kept.
+#[derive(Debug, Default)]
+pub(crate) struct PolicyCache {
+    entries: std::sync::Mutex<Vec<Arc<CachedPolicy>>>,
+}
+
+#[derive(Debug)]
+struct CachedPolicy {
+    inputs: PolicyInputs,
+    paths: Resolutions,
+    policy: Arc<TreePolicy>,
+}
+
+impl PolicyCache {
+    /// Policies kept (one per grant in practice; the least recently used
+    /// goes first).
+    pub(crate) const ENTRIES: usize = 8;
+
+    /// The policy [`TreePolicy::new`] would resolve now.
+    pub(crate) fn policy(
+        &self,
+        workspace: &[PathBuf],
+        read_write: &[PathBuf],
+        read_only: &[PathBuf],
+        grant: &FsPolicy,
+        protected: &[PathBuf],
+    ) -> Arc<TreePolicy> {
+        let inputs = PolicyInputs::new(workspace, read_write, read_only, grant, protected);
+        let cached = {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            entries.iter().find(|e| e.inputs == inputs).cloned()
+        };
+        if let Some(cached) = cached
+            && cached.paths.all_hold()
+        {
+            return cached.policy.clone();
+        }
+        let mut paths = Resolutions::default();
+        let policy = Arc::new(TreePolicy::resolve(&inputs, &mut paths));
+        let fresh = Arc::new(CachedPolicy { inputs, paths, policy: policy.clone() });
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|e| e.inputs != fresh.inputs);
+        entries.push(fresh);
+        if entries.len() > Self::ENTRIES {
+            entries.remove(0);
+        }
+        policy
     }
 }
 
@@ -187,14 +355,14 @@ impl TreePolicy {
 /// `/tmp`, `/dev/shm`, `/run/user` and `$XDG_RUNTIME_DIR`, canonical,
 /// existing, and none below another (a mount below a fresh `tmpfs` would
 /// find no mount point).
-fn private_dirs(_home: Option<&Path>) -> Vec<PathBuf> {
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+fn private_dirs(runtime: Option<&Path>, paths: &mut Resolutions) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = PRIVATE_DIRS
         .iter()
-        .map(PathBuf::from)
+        .map(Path::new)
         .chain(runtime)
-        .filter_map(|p| canonical(&p))
-        .filter(|p| p.is_dir())
+        .filter_map(|p| paths.resolve(p))
+        .filter(|(identity, _)| identity.is_dir())
+        .map(|(_, canonical)| canonical)
         .collect();
     dirs.sort();
     dirs.dedup();
@@ -224,6 +392,49 @@ mod tests {
         for d in &policy.private {
             assert!(!policy.private.iter().any(|o| o != d && d.starts_with(o)), "{:?}", policy.private);
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A cached policy is reused while its paths hold, and resolved again
+    /// when a denied path appears, disappears or is replaced by a link.
+    #[test]
+    fn the_cache_sees_every_change_of_a_denied_path() {
+        let dir = std::env::temp_dir().join(format!("taskhost-fs-policy-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = dir.canonicalize().unwrap();
+        let (cred, elsewhere) = (dir.join("cred"), dir.join("elsewhere"));
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] };
+        let cache = PolicyCache::default();
+        let policy = || cache.policy(std::slice::from_ref(&dir), &[], &[], &grant, &[]);
+        let uncached = || TreePolicy::new(std::slice::from_ref(&dir), &[], &[], &grant, &[]);
+
+        let first = policy();
+        assert!(!first.deny.contains(&cred), "a missing path is not mounted over");
+        assert!(Arc::ptr_eq(&first, &policy()), "nothing changed: the resolution is reused");
+
+        std::fs::create_dir(&cred).unwrap();
+        let created = policy();
+        assert!(created.deny.contains(&cred), "a credential directory created after the first spawn is denied");
+        assert_eq!(*created, uncached());
+
+        std::fs::remove_dir(&cred).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &cred).unwrap();
+        let linked = policy();
+        assert!(linked.deny.contains(&elsewhere), "a link to a directory denies the directory it names");
+        assert!(!linked.deny.contains(&cred));
+        assert_eq!(*linked, uncached());
+
+        std::fs::remove_file(&cred).unwrap();
+        let removed = policy();
+        assert!(!removed.deny.contains(&elsewhere) && !removed.deny.contains(&cred));
+        assert_eq!(*removed, uncached());
+
+        let other = FsPolicy { deny_read: vec![elsewhere.clone()], allow_read: vec![] };
+        let by_grant = cache.policy(std::slice::from_ref(&dir), &[], &[], &other, &[]);
+        assert!(by_grant.deny.contains(&elsewhere), "another grant is another entry");
+        assert!(Arc::ptr_eq(&removed, &policy()), "the first grant's entry is still there");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

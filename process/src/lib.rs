@@ -24,7 +24,10 @@
 //! - Spill files live in a 0700 directory of this host and are removed when
 //!   their last holder (the process, or whoever took
 //!   [`Process::spill_files`]) drops them, and with the directory when the
-//!   [`ProcessHost`] drops.
+//!   [`ProcessHost`] drops. Each owner session's files are in a directory of
+//!   its own, which only its trees can read; the host keeps the
+//!   [`RECENT_OWNER_SPILL_DIRS`] most recently used ones between tasks
+//!   (empty once their files are gone).
 
 mod child_exit;
 pub mod confine;
@@ -154,8 +157,8 @@ pub struct ProcessHost {
     spill_dir: PathBuf,
     /// The configured protected paths.
     protected: Vec<PathBuf>,
-    /// The spill directory of each owner session that has one, by owner key.
-    owners: std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<OwnerSpill>>>,
+    /// The spill directory of each owner session that has one.
+    owners: std::sync::Mutex<Owners>,
     next_owner: AtomicU64,
     spill_bytes_per_owner: u64,
     next_id: AtomicU64,
@@ -171,6 +174,8 @@ pub struct ProcessHost {
     /// dead hosts' spill directories): its spill root until started, then
     /// its handle until waited for.
     cleanup: std::sync::Mutex<Cleanup>,
+    /// Resolved filesystem policies of recent spawns, revalidated per use.
+    policies: fs_policy::PolicyCache,
 }
 
 /// The state of [`ProcessHost`]'s start-ahead housekeeping thread.
@@ -180,6 +185,21 @@ enum Cleanup {
     Running(std::thread::JoinHandle<()>),
     Done,
 }
+
+/// The owner sessions' spill directories.
+#[derive(Default)]
+struct Owners {
+    /// Every live directory, by owner key.
+    by_key: std::collections::HashMap<String, std::sync::Weak<OwnerSpill>>,
+    /// The directories of the [`RECENT_OWNER_SPILL_DIRS`] owners that asked
+    /// last, held so that an owner's next tree does not make its directory
+    /// again (most recent last).
+    recent: std::collections::VecDeque<Arc<OwnerSpill>>,
+}
+
+/// How many owners' (empty) spill directories the host keeps between their
+/// tasks; the least recently used goes first.
+pub const RECENT_OWNER_SPILL_DIRS: usize = 16;
 
 /// How many spill files of foreground runs the host keeps (the oldest go first).
 pub const RETAINED_FOREGROUND_SPILLS: usize = 64;
@@ -230,6 +250,7 @@ impl ProcessHost {
             tree_limits: config.tree_limits(),
             limiter: Default::default(),
             cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
+            policies: Default::default(),
         }))
     }
 
@@ -309,16 +330,26 @@ impl ProcessHost {
     /// The private spill directory of `owner` (an owner session's key; `""`
     /// for host-level callers), created on first use (mode 0700, below this
     /// host's spill directory). It lives while anything holds it: the
-    /// owner's stores and spill files.
+    /// owner's stores and spill files, and this host for the
+    /// [`RECENT_OWNER_SPILL_DIRS`] owners that asked last.
     pub fn owner_spill(&self, owner: &str) -> std::io::Result<Arc<OwnerSpill>> {
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(live) = owners.get(owner).and_then(std::sync::Weak::upgrade) {
-            return Ok(live);
-        }
-        owners.retain(|_, weak| weak.strong_count() > 0);
-        let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
-        let spill = OwnerSpill::create(self.spill_dir.join(format!("owner-{n}")), self.spill_bytes_per_owner)?;
-        owners.insert(owner.to_string(), Arc::downgrade(&spill));
+        let spill = match owners.by_key.get(owner).and_then(std::sync::Weak::upgrade) {
+            Some(live) => live,
+            None => {
+                owners.by_key.retain(|_, weak| weak.strong_count() > 0);
+                let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
+                let spill = OwnerSpill::create(self.spill_dir.join(format!("owner-{n}")), self.spill_bytes_per_owner)?;
+                owners.by_key.insert(owner.to_string(), Arc::downgrade(&spill));
+                spill
+            }
+        };
+        owners.recent.retain(|held| !Arc::ptr_eq(held, &spill));
+        owners.recent.push_back(spill.clone());
+        let evicted = (owners.recent.len() > RECENT_OWNER_SPILL_DIRS).then(|| owners.recent.pop_front());
+        // An evicted directory nothing else holds is removed: not under the lock.
+        drop(owners);
+        drop(evicted);
         Ok(spill)
     }
 
@@ -360,7 +391,7 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let policy = fs_policy::TreePolicy::new(
+        let policy = self.policies.policy(
             &grant.working_roots(),
             &grant.read_write_paths,
             &grant.read_only_paths,

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 /// The private spill directory of one owner session (mode 0700), with the
 /// bytes its spill files hold against the owner's cap. Removed from disk
-/// when the last holder (the host's table holds it weakly; each spill file
-/// and each store of the owner strongly) drops it.
+/// when the last holder (the host's table holds it weakly; each spill file,
+/// each store of the owner, and the host while the owner is among its
+/// recent ones strongly) drops it.
 #[derive(Debug)]
 pub struct OwnerSpill {
     dir: PathBuf,

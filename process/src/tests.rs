@@ -469,7 +469,8 @@ async fn no_leak_when_the_host_dies() {
 
 /// Spill files live in a private directory per owner: the owner's own trees
 /// read theirs (read-only), another owner's trees see nothing of them, and
-/// the directory goes with its last holder.
+/// the directory goes with its last holder (the host holds the most recent
+/// owners' ones between their tasks).
 #[tokio::test]
 async fn spill_files_are_private_to_their_owner() {
     if !confine::support().mount_namespace {
@@ -510,7 +511,16 @@ async fn spill_files_are_private_to_their_owner() {
     assert!(!spill.exists(), "the file goes with its last holder");
     let dir = alice.dir().to_path_buf();
     drop(alice);
+    assert!(dir.exists(), "the host keeps a recent owner's directory for her next task");
+    assert_eq!(host.owner_spill("alice").unwrap().dir(), dir, "her next task finds it");
+    // Once as many other owners asked since, nothing holds it: it is gone.
+    let others: Vec<_> = (0..RECENT_OWNER_SPILL_DIRS).map(|n| host.owner_spill(&format!("o{n}")).unwrap()).collect();
     assert!(!dir.exists(), "the owner's directory goes with its last holder");
+    let fresh = host.owner_spill("alice").unwrap();
+    assert_ne!(fresh.dir(), dir, "a new directory, made again");
+    drop((others, bob));
+    let dirs = std::fs::read_dir(host.spill_dir()).unwrap().filter(|e| e.as_ref().unwrap().path().is_dir()).count();
+    assert!(dirs <= RECENT_OWNER_SPILL_DIRS, "at most {RECENT_OWNER_SPILL_DIRS} idle directories: {dirs}");
 }
 
 /// Reads stdout until it holds `want` (or the process ends), returning all of it.
