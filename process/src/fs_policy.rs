@@ -192,7 +192,7 @@ pub(crate) struct TreePolicy {
 
 /// Everything a [`TreePolicy`] is resolved from besides the filesystem.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct PolicyInputs {
+pub(crate) struct PolicyInputs {
     workspace: Vec<PathBuf>,
     read_write: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
@@ -203,7 +203,11 @@ struct PolicyInputs {
 }
 
 impl PolicyInputs {
-    fn new(
+    /// `workspace` are the grant's working roots, `read_write`/`read_only`
+    /// its extra Landlock paths (an empty `read_only` means everything is
+    /// readable), `protected` the host's; `$HOME` and `$XDG_RUNTIME_DIR`
+    /// are read now.
+    pub(crate) fn new(
         workspace: &[PathBuf],
         read_write: &[PathBuf],
         read_only: &[PathBuf],
@@ -223,21 +227,10 @@ impl PolicyInputs {
 }
 
 impl TreePolicy {
-    /// Resolves the policy: `workspace` are the grant's working roots,
-    /// `read_write`/`read_only` its extra Landlock paths (an empty
-    /// `read_only` means everything is readable), `protected` the host's.
+    /// Resolves the policy now, without a cache.
     #[cfg(test)]
-    pub(crate) fn new(
-        workspace: &[PathBuf],
-        read_write: &[PathBuf],
-        read_only: &[PathBuf],
-        grant: &FsPolicy,
-        protected: &[PathBuf],
-    ) -> Self {
-        Self::resolve(
-            &PolicyInputs::new(workspace, read_write, read_only, grant, protected),
-            &mut Resolutions::default(),
-        )
+    pub(crate) fn new(inputs: &PolicyInputs) -> Self {
+        Self::resolve(inputs, &mut Resolutions::default())
     }
 
     fn resolve(inputs: &PolicyInputs, paths: &mut Resolutions) -> Self {
@@ -313,15 +306,7 @@ impl PolicyCache {
     pub(crate) const ENTRIES: usize = 8;
 
     /// The policy [`TreePolicy::new`] would resolve now.
-    pub(crate) fn policy(
-        &self,
-        workspace: &[PathBuf],
-        read_write: &[PathBuf],
-        read_only: &[PathBuf],
-        grant: &FsPolicy,
-        protected: &[PathBuf],
-    ) -> Arc<TreePolicy> {
-        let inputs = PolicyInputs::new(workspace, read_write, read_only, grant, protected);
+    pub(crate) fn policy(&self, inputs: PolicyInputs) -> Arc<TreePolicy> {
         let cached = {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             entries.iter().find(|e| e.inputs == inputs).cloned()
@@ -383,7 +368,13 @@ mod tests {
         let protected = dir.join("protected");
         std::fs::write(&protected, "x").unwrap();
         let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![cred.clone(), protected.clone()] };
-        let policy = TreePolicy::new(std::slice::from_ref(&dir), &[], &[], &grant, std::slice::from_ref(&protected));
+        let policy = TreePolicy::new(&PolicyInputs::new(
+            std::slice::from_ref(&dir),
+            &[],
+            &[],
+            &grant,
+            std::slice::from_ref(&protected),
+        ));
         let cred = cred.canonicalize().unwrap();
         let protected = protected.canonicalize().unwrap();
         assert!(!policy.deny.contains(&cred), "allow_read lifts a grant's own deny");
@@ -407,8 +398,9 @@ mod tests {
         std::fs::create_dir_all(&elsewhere).unwrap();
         let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] };
         let cache = PolicyCache::default();
-        let policy = || cache.policy(std::slice::from_ref(&dir), &[], &[], &grant, &[]);
-        let uncached = || TreePolicy::new(std::slice::from_ref(&dir), &[], &[], &grant, &[]);
+        let inputs = |grant: &FsPolicy| PolicyInputs::new(std::slice::from_ref(&dir), &[], &[], grant, &[]);
+        let policy = || cache.policy(inputs(&grant));
+        let uncached = || TreePolicy::new(&inputs(&grant));
 
         let first = policy();
         assert!(!first.deny.contains(&cred), "a missing path is not mounted over");
@@ -432,7 +424,7 @@ mod tests {
         assert_eq!(*removed, uncached());
 
         let other = FsPolicy { deny_read: vec![elsewhere.clone()], allow_read: vec![] };
-        let by_grant = cache.policy(std::slice::from_ref(&dir), &[], &[], &other, &[]);
+        let by_grant = cache.policy(inputs(&other));
         assert!(by_grant.deny.contains(&elsewhere), "another grant is another entry");
         assert!(Arc::ptr_eq(&removed, &policy()), "the first grant's entry is still there");
         std::fs::remove_dir_all(&dir).unwrap();

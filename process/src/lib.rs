@@ -391,13 +391,13 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let policy = self.policies.policy(
+        let policy = self.policies.policy(fs_policy::PolicyInputs::new(
             &grant.working_roots(),
             &grant.read_write_paths,
             &grant.read_only_paths,
             &grant.filesystem,
             &self.protected,
-        );
+        ));
         let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
