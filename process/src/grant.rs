@@ -484,9 +484,9 @@ impl ProcessGrant {
     }
 
     /// Checks a working directory (relative ones are taken from the default
-    /// directory); returns the canonical directory to run in.
-    pub(crate) fn check_cwd(&self, asked: Option<&str>) -> Result<PathBuf, Refusal> {
-        let roots = self.working_roots();
+    /// directory) against `roots`, the grant's [`Self::working_roots`];
+    /// returns the canonical directory to run in.
+    pub(crate) fn check_cwd(&self, roots: &[PathBuf], asked: Option<&str>) -> Result<PathBuf, Refusal> {
         let allowed_text = || {
             if self.working_dirs.is_empty() {
                 roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")

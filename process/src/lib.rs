@@ -379,7 +379,9 @@ impl ProcessHost {
         parent: &tracing::Span,
     ) -> Result<Process, SpawnError> {
         let argv0 = request.argv.first().ok_or(Refusal::EmptyArgv)?.clone();
-        let cwd = grant.check_cwd(request.cwd.as_deref())?;
+        // Resolved once: the working directory's check and the policy share them.
+        let roots = grant.working_roots();
+        let cwd = grant.check_cwd(&roots, request.cwd.as_deref())?;
         let program = grant.check_program(&argv0, &cwd)?;
         for (name, _) in &request.env {
             ProcessGrant::check_env_name(name.as_ref())?;
@@ -392,7 +394,7 @@ impl ProcessHost {
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
         let policy = self.policies.policy(fs_policy::PolicyInputs::new(
-            &grant.working_roots(),
+            &roots,
             &grant.read_write_paths,
             &grant.read_only_paths,
             &grant.filesystem,
