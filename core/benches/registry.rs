@@ -9,7 +9,11 @@
 //! - start cost at 1 000, 10 000 and 50 000 live tasks (flat = O(1));
 //! - RSS per live task with 10 000 live tasks, registry vs baseline.
 //!
-//! `-- --only registry|baseline` runs one side's starts alone (for `perf record`);
+//! `-- --only registry|baseline` runs one side's starts alone (for `perf record`,
+//! or for instructions per start, which the machine's load cannot change:
+//! `REGISTRY_BENCH_ROUNDS=2 valgrind --tool=callgrind --toggle-collect='*registry_starts*'
+//! --toggle-collect='*baseline_starts*' <bench binary> --only registry`, then the
+//! collected total over 20 000);
 //! `REGISTRY_BENCH_ROUNDS=n` sets the rounds (5 by default), and the
 //! registry/baseline ratio is also printed per round with its median (each
 //! round runs both sides back to back, the first side alternating).
@@ -262,10 +266,11 @@ async fn run_benchmarks() {
     println!("RSS per live task  registry {reg_bytes} B, baseline {base_bytes} B");
 }
 
-/// `--only registry|baseline`: 50 rounds of 10 000 starts of one side alone,
-/// for `perf record`.
+/// `--only registry|baseline`: 50 rounds (`REGISTRY_BENCH_ROUNDS` sets them)
+/// of 10 000 starts of one side alone, for `perf record` or callgrind.
 async fn starts_only(what: &str) {
-    for _ in 0..50 {
+    let rounds: usize = std::env::var("REGISTRY_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(50);
+    for _ in 0..rounds {
         if what == "registry" {
             let (registry, _surface) = registry();
             let (_, ids) = registry_starts(&registry, N, 1).await;

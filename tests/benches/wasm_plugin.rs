@@ -12,7 +12,9 @@
 //! - the floor of a wasm start, in the same run: a bare pooled instantiate of
 //!   the same component (same engine, same pool) and one trivial call of it
 //!   (`label`), through wasmtime alone: a `Store<()>`, every import a trap,
-//!   no limiter, no deadline callback, no driver.
+//!   no limiter, no deadline callback, no driver; and the floor of a live
+//!   wasm task's memory: RSS per live bare instance (after its `label` call)
+//!   with 10 000 of them held.
 
 use std::time::{Duration, Instant};
 
@@ -69,29 +71,51 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// The floor of a wasm start: `Store::new` + a pooled instantiation from an
-/// `InstancePre` + one `label` call, with nothing of taskhost's around it
-/// (no WASI context: every import of the component traps, and `label` calls
-/// none). Returns the sorted samples.
-async fn bare_floor(engine: &PluginEngine, component: &wasmtime::component::Component) -> Vec<Duration> {
-    use wasmtime::component::Linker;
-    let mut linker = Linker::<()>::new(engine.engine());
-    linker.define_unknown_imports_as_traps(component).expect("stub imports");
-    let pre = linker.instantiate_pre(component).expect("instance pre");
-    let (_, iface) = component.get_export(None, "taskhost:producer/producer@0.2.0").expect("producer export");
-    let (_, label) = component.get_export(Some(&iface), "label").expect("label export");
-    let args = json!({"count": 1, "interval_ms": 0}).to_string();
+/// The floor of a wasm task, through wasmtime alone: a `Store<()>` with a
+/// pooled instance of the same component (same engine, same pool) that has
+/// answered one `label` call. No WASI context (every import of the component
+/// traps, and `label` calls none), no limiter, no deadline callback, no
+/// driver, no registry.
+struct BareFloor {
+    engine: wasmtime::Engine,
+    pre: wasmtime::component::InstancePre<()>,
+    label: wasmtime::component::ComponentExportIndex,
+    args: String,
+}
+
+impl BareFloor {
+    fn new(engine: &PluginEngine, component: &wasmtime::component::Component) -> Self {
+        use wasmtime::component::Linker;
+        let mut linker = Linker::<()>::new(engine.engine());
+        linker.define_unknown_imports_as_traps(component).expect("stub imports");
+        let pre = linker.instantiate_pre(component).expect("instance pre");
+        let (_, iface) = component.get_export(None, "taskhost:producer/producer@0.2.0").expect("producer export");
+        let (_, label) = component.get_export(Some(&iface), "label").expect("label export");
+        let args = json!({"count": 1, "interval_ms": 0}).to_string();
+        Self { engine: engine.engine().clone(), pre, label, args }
+    }
+
+    /// A new store, its pooled instance, and one `label` call.
+    async fn instance(&self) -> wasmtime::Store<()> {
+        let mut store = wasmtime::Store::new(&self.engine, ());
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = self.pre.instantiate_async(&mut store).await.expect("instantiate");
+        let func = instance
+            .get_typed_func::<(&str, &str), (Result<String, String>,)>(&mut store, &self.label)
+            .expect("label signature");
+        let (labelled,) = func.call_async(&mut store, ("{}", &self.args)).await.expect("label call");
+        labelled.expect("label");
+        store
+    }
+}
+
+/// The floor of a wasm start: [`BareFloor::instance`], timed. Returns the
+/// sorted samples.
+async fn bare_floor(floor: &BareFloor) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
     for i in 0..LATENCY_SAMPLES + BATCH {
         let began = Instant::now();
-        let mut store = wasmtime::Store::new(engine.engine(), ());
-        store.set_epoch_deadline(u64::MAX / 2);
-        let instance = pre.instantiate_async(&mut store).await.expect("instantiate");
-        let func = instance
-            .get_typed_func::<(&str, &str), (Result<String, String>,)>(&mut store, &label)
-            .expect("label signature");
-        let (labelled,) = func.call_async(&mut store, ("{}", &args)).await.expect("label call");
-        labelled.expect("label");
+        let store = floor.instance().await;
         let elapsed = began.elapsed();
         drop(store);
         if i >= BATCH {
@@ -102,7 +126,7 @@ async fn bare_floor(engine: &PluginEngine, component: &wasmtime::component::Comp
     samples
 }
 
-async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
+async fn latency(wasm: &WasmProducer, native: &TickerProducer, floor: &BareFloor) {
     // Short tasks (one immediate tick) so the live set stays small.
     let args = json!({"count": 1, "interval_ms": 0});
     let (registry, _surface) = registry();
@@ -123,7 +147,7 @@ async fn latency(wasm: &WasmProducer, native: &TickerProducer) {
     }
     w.sort();
     n.sort();
-    let floor = bare_floor(wasm.version().engine(), wasm.version().component()).await;
+    let floor = bare_floor(floor).await;
     let (w50, w99, n50, n99) = (percentile(&w, 0.5), percentile(&w, 0.99), percentile(&n, 0.5), percentile(&n, 0.99));
     let (f50, f99) = (percentile(&floor, 0.5), percentile(&floor, 0.99));
     println!("start-to-registered latency ({LATENCY_SAMPLES} starts each, interleaved batches of {BATCH}):");
@@ -224,6 +248,39 @@ fn rss_by_kind() -> std::collections::BTreeMap<&'static str, u64> {
     out
 }
 
+/// Resident memory now, in all and by kind of mapping: the point to measure
+/// growth from.
+struct RssMark {
+    total: u64,
+    kinds: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl RssMark {
+    fn now() -> Self {
+        Self { total: rss_bytes().expect("rss"), kinds: rss_by_kind() }
+    }
+
+    /// Prints the growth since this mark per live item, in all and by kind
+    /// of mapping, and returns it in bytes.
+    fn report_growth(&self, label: &str, live: usize, starts_per_s: f64) -> f64 {
+        let after = rss_bytes().expect("rss");
+        let per_item = after.saturating_sub(self.total) as f64 / live as f64;
+        println!(
+            "  {label:<14} {:7.1} KiB RSS per live task ({live} live; {starts_per_s:.0} starts/s)",
+            per_item / 1024.0
+        );
+        let by_kind: Vec<String> = rss_by_kind()
+            .iter()
+            .map(|(kind, bytes)| {
+                let grown = bytes.saturating_sub(self.kinds.get(kind).copied().unwrap_or(0));
+                format!("{kind} {:.1}", grown as f64 / live as f64 / 1024.0)
+            })
+            .collect();
+        println!("  {label:<14} per live task by mapping, KiB: {}", by_kind.join(", "));
+        per_item
+    }
+}
+
 /// RSS growth per live task with `LIVE` live (hour-long) tickers.
 async fn memory(label: &str, producer: &dyn Producer) -> f64 {
     let args = json!({"count": 1000, "interval_ms": 3_600_000});
@@ -231,35 +288,60 @@ async fn memory(label: &str, producer: &dyn Producer) -> f64 {
     // Warm up allocator and pool state outside the measurement.
     start(&registry, producer, args.clone()).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let before = rss_bytes().expect("rss");
-    let kinds_before = rss_by_kind();
+    let mark = RssMark::now();
     let began = Instant::now();
     for _ in 0..LIVE {
         start(&registry, producer, args.clone()).await;
     }
     let elapsed = began.elapsed();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = rss_bytes().expect("rss");
-    let per_task = (after.saturating_sub(before)) as f64 / LIVE as f64;
-    println!(
-        "  {label:<14} {:7.1} KiB RSS per live task ({} live; {:.0} starts/s)",
-        per_task / 1024.0,
-        LIVE,
-        LIVE as f64 / elapsed.as_secs_f64()
-    );
-    let kinds_after = rss_by_kind();
-    let by_kind: Vec<String> = kinds_after
-        .iter()
-        .map(|(kind, bytes)| {
-            let grown = bytes.saturating_sub(kinds_before.get(kind).copied().unwrap_or(0));
-            format!("{kind} {:.1}", grown as f64 / LIVE as f64 / 1024.0)
-        })
-        .collect();
-    println!("  {label:<14} per live task by mapping, KiB: {}", by_kind.join(", "));
+    let per_task = mark.report_growth(label, LIVE, LIVE as f64 / elapsed.as_secs_f64());
     let began = Instant::now();
     registry.dispose().await;
     println!("  {label:<14} disposal of {LIVE} live tasks (cancel + await quiescence): {:?}", began.elapsed());
     per_task
+}
+
+/// The memory floor of a live wasm task: RSS growth per live bare instance
+/// ([`BareFloor::instance`]: the store and instance wasmtime itself keeps,
+/// and the guest memory its `label` call touched), with `LIVE` of them held.
+/// Measured in a process of its own (`WASM_BENCH_ONLY=floor-memory`): in
+/// this one the pool slots and the heap the tickers left are already
+/// resident, and a bare instance would reuse them for free.
+fn floor_memory_in_child() -> f64 {
+    let out = std::process::Command::new(std::env::current_exe().expect("current exe"))
+        .arg("--bench")
+        .env("WASM_BENCH_ONLY", "floor-memory")
+        .output()
+        .expect("run the floor memory probe");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut per_instance = None;
+    for line in stdout.lines() {
+        match line.strip_prefix(FLOOR_BYTES_LINE) {
+            Some(bytes) => per_instance = bytes.trim().parse().ok(),
+            None if line.starts_with("  floor") => println!("{line}"),
+            None => {}
+        }
+    }
+    per_instance.unwrap_or_else(|| panic!("the floor memory probe printed no result: {stdout}"))
+}
+
+/// How the floor memory probe hands its result to the parent.
+const FLOOR_BYTES_LINE: &str = "floor bytes per instance:";
+
+async fn floor_memory(floor: &BareFloor) -> f64 {
+    drop(floor.instance().await);
+    let mark = RssMark::now();
+    let began = Instant::now();
+    let mut live = Vec::with_capacity(LIVE);
+    for _ in 0..LIVE {
+        live.push(floor.instance().await);
+    }
+    let elapsed = began.elapsed();
+    let per_instance = mark.report_growth("floor", LIVE, LIVE as f64 / elapsed.as_secs_f64());
+    println!("{FLOOR_BYTES_LINE} {per_instance}");
+    drop(live);
+    per_instance
 }
 
 async fn loads(bytes: &[u8]) {
@@ -296,6 +378,7 @@ async fn loads(bytes: &[u8]) {
 
 /// Whether `part` runs: all of them unless `WASM_BENCH_ONLY` names some
 /// (comma-separated: `loads`, `latency`, `memory`), for profiling one part.
+/// (`floor-memory` alone is the child process `memory` starts.)
 fn part(part: &str) -> bool {
     match std::env::var("WASM_BENCH_ONLY") {
         Ok(only) => only.split(',').any(|p| p.trim() == part),
@@ -328,15 +411,25 @@ fn main() {
         let wasm = WasmProducer::new(version, json!({})).await.expect("describe");
         let native = TickerProducer::new(&json!({})).expect("native ticker");
         assert_eq!(wasm.descriptor().kind, native.descriptor().kind);
+        let floor = BareFloor::new(wasm.version().engine(), wasm.version().component());
 
         if part("latency") {
-            latency(&wasm, &native).await;
+            latency(&wasm, &native, &floor).await;
+        }
+        if std::env::var("WASM_BENCH_ONLY").is_ok_and(|only| only == "floor-memory") {
+            floor_memory(&floor).await;
+            return;
         }
         if part("memory") {
             println!("memory with {LIVE} live ticker tasks:");
             let native_per = memory("native ticker", &native).await;
             let wasm_per = memory("wasm ticker", &wasm).await;
+            let floor_per = floor_memory_in_child();
             println!("  ratio wasm/native: {:.1}x", wasm_per / native_per.max(1.0));
+            println!(
+                "  ratio wasm/floor:  {:.2}x (the floor: live bare instances, each after one `label` call)",
+                wasm_per / floor_per.max(1.0)
+            );
         }
     });
 }
