@@ -168,12 +168,17 @@ async fn main() {
     tokio::spawn(run_benchmarks()).await.unwrap();
 }
 
+/// `REGISTRY_BENCH_ROUNDS`, or `default` when it is unset or not a number.
+fn rounds_or(default: usize) -> usize {
+    std::env::var("REGISTRY_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(default)
+}
+
 async fn run_benchmarks() {
     // Rounds interleave registry and baseline, so each round's ratio is
     // measured under the same load; the median of those ratios is the
     // figure to quote on a busy machine. The side that goes first alternates
     // from round to round, so neither always runs right after the tool path.
-    let rounds: usize = std::env::var("REGISTRY_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    let rounds = rounds_or(5);
     println!("registry benchmark: {N} tasks per round, {rounds} rounds, median reported");
 
     // Throughput: registry vs baseline vs full tool path, interleaved per round.
@@ -269,7 +274,7 @@ async fn run_benchmarks() {
 /// `--only registry|baseline`: 50 rounds (`REGISTRY_BENCH_ROUNDS` sets them)
 /// of 10 000 starts of one side alone, for `perf record` or callgrind.
 async fn starts_only(what: &str) {
-    let rounds: usize = std::env::var("REGISTRY_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(50);
+    let rounds = rounds_or(50);
     for _ in 0..rounds {
         if what == "registry" {
             let (registry, _surface) = registry();

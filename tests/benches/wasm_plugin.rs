@@ -315,6 +315,12 @@ fn floor_memory_in_child() -> f64 {
         .output()
         .expect("run the floor memory probe");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the floor memory probe failed ({}): {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut per_instance = None;
     for line in stdout.lines() {
         match line.strip_prefix(FLOOR_BYTES_LINE) {
@@ -413,12 +419,14 @@ fn main() {
         assert_eq!(wasm.descriptor().kind, native.descriptor().kind);
         let floor = BareFloor::new(wasm.version().engine(), wasm.version().component());
 
-        if part("latency") {
-            latency(&wasm, &native, &floor).await;
-        }
+        // The child process the `memory` part starts: named alone, never
+        // part of a run of everything.
         if std::env::var("WASM_BENCH_ONLY").is_ok_and(|only| only == "floor-memory") {
             floor_memory(&floor).await;
             return;
+        }
+        if part("latency") {
+            latency(&wasm, &native, &floor).await;
         }
         if part("memory") {
             println!("memory with {LIVE} live ticker tasks:");
