@@ -36,8 +36,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote};
 use taskhost::ids::TaskId;
+use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote};
 use taskhost::tools::CallContext;
 
 /// CPU time (µs) of this process's threads and of its reaped descendants.
@@ -112,7 +112,7 @@ fn bwrap_anchor(iterations: usize) {
 
 fn main() {
     // Process trees start as this binary in keeper mode, as in `taskhost`.
-    taskhost::capabilities::process::keeper::run_if_keeper();
+    taskhost::process::keeper::run_if_keeper();
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime").block_on(run());
 }
 

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::capabilities::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use taskhost::ids::TaskId;
+use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use taskhost::tools::CallContext;
 use tokio::io::AsyncReadExt;
 
@@ -168,7 +168,7 @@ async fn registry(
 
 fn main() {
     // Process trees start as this binary in keeper mode, as in `taskhost`.
-    taskhost::capabilities::process::keeper::run_if_keeper();
+    taskhost::process::keeper::run_if_keeper();
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime").block_on(run());
 }
 

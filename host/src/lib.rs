@@ -7,7 +7,7 @@
 //!   [`producer`], ...), so `taskhost::tasks::TaskRegistry` is
 //!   `taskhost_core::tasks::TaskRegistry`.
 //! - `taskhost-process`: the `process` capability (confined process trees),
-//!   re-exported as [`capabilities::process`].
+//!   re-exported as [`process`].
 //! - this crate, for what needs a WebAssembly runtime, a network or a
 //!   terminal:
 //!   - [`plugin`]: the WebAssembly plugin runtime: engine, loading, one store
@@ -34,17 +34,10 @@ pub mod subagents;
 
 pub use taskhost_core::{Host, agents, host, ids, native, notices, panics, producer, prompt, settings, tasks, tools};
 
-/// What the host grants plugins beyond their sandbox, under the paths they
-/// had before the crates were split.
-pub mod capabilities {
-    /// The `process` capability (the `taskhost-process` crate), with the
-    /// per-store state of its WIT glue.
-    pub mod process {
-        pub use crate::plugin::resources::{ProcessCapability, ProcessCtx};
-        pub use taskhost_process::*;
-    }
-    pub use crate::subagents;
-}
+/// The `process` capability: the `taskhost-process` crate, under the path
+/// an embedder of this crate expects (`taskhost::process::ProcessHost`). The
+/// per-store state of its WIT glue is [`plugin::resources::ProcessCapability`].
+pub use taskhost_process as process;
 
 // The crates the public API speaks in, re-exported so an embedder uses the
 // very versions taskhost was built with (`taskhost::tokio_util::sync::

@@ -2,6 +2,6 @@
 
 fn main() -> std::process::ExitCode {
     // Process trees start as this binary in keeper mode: never returns there.
-    taskhost::capabilities::process::keeper::run_if_keeper();
+    taskhost::process::keeper::run_if_keeper();
     taskhost::cli::main()
 }

@@ -30,10 +30,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde_json::json;
 
-use crate::Host;
 use crate::config::{Config, NativeProducer, ProducerConfig, ProducerSource};
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
+use taskhost_core::Host;
 
 use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
@@ -41,9 +41,9 @@ use crate::plugin::engine::open_cache;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
 use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
-use crate::producer::{Descriptor, Producer};
 use crate::reload::ReloadablePlugin;
 use crate::subagents::{SubagentProducer, Subagents};
+use taskhost_core::producer::{Descriptor, Producer};
 use taskhost_process::{ProcessHost, ProcessHostConfig};
 
 /// Builds the producer a `[[producer]]` entry names. `base_dir` resolves
@@ -61,7 +61,7 @@ pub async fn build_producer(
                 "tool {:?}: the native ticker starts no processes; remove its process grant",
                 config.tool
             );
-            Ok(Arc::new(crate::native::ticker::TickerProducer::new(&config.config_json())?))
+            Ok(Arc::new(taskhost_core::native::ticker::TickerProducer::new(&config.config_json())?))
         }
         ProducerSource::Native(NativeProducer::Subagent) => {
             let instance = subagent_instance_config(config)?;

@@ -23,9 +23,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::target::{PluginTarget, Session, usage};
-use crate::tasks::{TaskEvent, TaskStatus};
-use crate::tools::CallContext;
-use crate::tools::producer_tool::RUN_IN_BACKGROUND;
+use taskhost_core::tasks::{TaskEvent, TaskStatus};
+use taskhost_core::tools::CallContext;
+use taskhost_core::tools::producer_tool::RUN_IN_BACKGROUND;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -138,7 +138,7 @@ async fn call(session: &Session, args: &CallArgs, call_args: Value) -> anyhow::R
             };
             match event {
                 Ok(TaskEvent::Output { id: ref of, .. })
-                | Ok(TaskEvent::Settled { task: crate::tasks::TaskSnapshot { id: ref of, .. } })
+                | Ok(TaskEvent::Settled { task: taskhost_core::tasks::TaskSnapshot { id: ref of, .. } })
                     if *of == id =>
                 {
                     break;
@@ -152,7 +152,7 @@ async fn call(session: &Session, args: &CallArgs, call_args: Value) -> anyhow::R
     }
 }
 
-async fn interrupted(session: &Session, id: &crate::ids::TaskId) -> anyhow::Result<Called> {
+async fn interrupted(session: &Session, id: &taskhost_core::ids::TaskId) -> anyhow::Result<Called> {
     let _ = session.host.registry().kill(id, Some(&session.agent), Some("interrupted (Ctrl-C)")).await;
     eprintln!("taskhost: interrupted; killed {id}");
     Ok(Called { ok: false })

@@ -25,7 +25,7 @@ use crate::config::ProducerSource;
 use super::out::outln;
 use super::target::{PluginTarget, usage};
 use crate::plugin::preflight::preflight;
-use crate::producer::Producer as _;
+use taskhost_core::producer::Producer as _;
 
 /// The `--help` epilogue: what scripts may rely on.
 pub const EXIT_CODES: &str = "\

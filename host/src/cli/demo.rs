@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use serde_json::{Value, json};
 
-use crate::Host;
-use crate::agents::Agent;
 use crate::config::{Config, TasksSettings};
 use crate::plugin::{CompileSource, ServingVersion};
 use crate::reload::ReloadablePlugin;
 use crate::setup::{PluginRuntime, build_wasm_producer};
-use crate::tools::CallContext;
-use crate::tools::producer_tool::ProducerToolOptions;
+use taskhost_core::Host;
+use taskhost_core::agents::Agent;
+use taskhost_core::tools::CallContext;
+use taskhost_core::tools::producer_tool::ProducerToolOptions;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {}
@@ -57,7 +57,7 @@ impl Demo {
     }
 
     fn version_of(&self, id: &str) -> anyhow::Result<String> {
-        let snapshot = self.host.registry().get(&crate::ids::TaskId::new(id), Some(&self.agent))?;
+        let snapshot = self.host.registry().get(&taskhost_core::ids::TaskId::new(id), Some(&self.agent))?;
         let info = snapshot.producer_info.context("a wasm task records its plugin version")?;
         Ok(ServingVersion::seq_of_info(&info).map_or(info.clone(), |seq| format!("v{seq} ({info})")))
     }
@@ -246,7 +246,8 @@ async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
     demo.call("task_input", json!({"task_id": repl, "text": "hello\n"})).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let peek = demo.host.registry().peek(&crate::ids::TaskId::new(repl.as_str()), Some(&demo.agent), 0).await?;
+        let peek =
+            demo.host.registry().peek(&taskhost_core::ids::TaskId::new(repl.as_str()), Some(&demo.agent), 0).await?;
         if peek.text.contains("you said: hello") {
             break;
         }
@@ -302,7 +303,7 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
     )?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let read = demo.host.registry().read(&crate::ids::TaskId::new(id.as_str()), Some(&demo.agent)).await?;
+        let read = demo.host.registry().read(&taskhost_core::ids::TaskId::new(id.as_str()), Some(&demo.agent)).await?;
         if read.text.contains("left a daemon") {
             println!("  (the command said: {})", read.text.trim());
             break;

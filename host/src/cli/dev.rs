@@ -37,12 +37,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::target::{PluginTarget, Served, Session, usage};
-use crate::Host;
-use crate::agents::Agent;
 use crate::plugin::ServingVersion;
 use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
-use crate::tools::producer_tool::RUN_IN_BACKGROUND;
-use crate::tools::{CallContext, ToolOutput};
+use taskhost_core::Host;
+use taskhost_core::agents::Agent;
+use taskhost_core::tools::producer_tool::RUN_IN_BACKGROUND;
+use taskhost_core::tools::{CallContext, ToolOutput};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\

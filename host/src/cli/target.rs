@@ -15,12 +15,12 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::Host;
-use crate::agents::Agent;
 use crate::config::{Config, Grants, ProducerConfig};
-use crate::producer::Producer as _;
 use crate::reload::ReloadablePlugin;
 use crate::setup::{PluginRuntime, build_wasm_producer};
+use taskhost_core::Host;
+use taskhost_core::agents::Agent;
+use taskhost_core::producer::Producer as _;
 use taskhost_process::ProcessGrant;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -95,8 +95,8 @@ impl PluginTarget {
             plugin: crate::config::ProducerSource::File(self.target.clone()),
             config: table,
             background: true,
-            foreground_timeout_ms: crate::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
-            promote_after_ms: crate::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS,
+            foreground_timeout_ms: taskhost_core::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
+            promote_after_ms: taskhost_core::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS,
             grants: Grants { process },
         };
         Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))

@@ -12,12 +12,12 @@
 //!   token with `admin = true` in `[serve.http] tokens` sees every owner's,
 //!   grouped by owner, and may kill them. A task the viewer may not see is
 //!   `404` with the same JSON error as an unknown one.
-//! - Output is read with [`crate::tasks::TaskRegistry::peek`], which never
+//! - Output is read with [`taskhost_core::tasks::TaskRegistry::peek`], which never
 //!   consumes: the model's next `task_output` still gets everything new.
 //! - Kill runs the `task_kill` tool as the task's owner: the same
 //!   semantics and the same reply text as the model's `task_kill`.
 //! - Live updates are server-sent events (`GET /dashboard/api/events`) fed
-//!   by [`crate::tasks::TaskRegistry::subscribe`] and the plugins' reload
+//!   by [`taskhost_core::tasks::TaskRegistry::subscribe`] and the plugins' reload
 //!   events; nothing polls the registry. The stream starts with a
 //!   `snapshot` of the viewer's tasks and sends a new one when the
 //!   broadcast receiver lagged. A comment line every [`PING`] lets a dead
@@ -48,11 +48,11 @@ use tracing::Instrument as _;
 
 use super::McpServer;
 use super::tokens::{TokenTable, bearer_token};
-use crate::agents::Agent;
-use crate::ids::{SessionId, TaskId};
 use crate::reload::ReloadEvent;
-use crate::tasks::{TaskError, TaskEvent, TaskSnapshot};
-use crate::tools::CallContext;
+use taskhost_core::agents::Agent;
+use taskhost_core::ids::{SessionId, TaskId};
+use taskhost_core::tasks::{TaskError, TaskEvent, TaskSnapshot};
+use taskhost_core::tools::CallContext;
 
 /// Event streams served at once, over every token.
 pub const MAX_EVENT_STREAMS: usize = 64;

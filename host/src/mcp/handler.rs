@@ -21,9 +21,9 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tracing::Instrument;
 
 use super::McpServer;
-use crate::agents::Agent;
-use crate::tools::producer_tool::RUN_IN_BACKGROUND;
-use crate::tools::{CallContext, ToolDefinition, ToolError, ToolOutput};
+use taskhost_core::agents::Agent;
+use taskhost_core::tools::producer_tool::RUN_IN_BACKGROUND;
+use taskhost_core::tools::{CallContext, ToolDefinition, ToolError, ToolOutput};
 
 /// The owner a verified HTTP request runs as. The auth layer puts it in
 /// the request's extensions; nothing a client sends can set it.
@@ -241,7 +241,7 @@ impl McpServer {
         // The start reply ends with the task id (`started background ticker
         // task ticker-4`); the registry confirms it is this owner's task.
         let registry = self.host().registry();
-        let id = output.text.rsplit(' ').next().map(crate::ids::TaskId::new);
+        let id = output.text.rsplit(' ').next().map(taskhost_core::ids::TaskId::new);
         match id {
             Some(id) if registry.get(&id, Some(owner)).is_ok() => {
                 tracing::info!(task = %id, "answered as an MCP task");

@@ -20,7 +20,7 @@
 //!   the model can read and fix it, and the server keeps serving.
 //! - The request's cancellation (a `notifications/cancelled`, a closed HTTP
 //!   stream, a closed stdio connection) cancels the call's
-//!   [`crate::tools::CallContext::cancel`], which stops a foreground run.
+//!   [`taskhost_core::tools::CallContext::cancel`], which stops a foreground run.
 //! - A client that declares the tasks extension gets foreground producer
 //!   calls answered as MCP tasks backed by the registry ([`tasks`]); a
 //!   2025-11-25 client gets the same tasks through that revision's
@@ -40,6 +40,7 @@ pub mod dashboard;
 pub mod handler;
 pub mod http;
 pub mod jsonrpc;
+pub mod settings;
 pub mod stdio;
 pub mod tasks;
 pub mod tasks_v1;
@@ -48,11 +49,11 @@ pub mod tokens;
 use std::sync::Arc;
 
 pub use handler::McpHandler;
+use settings::ServeSettings;
 
-use crate::Host;
-use crate::config::ServeSettings;
 use crate::plugin::producer::LoadGate;
 use crate::reload::ReloadablePlugin;
+use taskhost_core::Host;
 
 /// What every connection and request of one `taskhost serve` shares.
 pub struct McpServer {

@@ -52,8 +52,8 @@ use tracing::Instrument;
 
 use super::jsonrpc::{self, Checked, INVALID_REQUEST, LIMIT_EXCEEDED, Rejection};
 use super::{McpHandler, McpServer, tasks_v1};
-use crate::agents::Agent;
 use crate::plugin::producer::LoadGate;
+use taskhost_core::agents::Agent;
 
 /// The longest line accepted from a client (rmcp's own default, 16 MiB).
 pub const MAX_LINE_BYTES: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;

@@ -26,9 +26,9 @@ use rmcp::model::{
     CallToolResult, ContentBlock, CreateTaskResult, DetailedTask, GetTaskResult, Task, TaskPayload, TaskStatus,
 };
 
-use crate::agents::Agent;
-use crate::ids::TaskId;
-use crate::tasks::{TaskRegistry, TaskSnapshot, TaskStatus as RegistryStatus};
+use taskhost_core::agents::Agent;
+use taskhost_core::ids::TaskId;
+use taskhost_core::tasks::{TaskRegistry, TaskSnapshot, TaskStatus as RegistryStatus};
 
 /// How often a client should poll `tasks/get`.
 const POLL_INTERVAL_MS: u64 = 500;

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 
 use super::McpServer;
 use super::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS, Rejection};
-use crate::agents::Agent;
-use crate::tools::producer_tool::RUN_IN_BACKGROUND;
+use taskhost_core::agents::Agent;
+use taskhost_core::tools::producer_tool::RUN_IN_BACKGROUND;
 
 /// The protocol revision this bridge speaks.
 pub const PROTOCOL: &str = "2025-11-25";
@@ -110,7 +110,7 @@ pub async fn answer(
             }
             let mut arguments = arguments.unwrap_or_default();
             arguments.insert(RUN_IN_BACKGROUND.to_string(), true.into());
-            let call = crate::tools::CallContext::for_agent(owner);
+            let call = taskhost_core::tools::CallContext::for_agent(owner);
             match server.start_task(owner, name, arguments, &call).await {
                 Ok(created) => {
                     let view = server.tasks.view(registry, owner, &created.task.task_id).map_err(refused)?;

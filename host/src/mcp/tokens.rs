@@ -10,7 +10,7 @@
 use subtle::ConstantTimeEq;
 
 use super::McpServer;
-use crate::agents::Agent;
+use taskhost_core::agents::Agent;
 
 /// The configured clients: secret and owner per token name.
 pub struct TokenTable {

@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use super::component::CompileSource;
 use super::engine::{PluginEngine, PluginRuntimeConfig};
 use super::producer::describe;
-use crate::producer::Descriptor;
+use taskhost_core::producer::Descriptor;
 
 /// What a checked plugin would serve.
 #[derive(Debug, Clone)]

@@ -75,7 +75,7 @@ use super::bounds;
 use super::fault::{self, Fault};
 use super::state::StoreState;
 use super::versions::Guest;
-use crate::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome};
+use taskhost_core::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome};
 use taskhost_process::{OutputSink, SpillFile};
 
 enum Request {

@@ -4,7 +4,7 @@
 //! allocator, compile cache) loads plugin files or bytes into immutable
 //! [`PluginVersion`]s (validated against the `taskhost:producer/plugin`
 //! world, pre-instantiated once). A [`WasmProducer`] serves one tool instance
-//! (version + config) through [`crate::producer::Producer`]: one store per
+//! (version + config) through [`taskhost_core::producer::Producer`]: one store per
 //! task, driven by its own driver task that owns the store.
 //!
 //! Invariants: a plugin never runs outside a per-call deadline and a memory

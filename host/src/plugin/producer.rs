@@ -57,7 +57,7 @@ use super::fault;
 use super::state::StoreState;
 use super::versions::Guest;
 use crate::plugin::resources::ProcessCapability;
-use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
+use taskhost_core::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 
 /// A producer backed by a wasm plugin.
 pub struct WasmProducer {
@@ -257,7 +257,7 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
         Err(err) => bail!(fault::classify(&store, deadline, "describe", &err)),
     };
     let problem = |what: String| anyhow!("plugin {} returned a bad descriptor from describe: {what}", version.name());
-    if !crate::ids::is_valid_kind(&described.kind) {
+    if !taskhost_core::ids::is_valid_kind(&described.kind) {
         return Err(problem(format!(
             "kind {:?} is not a valid task kind (lowercase letters, digits, '_' or '-', starting with a letter, at most 64 bytes)",
             described.kind
@@ -359,7 +359,7 @@ impl Producer for WasmProducer {
     /// A `bash` kind keeps the behaviour contract's wording
     /// (`started background task bash-1`), which clients written against it
     /// match on; every other kind names itself.
-    fn start_reply(&self, descriptor: &Descriptor, id: &crate::ids::TaskId) -> String {
+    fn start_reply(&self, descriptor: &Descriptor, id: &taskhost_core::ids::TaskId) -> String {
         start_reply(descriptor, id)
     }
 
@@ -373,7 +373,7 @@ impl Producer for WasmProducer {
 
         let (mut store, guest) = instantiate(&version, format!("run {run_number}").into()).await?;
         store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
-        if let Some(owner) = crate::producer::preparing_for() {
+        if let Some(owner) = taskhost_core::producer::preparing_for() {
             store.data_mut().process().set_owner(&owner);
         }
         if let Some(subagents) = &self.subagents {
@@ -416,7 +416,7 @@ impl Producer for WasmProducer {
             let hooks = driver::spawn(parts, span);
             let counted = LiveGuard::new(live, seq);
             let done = hooks.done;
-            Ok(crate::tasks::TaskHooks {
+            Ok(taskhost_core::tasks::TaskHooks {
                 control: hooks.control,
                 done: Box::pin(async move {
                     let outcome = done.await;
@@ -429,7 +429,7 @@ impl Producer for WasmProducer {
     }
 }
 
-fn start_reply(descriptor: &Descriptor, id: &crate::ids::TaskId) -> String {
+fn start_reply(descriptor: &Descriptor, id: &taskhost_core::ids::TaskId) -> String {
     if descriptor.kind == "bash" {
         format!("started background task {id}")
     } else {
@@ -549,7 +549,7 @@ impl Producer for LoadingProducer {
         }
     }
 
-    fn start_reply(&self, descriptor: &Descriptor, id: &crate::ids::TaskId) -> String {
+    fn start_reply(&self, descriptor: &Descriptor, id: &taskhost_core::ids::TaskId) -> String {
         start_reply(descriptor, id)
     }
 
@@ -585,7 +585,7 @@ pub fn descriptor_from_json(json: &[u8]) -> Option<Descriptor> {
         streams_output: value.get("streams_output")?.as_bool()?,
         takes_input: value.get("takes_input")?.as_bool()?,
     };
-    let sane = crate::ids::is_valid_kind(&descriptor.kind)
+    let sane = taskhost_core::ids::is_valid_kind(&descriptor.kind)
         && !descriptor.description.trim().is_empty()
         && descriptor.description.len() <= bounds::MAX_DESCRIPTION_BYTES
         && descriptor.parameters.get("type").and_then(|t| t.as_str()) == Some("object");

@@ -26,8 +26,8 @@ use super::bindings::{v0_1, v0_2};
 use super::bounds;
 use super::contract::ContractVersion;
 use super::state::StoreState;
-use crate::producer::RunMode;
-use crate::tasks::{TaskOutcome, TerminalStatus};
+use taskhost_core::producer::RunMode;
+use taskhost_core::tasks::{TaskOutcome, TerminalStatus};
 
 /// A component pre-instantiated for the version it speaks.
 pub(crate) enum PluginPre {

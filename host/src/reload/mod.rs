@@ -48,10 +48,10 @@ use anyhow::Context as _;
 use tokio::sync::broadcast;
 use tracing::Instrument as _;
 
-use crate::Host;
 use crate::plugin::{CompileSource, PluginEngine, PluginVersion, ServingVersion, WasmProducer};
-use crate::producer::Producer;
-use crate::tools::producer_tool::ProducerToolOptions;
+use taskhost_core::Host;
+use taskhost_core::producer::Producer;
+use taskhost_core::tools::producer_tool::ProducerToolOptions;
 
 pub use watch::{WatchHandle, WatchOptions, watch};
 

@@ -11,7 +11,7 @@
 //!
 //! The [`SubagentRun`] handle gives the result (final text + [`StopReason`]),
 //! `cancel`, and `dispose`, which resolves only after the child agent is
-//! disposed — and since [`crate::agents::Agent::dispose`] awaits the tasks
+//! disposed — and since [`taskhost_core::agents::Agent::dispose`] awaits the tasks
 //! the child owns, a child's own background tasks are gone by then too.
 //!
 //! Invariants:
@@ -50,8 +50,8 @@ pub use producer::{SubagentProducer, outcome_of};
 pub use run::{RunGuard, SubagentRun};
 pub use types::{RunResult, StopReason};
 
-use crate::agents::{Agent, AgentRegistry};
-use crate::tools::{CallContext, ToolDefinition, ToolError, ToolOutput, WeakToolbox};
+use taskhost_core::agents::{Agent, AgentRegistry};
+use taskhost_core::tools::{CallContext, ToolDefinition, ToolError, ToolOutput, WeakToolbox};
 
 /// How long a cancelled backend may take to stop on its own before its work
 /// is dropped (scripted and openai stop at once; acp overrides it).
@@ -143,7 +143,7 @@ impl ChildContext {
 
 impl Subagents {
     /// The service for `host`: [`Subagents::new`] with its agents and tools.
-    pub fn for_host(host: &crate::Host, config: &SubagentsConfig) -> anyhow::Result<Self> {
+    pub fn for_host(host: &taskhost_core::Host, config: &SubagentsConfig) -> anyhow::Result<Self> {
         Self::new(host.agents(), host.toolbox().downgrade(), config)
     }
 

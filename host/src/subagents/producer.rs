@@ -24,8 +24,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{RunGuard, RunResult, StartRequest, StopReason, Subagents};
-use crate::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
-use crate::tasks::{TaskControl, TaskHooks, TaskOutcome};
+use taskhost_core::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
+use taskhost_core::tasks::{TaskControl, TaskHooks, TaskOutcome};
 
 /// The seed's `runOutcome`: completed → `completed` with the final text as
 /// output; aborted → `killed`; error, max-tokens, refusal and any unknown

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::types::RunResult;
-use crate::agents::Agent;
+use taskhost_core::agents::Agent;
 
 /// A handle to one child run. Cloning shares the run.
 #[derive(Clone)]

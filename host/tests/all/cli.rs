@@ -1,5 +1,5 @@
 //! The `taskhost` binary's own modes: the demo (the README's first command)
-//! and the process-keeper mode (see `capabilities::process::keeper`), whose
+//! and the process-keeper mode (see `taskhost_process::keeper`), whose
 //! working path the MCP and dev suites cover end to end (their bash tasks
 //! all start through it).
 

@@ -188,7 +188,7 @@ fn dev_grants_the_process_capability_like_serve() {
 /// writes inside the read-write path work, writes elsewhere are refused.
 #[test]
 fn dev_applies_a_configurations_landlock_paths() {
-    if taskhost::capabilities::process::confine::support().landlock_abi.is_none() {
+    if taskhost::process::confine::support().landlock_abi.is_none() {
         eprintln!("SKIPPED: this kernel has no Landlock");
         return;
     }

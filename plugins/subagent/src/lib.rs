@@ -24,7 +24,7 @@
 //! (set by the host from the instance's background switch: the description
 //! mentions background collection with task_output only when it is on).
 //! The host's in-process twin of this plugin
-//! (`taskhost::capabilities::subagents::SubagentProducer`) keeps the same
+//! (`taskhost::subagents::SubagentProducer`) keeps the same
 //! config, schema, texts and mapping.
 
 use core::cell::{Cell, RefCell};

@@ -10,6 +10,10 @@
 //!   `plugin::bindings` is the edge `host → bindings` inside `plugin`).
 //!   References are `crate::…` and `super::…` paths outside comments and
 //!   outside the file's trailing `#[cfg(test)] mod tests` block.
+//! - **One name per type in `taskhost`**: its own modules name the other
+//!   workspace crates' items by those crates' paths (`taskhost_core::tasks`),
+//!   never through the root's re-exports for embedders (`crate::tasks`), so
+//!   the crate boundary shows in every `use`.
 //! - **`taskhost-core` stands alone**: no plugin runtime, network stack or
 //!   libc in its dependencies (also stated by `cargo tree`, which CI runs).
 //! - **Every fixture plugin is used by some test.**
@@ -320,6 +324,80 @@ fn the_cycle_check_finds_a_cycle() {
         }
     }
     assert_eq!(cycles(&edges), ["in crate: a → b → a"]);
+}
+
+/// The names `taskhost`'s root re-exports from the other workspace crates
+/// (`pub use taskhost_core::{Host, tasks, …}`, `pub use taskhost_process as
+/// process`).
+fn reexported_names(lib_rs: &str) -> Vec<String> {
+    let code = code(lib_rs);
+    let mut names = Vec::new();
+    for statement in code.split(';') {
+        let Some(path) = statement.trim().strip_prefix("pub use ") else { continue };
+        if !(path.starts_with("taskhost_core") || path.starts_with("taskhost_process")) {
+            continue;
+        }
+        if let Some((_, alias)) = path.split_once(" as ") {
+            names.push(alias.trim().to_string());
+        } else if let Some(group) = path.split_once('{').and_then(|(_, rest)| rest.split_once('}')) {
+            names.extend(group.0.split(',').map(|name| name.trim().to_string()).filter(|name| !name.is_empty()));
+        } else if let Some(last) = path.rsplit("::").next() {
+            names.push(last.trim().to_string());
+        }
+    }
+    names
+}
+
+/// `crate::<name>` paths in `text` (outside comments and strings) for any of
+/// `names`.
+fn uses_of_reexports(text: &str, names: &[String]) -> Vec<String> {
+    let code = code(text);
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        if code[..at].chars().next_back().is_some_and(|c| is_ident(c) || c == ':') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if names.contains(&name) {
+            found.push(format!("crate::{name}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn taskhost_names_the_other_crates_by_their_own_paths() {
+    let src = workspace().join("host/src");
+    let names = reexported_names(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    assert!(
+        ["tasks", "Host", "process"].iter().all(|name| names.contains(&name.to_string())),
+        "host/src/lib.rs's re-exports not found: {names:?}"
+    );
+    let mut problems = Vec::new();
+    for (module, text) in modules(&src) {
+        for used in uses_of_reexports(&text, &names) {
+            problems.push(format!("host/src/{}: {used}", module.join("/")));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "taskhost's modules name a re-export instead of its crate (write `taskhost_core::…` or \
+         `taskhost_process::…`; the re-exports are for embedders):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_reexport_check_finds_a_use() {
+    let names = reexported_names(
+        "pub use taskhost_core::{Host, tasks};\npub use taskhost_process as process;\npub use crate::x::Y;\n",
+    );
+    assert_eq!(names, ["Host", "tasks", "process"]);
+    let text = "use crate::tasks::TaskId;\nfn f(h: &crate::Host) { taskhost_core::tasks::go(); crate::plugin::x(); }\n\
+                // crate::process in a comment\nconst S: &str = \"crate::process\";\n";
+    assert_eq!(uses_of_reexports(text, &names), ["crate::tasks", "crate::Host"]);
 }
 
 #[test]

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::capabilities::subagents::Subagents;
 use taskhost::config::Config;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::setup::host_from_config;
+use taskhost::subagents::Subagents;
 use taskhost::tasks::{TaskError, TaskStatus};
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};

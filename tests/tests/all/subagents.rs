@@ -10,11 +10,11 @@ use std::time::Duration;
 use agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent, subagent_started_id};
 use serde_json::json;
 use taskhost::Host;
-use taskhost::capabilities::subagents::{RunResult, StopReason};
-use taskhost::capabilities::subagents::{Subagents, outcome_of};
 use taskhost::config::Config;
 use taskhost::producer::{Producer, RunMode};
 use taskhost::setup::host_from_config;
+use taskhost::subagents::{RunResult, StopReason};
+use taskhost::subagents::{Subagents, outcome_of};
 use taskhost::tasks::{TaskError, TaskRegistry, TaskStart, TaskStatus, TerminalStatus};
 use taskhost::tools::{CallContext, ToolError};
 use taskhost_tests::agent_calls;
@@ -230,7 +230,7 @@ async fn a_failed_start_preflight_never_starts_a_child() {
     let bare = TaskRegistry::new(host.agents().clone(), Default::default());
     let config = Config::parse(CONFIG).unwrap();
     let subagents = Subagents::for_host(&host, &config.subagents).unwrap();
-    let native = taskhost::capabilities::subagents::SubagentProducer::new(subagents, &json!({})).unwrap();
+    let native = taskhost::subagents::SubagentProducer::new(subagents, &json!({})).unwrap();
     let prepared = native.prepare(json!({"description": "d", "prompt": "say hi"}), RunMode::Background).await.unwrap();
     let started = bare
         .start(TaskStart {

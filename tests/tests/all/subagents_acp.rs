@@ -9,9 +9,9 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use taskhost::Host;
-use taskhost::capabilities::subagents::config::SubagentsConfig;
-use taskhost::capabilities::subagents::{RunResult, StartRequest, StopReason, SubagentRun, Subagents};
 use taskhost::config::TasksSettings;
+use taskhost::subagents::config::SubagentsConfig;
+use taskhost::subagents::{RunResult, StartRequest, StopReason, SubagentRun, Subagents};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_scripted-acp-agent");
 

@@ -13,10 +13,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use taskhost::Host;
-use taskhost::capabilities::subagents::config::SubagentsConfig;
-use taskhost::capabilities::subagents::{StartRequest, StopReason, Subagents};
 use taskhost::config::TasksSettings;
 use taskhost::native::ticker::TickerProducer;
+use taskhost::subagents::config::SubagentsConfig;
+use taskhost::subagents::{StartRequest, StopReason, Subagents};
 
 const KEY_VAR: &str = "TASKHOST_TEST_OPENAI_KEY";
 
