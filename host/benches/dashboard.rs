@@ -63,11 +63,13 @@ async fn run() {
     );
     let config_path = dir.join("bench.toml");
     std::fs::write(&config_path, config).unwrap();
+    common::trust(&dir, &config_path);
     let mut command = tokio::process::Command::new(BIN);
     command
         .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(&config_path)
         .current_dir(&dir)
+        .env("XDG_STATE_HOME", common::state_home(&dir))
         .env("RUST_LOG", "warn");
     let (mut server, url) = common::spawn_http_server(command, None).await;
     let origin = url.trim_end_matches("/mcp").to_string();

@@ -220,6 +220,7 @@ fn serve_stdio(config_path: &std::path::Path, dir: &std::path::Path) -> tokio::p
         .arg(config_path)
         .current_dir(dir)
         .env("RUST_LOG", "warn")
+        .env("XDG_STATE_HOME", common::state_home(dir))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -256,6 +257,8 @@ async fn run() {
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("bench.toml");
     std::fs::write(&config_path, config_text()).unwrap();
+    // It lies in the servers' working directory: trusted, as its user would.
+    common::trust(&dir, &config_path);
     let config = Config::load(&config_path).unwrap();
 
     // Cold start to the first tools/list answer over stdio, against the
@@ -307,6 +310,7 @@ async fn run() {
         .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(&config_path)
         .current_dir(&dir)
+        .env("XDG_STATE_HOME", common::state_home(&dir))
         .env("RUST_LOG", "warn");
     let (mut server, url) = common::spawn_http_server(command, None).await;
     let connect = |i: usize| {

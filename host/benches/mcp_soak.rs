@@ -212,6 +212,7 @@ async fn run(options: Options) {
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("soak.toml");
     std::fs::write(&config_path, config_text(clients)).unwrap();
+    common::trust(&dir, &config_path);
     let mark = ProcessMark::new("soak");
 
     let mut command = tokio::process::Command::new(BIN);
@@ -219,6 +220,7 @@ async fn run(options: Options) {
         .args(["serve", "--http", "127.0.0.1:0", "--config"])
         .arg(&config_path)
         .current_dir(&dir)
+        .env("XDG_STATE_HOME", common::state_home(&dir))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null());
     let (mut server, url) = common::spawn_http_server(command, None).await;

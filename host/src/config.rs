@@ -36,6 +36,9 @@ pub struct Config {
     /// `[subagents]`: the backends child runs are started on.
     #[serde(default)]
     pub subagents: crate::subagents::SubagentsConfig,
+    /// `[state]`: where taskhost keeps its own state ([`crate::state`]).
+    #[serde(default)]
+    pub state: crate::state::StateSettings,
     /// The file this configuration was loaded from (absolute), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -45,6 +48,19 @@ pub struct Config {
 /// symlinks, so it works for paths that do not exist yet).
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The file's bytes, refused when over [`MAX_CONFIG_BYTES`] (never read in part).
+fn read_bounded(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
+    anyhow::ensure!(bytes.len() as u64 <= MAX_CONFIG_BYTES, "it is over {MAX_CONFIG_BYTES} bytes");
+    Ok(bytes)
 }
 
 /// `[[producer]]`: one producer tool instance.
@@ -204,10 +220,18 @@ impl Config {
     }
 
     /// Reads, parses and validates a configuration file. Relative
-    /// `token_file` paths are taken from the file's directory.
+    /// `token_file` paths are taken from the file's directory. Trust is not
+    /// checked: the commands load through [`Config::load_trusted`].
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading configuration {}", path.display()))?;
+        Ok(Self::read(path)?.0)
+    }
+
+    /// As [`Config::load`], and the SHA-256 of the bytes parsed.
+    fn read(path: &Path) -> anyhow::Result<(Self, String)> {
+        let bytes = read_bounded(path).with_context(|| format!("reading configuration {}", path.display()))?;
+        let sha256 = crate::state::trust::sha256_hex(&bytes);
+        let text = String::from_utf8(bytes)
+            .map_err(|_| anyhow::anyhow!("configuration {} is not UTF-8 text", path.display()))?;
         let mut config = Self::parse(&text).with_context(|| format!("in configuration {}", path.display()))?;
         let source = absolute(path);
         let dir = source.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -217,20 +241,72 @@ impl Config {
             }
         }
         config.source = Some(source);
+        Ok((config, sha256))
+    }
+
+    /// Loads a configuration file the way every command does: read once,
+    /// and used only when it lies outside every directory its process trees
+    /// (or any server's in `cwd`) can write, or `trust` vouches for exactly
+    /// these bytes ([`crate::state::trust`]). The error of a refusal names
+    /// the file, why, and the command to run.
+    pub fn load_trusted(path: &Path, cwd: &Path, trust: &crate::state::trust::TrustStore) -> anyhow::Result<Self> {
+        let (config, sha256) = Self::read(path)?;
+        let policy = crate::state::trust::TrustPolicy::new(trust.clone(), config.writable_roots(cwd));
+        policy.admit(path, crate::state::trust::FileKind::Config, &sha256).map_err(|e| anyhow::Error::new(*e))?;
         Ok(config)
     }
 
+    /// Where the process trees of this configuration can write, with why:
+    /// `cwd` (the server's working directory: every grant's default
+    /// workspace, and where any server started there, with the defaults,
+    /// lets its trees write), every grant's `working_dirs` and
+    /// `read_write_paths`. A file that lies in one is loaded only when trusted.
+    pub fn writable_roots(&self, cwd: &Path) -> Vec<crate::state::trust::WritableRoot> {
+        use crate::state::trust::WritableRoot;
+        let mut roots = vec![WritableRoot::new(cwd, "the server's working directory")];
+        for producer in self.effective_producers() {
+            let Some(grant) = &producer.grants.process else { continue };
+            for dir in &grant.working_dirs {
+                roots.push(WritableRoot::new(&cwd.join(dir), format!("working_dirs of tool {:?}", producer.tool)));
+            }
+            for path in &grant.read_write_paths {
+                roots.push(WritableRoot::new(&cwd.join(path), format!("read_write_paths of tool {:?}", producer.tool)));
+            }
+        }
+        roots.dedup_by(|a, b| a.path == b.path);
+        roots
+    }
+
+    /// The `.wasm` plugin files the producers name, absolute (relative ones
+    /// are taken from the configuration file's directory, as they are
+    /// loaded).
+    pub fn plugin_files(&self) -> Vec<PathBuf> {
+        let dir = self.source.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+        self.producers
+            .iter()
+            .filter_map(|p| match &p.plugin {
+                ProducerSource::File(path) => Some(absolute(&dir.join(path))),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// taskhost's own state, which no process tree may read: the
-    /// configuration file, the HTTP token files, the compile cache directory
-    /// and a configured spill root. (The default spill root is the system's
-    /// temporary directory, shared with everyone: there only the host's own
-    /// spill directory is private, and the process host protects it.)
+    /// configuration file, the HTTP token files, the compile cache
+    /// directory, the state directory (the configured one and the default,
+    /// which holds the trust records), taskhost's configuration directory
+    /// and a configured spill root (the default one is in the state
+    /// directory).
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let mut paths = Vec::new();
         paths.extend(self.source.clone());
         paths.extend(self.serve.http.tokens.iter().filter_map(|t| t.token_file.as_deref()).map(absolute));
         paths.extend(self.plugins.effective_cache_dir().as_deref().map(absolute));
+        paths.extend(self.state.effective_dir().ok());
+        paths.extend(crate::state::default_dir().ok());
+        paths.extend(crate::state::config_dir());
         paths.extend(self.process.spill_root.as_deref().map(absolute));
+        paths.dedup();
         paths
     }
 
@@ -379,7 +455,11 @@ mod tests {
         assert_eq!(config.serve.http.tokens[0].resolve().unwrap(), "0123456789abcdef0123", "trimmed");
         let protected = config.protected_paths();
         assert_eq!(protected[..3], [path.clone(), dir.join("a.token"), config.plugins.effective_cache_dir().unwrap()]);
-        assert_eq!(protected[3], Path::new("/var/tmp"));
+        assert!(protected.contains(&PathBuf::from("/var/tmp")), "{protected:?}");
+        assert!(
+            protected.contains(&crate::state::default_dir().unwrap()),
+            "the trust records' directory: {protected:?}"
+        );
         assert_eq!(config.inline_tokens_in(&dir), Some(vec!["b".to_string()]));
         assert_eq!(config.inline_tokens_in(&dir.join("elsewhere")), None, "a file outside the workspace is fine");
         std::fs::write(dir.join("a.token"), "short\n").unwrap();

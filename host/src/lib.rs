@@ -16,7 +16,9 @@
 //!     and ACP backends) and its native producer.
 //!   - [`reload`]: hot reload of wasm plugins (make-before-break) and file watching.
 //!   - [`builtin`]: the plugins built into the binary (embedded components).
-//!   - [`config`]: the configuration file.
+//!   - [`config`]: the configuration file, and which files need trust.
+//!   - [`state`]: taskhost's own state directory (trust records, the
+//!     compile cache's key, the spill root).
 //!   - [`setup`]: a host from a configuration (which producers serve which tools).
 //!   - [`mcp`]: the MCP server (`taskhost serve`) over stdio and HTTP.
 //!   - [`cli`]: the `taskhost` command line (`serve`, `dev`, `demo`).
@@ -30,6 +32,7 @@ pub mod mcp;
 pub mod plugin;
 pub mod reload;
 pub mod setup;
+pub mod state;
 pub mod subagents;
 
 pub use taskhost_core::{Host, agents, host, ids, native, notices, panics, producer, prompt, settings, tasks, tools};

@@ -37,11 +37,12 @@ use taskhost_core::Host;
 
 use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
-use crate::plugin::engine::open_cache;
+use crate::plugin::engine::open_cache_in;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
 use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
+use crate::state::{StateDir, StateSettings};
 use crate::subagents::{SubagentProducer, Subagents};
 use taskhost_core::producer::{Descriptor, Producer};
 use taskhost_process::{ProcessHost, ProcessHostConfig};
@@ -236,6 +237,8 @@ type EngineStart = Shared<BoxFuture<'static, Result<PluginEngine, Arc<str>>>>;
 pub struct PluginRuntime {
     engine_config: PluginRuntimeConfig,
     process_config: ProcessHostConfig,
+    /// `[state]`: where the compile cache's key and the default spill root are.
+    state: StateSettings,
     /// The compile cache (also the descriptor cache), opened once and shared
     /// with the engine; `Some(None)` when it is off or untrusted.
     cache: Option<Option<Arc<CompileCache>>>,
@@ -257,6 +260,7 @@ impl PluginRuntime {
         Self {
             engine_config: config.plugins.clone(),
             process_config,
+            state: config.state.clone(),
             cache: None,
             engine: None,
             process_host: None,
@@ -272,8 +276,8 @@ impl PluginRuntime {
 
     /// The compile cache, opened on first use.
     fn cache(&mut self) -> Option<Arc<CompileCache>> {
-        let config = &self.engine_config;
-        self.cache.get_or_insert_with(|| open_cache(config)).clone()
+        let (config, state) = (&self.engine_config, &self.state);
+        self.cache.get_or_insert_with(|| open_cache_in(config, state)).clone()
     }
 
     /// Starts building the engine on its own thread, unless it was started.
@@ -348,11 +352,23 @@ impl PluginRuntime {
         store_descriptor(&cache, &key, &producer.descriptor());
     }
 
+    /// Where spill files go: `[process] spill_root`, else the state
+    /// directory's spill root (hidden from every tree with the directory).
+    fn spill_root(&self) -> anyhow::Result<PathBuf> {
+        match &self.process_config.spill_root {
+            Some(root) => Ok(root.clone()),
+            None => StateDir::open_configured(&self.state)?.spill_root(),
+        }
+    }
+
     /// The process host. Its start-ahead work (tree limiter, spill sweep,
     /// confinement probe, warm keeper) begins when a producer using it is built
     /// ([`WasmPlan::build`]), after the gate.
     pub fn process_host(&mut self) -> anyhow::Result<Arc<ProcessHost>> {
         if self.process_host.is_none() {
+            if self.process_config.spill_root.is_none() {
+                self.process_config.spill_root = Some(self.spill_root()?);
+            }
             self.process_host =
                 Some(ProcessHost::new_unstarted(&self.process_config).context("creating the process spill directory")?);
         }
@@ -432,7 +448,7 @@ pub async fn served_from_config_gated(
     // inside the process capability's hidden directory when there is one.
     let output_parent = match runtime.process_host.as_ref() {
         Some(process_host) => process_host.spill_dir().to_path_buf(),
-        None => config.process.spill_root.clone().unwrap_or_else(std::env::temp_dir),
+        None => runtime.spill_root().context("placing the task output directory")?,
     };
     host.registry().set_output_spill_dir(&output_parent).context("creating the task output directory")?;
     Ok((host, plugins))

@@ -14,6 +14,7 @@ pub mod new;
 pub mod out;
 pub mod serve;
 pub mod target;
+pub mod trust;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -46,6 +47,11 @@ pub enum Command {
     /// A short scripted run on the built-in plugins: background work,
     /// streamed output, a reload mid-flight, a kill, notices. No network.
     Demo(demo::DemoArgs),
+    /// Trust a configuration or plugin file as it is now, so a server loads
+    /// it from where its process trees can write; --list shows the records.
+    Trust(trust::TrustArgs),
+    /// Remove the trust records of files.
+    Untrust(trust::UntrustArgs),
 }
 
 /// Parses the command line, runs the subcommand, and reports its error.
@@ -56,7 +62,7 @@ pub fn main() -> ExitCode {
         // only repeat the narrated line.
         Command::Demo(_) => "error",
         // Their stdout is the answer; only problems belong on stderr.
-        Command::Check(_) | Command::Call(_) | Command::New(_) => "warn",
+        Command::Check(_) | Command::Call(_) | Command::New(_) | Command::Trust(_) | Command::Untrust(_) => "warn",
         _ => "info",
     };
     init_logging(default_filter);
@@ -76,6 +82,8 @@ pub fn main() -> ExitCode {
             Command::Call(args) => call::run(args).await.map(|called| called.ok),
             Command::New(args) => new::run(args).map(|()| true),
             Command::Demo(args) => demo::run(args).await.map(|()| true),
+            Command::Trust(args) => trust::run(args).map(|()| true),
+            Command::Untrust(args) => trust::run_untrust(args).map(|()| true),
         }
     });
     // A read of stdin blocked in the runtime's thread pool cannot be

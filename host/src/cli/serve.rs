@@ -1,7 +1,11 @@
 //! `taskhost serve [--config PATH] [--http [ADDR]] [--watch]`: every tool over MCP.
 //!
 //! Configuration: `--config PATH`, else `./taskhost.toml` when it exists,
-//! else the built-in defaults. A configuration with inline HTTP tokens inside
+//! else the built-in defaults. A configuration file that lies where process
+//! trees can write (the working directory and below, a grant's
+//! `working_dirs` or `read_write_paths`) is loaded only when `taskhost
+//! trust` recorded exactly its bytes; otherwise `serve` exits 1 naming the
+//! file, why, and the command to run. A configuration with inline HTTP tokens inside
 //! the served workspace (the working directory or below) is warned about at
 //! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
 //! (`--http` alone listens on `[serve.http] listen`; it also serves the web
@@ -25,6 +29,8 @@ use crate::mcp::{McpServer, http, stdio};
 use crate::plugin::producer::LoadGate;
 use crate::reload::{ReloadablePlugin, WatchOptions};
 use crate::setup::served_from_config_gated;
+use crate::state::StateDir;
+use crate::state::trust::TrustStore;
 
 /// The configuration file used when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "taskhost.toml";
@@ -43,16 +49,23 @@ pub struct ServeArgs {
 }
 
 /// Loads the configuration the way `serve` documents it, with the
-/// directory relative plugin paths are resolved against.
+/// directory relative plugin paths are resolved against. A file that lies
+/// where process trees can write is loaded only when trusted
+/// ([`Config::load_trusted`]); otherwise this fails with the reason and
+/// the command to run, and the server does not start (neither with that
+/// file nor with the defaults in its place: a planted configuration must
+/// not be mistaken for the user's, nor the user's silently dropped).
 pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)> {
     let directory_of = |path: &Path| path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let cwd = std::env::current_dir().context("the working directory")?;
+    let trust = || anyhow::Ok(TrustStore::new(&StateDir::open_default()?));
     if let Some(path) = explicit {
-        return Ok((Config::load(path)?, directory_of(path)));
+        return Ok((Config::load_trusted(path, &cwd, &trust()?)?, directory_of(path)));
     }
     let default = Path::new(DEFAULT_CONFIG_FILE);
     if default.exists() {
         tracing::info!(path = %default.display(), "using the configuration in the working directory");
-        return Ok((Config::load(default)?, PathBuf::from(".")));
+        return Ok((Config::load_trusted(default, &cwd, &trust()?)?, PathBuf::from(".")));
     }
     tracing::info!("no configuration file; using the built-in defaults");
     Ok((Config::default(), PathBuf::from(".")))

@@ -18,6 +18,8 @@ use serde_json::Value;
 use crate::config::{Config, Grants, ProducerConfig};
 use crate::reload::ReloadablePlugin;
 use crate::setup::{PluginRuntime, build_wasm_producer};
+use crate::state::StateDir;
+use crate::state::trust::TrustStore;
 use taskhost_core::Host;
 use taskhost_core::agents::Agent;
 use taskhost_core::producer::Producer as _;
@@ -75,7 +77,9 @@ impl PluginTarget {
             usage!("{} does not exist", self.target.display());
         }
         if self.is_config_file() {
-            let config = Config::load(&self.target)?;
+            let cwd = std::env::current_dir().context("the working directory")?;
+            let trust = TrustStore::new(&StateDir::open_default()?);
+            let config = Config::load_trusted(&self.target, &cwd, &trust)?;
             let base = self.target.parent().unwrap_or(Path::new(".")).to_path_buf();
             return Ok((config, base));
         }

@@ -3,8 +3,10 @@
 //! Model: a compiled component (`Component::serialize`) is native code the
 //! host will run. One [`CompileCache`] per engine keeps them in a directory,
 //! one file per key (`<content sha-256>-<engine compatibility hash>`), each
-//! file a header (magic, then the SHA-256 of the key and the artifact) followed
-//! by the artifact.
+//! file a header (magic, then an HMAC-SHA256 of the entry's kind, its key
+//! and the artifact) followed by the artifact. The MAC key is 32 random
+//! bytes kept in the state directory ([`crate::state::StateDir::cache_key`]),
+//! never in the cache directory.
 //!
 //! Invariants:
 //! - The directory is created `0700`. An existing one is used only when it is
@@ -15,7 +17,7 @@
 //! - An entry is loaded only when it opens with `O_NOFOLLOW` (no symlink), is
 //!   a regular file owned by the server's uid with no group or other
 //!   permission bits, and is at most `cache_max_bytes` long. It is read into
-//!   memory whole and its digest checked before anything is deserialized from
+//!   memory whole and its MAC checked before anything is deserialized from
 //!   those bytes (`Component::deserialize`, which copies them): no live mapping
 //!   of a file that anyone can still change ever becomes code.
 //! - An entry that fails any check is logged, deleted and recompiled; the
@@ -32,22 +34,30 @@
 //!   writes and trimming. They are never code: a wrong one is caught by the
 //!   real `describe` that always follows (see `super::producer`).
 //!
-//! Trust: the digest catches a partial rewrite of an artifact and an artifact
-//! swapped for another (even a valid one: the key is in the digest). A writer
-//! running as the server's own uid with access to the directory could forge
-//! both; that is why the directory is among the paths no process tree may
-//! read or write ([`taskhost_process::ProcessHostConfig::protected_paths`]).
+//! Trust: the MAC catches a partial rewrite of an artifact, an artifact
+//! swapped for another (even a valid one: the key and the kind are in the
+//! MAC), and an entry forged by anyone who can write the cache directory but
+//! not read the key (a process tree that reached the directory, say, by
+//! moving `~/.cache` away): without the key there is no valid entry to
+//! write. A bad MAC is a miss (logged, deleted, recompiled), never a load.
+//! Both directories are among the paths no process tree may read or write
+//! ([`taskhost_process::ProcessHostConfig::protected_paths`]); the key is
+//! what still holds when that protection is carried away.
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hmac::Mac as _;
 use sha2::Digest as _;
 
-/// First bytes of every entry: names the format (and its version).
-const MAGIC: &[u8; 16] = b"taskhost-cwasm1\n";
-/// Magic, then the 32-byte digest.
+use crate::state::CacheKey;
+
+/// First bytes of every entry: names the format (and its version; version
+/// 1 entries, with an unkeyed digest, are refused and recompiled).
+const MAGIC: &[u8; 16] = b"taskhost-cwasm2\n";
+/// Magic, then the 32-byte MAC.
 pub const HEADER_LEN: usize = MAGIC.len() + 32;
 /// File name extension of compiled-component entries.
 const EXTENSION: &str = "cwasm";
@@ -59,6 +69,7 @@ const DESCRIPTOR_EXTENSION: &str = "desc";
 pub struct CompileCache {
     dir: PathBuf,
     max_bytes: u64,
+    key: CacheKey,
     next_tmp: AtomicU64,
 }
 
@@ -78,9 +89,10 @@ fn euid() -> u32 {
 }
 
 impl CompileCache {
-    /// Creates (`0700`) or checks the directory. The error says why the
-    /// directory cannot be trusted and what to do about it.
-    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, String> {
+    /// Creates (`0700`) or checks the directory; entries are authenticated
+    /// with `key`. The error says why the directory cannot be trusted and
+    /// what to do about it.
+    pub fn open(dir: &Path, max_bytes: u64, key: CacheKey) -> Result<Self, String> {
         match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
             Ok(()) => {}
             Err(e) => return Err(format!("cannot create it: {e}")),
@@ -111,7 +123,7 @@ impl CompileCache {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| format!("cannot restrict its mode {mode:04o} to 0700: {e}"))?;
         }
-        Ok(Self { dir: dir.to_path_buf(), max_bytes, next_tmp: AtomicU64::new(0) })
+        Ok(Self { dir: dir.to_path_buf(), max_bytes, key, next_tmp: AtomicU64::new(0) })
     }
 
     /// The directory.
@@ -215,9 +227,9 @@ impl CompileCache {
         if &bytes[..MAGIC.len()] != MAGIC {
             return Err("it does not start with the taskhost cache header (an old or foreign file)".into());
         }
-        let expected = &bytes[MAGIC.len()..HEADER_LEN];
-        if digest(key, &bytes[HEADER_LEN..]).as_slice() != expected {
-            return Err("its digest does not match its contents and key (modified or swapped)".into());
+        let (header, artifact) = bytes.split_at(HEADER_LEN);
+        if self.mac(path, key, artifact).verify_slice(&header[MAGIC.len()..]).is_err() {
+            return Err("its MAC does not match its contents and key (modified, swapped or forged)".into());
         }
         // Least recently used is judged by mtime (atime is often not kept).
         let _ = file.set_modified(std::time::SystemTime::now());
@@ -251,7 +263,7 @@ impl CompileCache {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&tmp)?;
             file.write_all(MAGIC)?;
-            file.write_all(&digest(key, artifact))?;
+            file.write_all(&self.mac(&path, key, artifact).finalize().into_bytes())?;
             file.write_all(artifact)?;
             std::fs::rename(&tmp, &path)
         })();
@@ -261,6 +273,21 @@ impl CompileCache {
         written?;
         self.trim(&path);
         Ok(())
+    }
+
+    /// The HMAC-SHA256 state over the format, the entry's kind (its file
+    /// extension), its key and `artifact`: a file moved to another key's
+    /// name, or from a descriptor to a component, does not verify.
+    fn mac(&self, path: &Path, key: &str, artifact: &[u8]) -> hmac::Hmac<sha2::Sha256> {
+        let mut mac = <hmac::Hmac<sha2::Sha256>>::new_from_slice(&self.key.0).expect("HMAC takes any key length");
+        let kind = path.extension().map(|e| e.as_encoded_bytes()).unwrap_or_default();
+        mac.update(MAGIC);
+        for part in [kind, key.as_bytes()] {
+            mac.update(&(part.len() as u64).to_le_bytes());
+            mac.update(part);
+        }
+        mac.update(artifact);
+        mac
     }
 
     /// Deletes the least recently used entries until the directory holds at
@@ -320,17 +347,6 @@ pub fn descriptor_key(content_hash: &str, config_json: &str) -> String {
     format!("desc-{content_hash}-{config}")
 }
 
-/// SHA-256 of the format name, the key and the artifact: a file moved to
-/// another key's name does not verify.
-fn digest(key: &str, artifact: &[u8]) -> [u8; 32] {
-    let mut hasher = sha2::Sha256::new();
-    hasher.update(MAGIC);
-    hasher.update((key.len() as u64).to_le_bytes());
-    hasher.update(key.as_bytes());
-    hasher.update(artifact);
-    hasher.finalize().into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,10 +357,14 @@ mod tests {
         dir
     }
 
+    fn key(byte: u8) -> CacheKey {
+        CacheKey([byte; 32])
+    }
+
     #[test]
     fn stores_and_verifies_and_refuses_a_flipped_byte() {
         let dir = temp("flip");
-        let cache = CompileCache::open(&dir, 1 << 20).unwrap();
+        let cache = CompileCache::open(&dir, 1 << 20, key(1)).unwrap();
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
         cache.store("k", b"artifact bytes").unwrap();
         let path = cache.entry_path("k");
@@ -354,7 +374,7 @@ mod tests {
         *bytes.last_mut().unwrap() ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let Lookup::Refused(why) = cache.load("k") else { panic!("a flipped byte must be refused") };
-        assert!(why.contains("digest"), "{why}");
+        assert!(why.contains("MAC"), "{why}");
         assert!(!path.exists(), "a refused entry is deleted");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -362,10 +382,29 @@ mod tests {
     #[test]
     fn an_entry_under_another_key_does_not_verify() {
         let dir = temp("swap");
-        let cache = CompileCache::open(&dir, 1 << 20).unwrap();
+        let cache = CompileCache::open(&dir, 1 << 20, key(1)).unwrap();
         cache.store("a", b"code of a").unwrap();
         std::fs::rename(cache.entry_path("a"), cache.entry_path("b")).unwrap();
-        assert!(matches!(cache.load("b"), Lookup::Refused(why) if why.contains("digest")));
+        assert!(matches!(cache.load("b"), Lookup::Refused(why) if why.contains("MAC")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_entry_forged_without_the_key_is_refused() {
+        let dir = temp("forge");
+        let cache = CompileCache::open(&dir, 1 << 20, key(1)).unwrap();
+        cache.store("k", b"real code").unwrap();
+        // Whoever writes the directory but lacks the key: its own MAC, its code.
+        let forger = CompileCache::open(&dir, 1 << 20, key(2)).unwrap();
+        forger.store("k", b"forged code").unwrap();
+        assert!(matches!(forger.load("k"), Lookup::Hit(b) if b == b"forged code"), "valid under the forger's key");
+        forger.store("k", b"forged code").unwrap();
+        let Lookup::Refused(why) = cache.load("k") else { panic!("a forged entry must be refused") };
+        assert!(why.contains("MAC"), "{why}");
+        // A descriptor moved to a component's name does not verify either.
+        cache.store_descriptor("d", b"{}").unwrap();
+        std::fs::rename(cache.descriptor_path("d"), cache.entry_path("d")).unwrap();
+        assert!(matches!(cache.load("d"), Lookup::Refused(why) if why.contains("MAC")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -374,10 +413,10 @@ mod tests {
         let dir = temp("mode");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let why = CompileCache::open(&dir, 1 << 20).unwrap_err();
+        let why = CompileCache::open(&dir, 1 << 20, key(1)).unwrap_err();
         assert!(why.contains("writable by group or others (mode 0777)") && why.contains("chmod 700"), "{why}");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        CompileCache::open(&dir, 1 << 20).unwrap();
+        CompileCache::open(&dir, 1 << 20, key(1)).unwrap();
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "tightened");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -385,7 +424,7 @@ mod tests {
     #[test]
     fn an_artifact_larger_than_the_cap_is_not_stored() {
         let dir = temp("big");
-        let cache = CompileCache::open(&dir, 100).unwrap();
+        let cache = CompileCache::open(&dir, 100, key(1)).unwrap();
         cache.store("k", &[0u8; 100]).unwrap();
         assert!(matches!(cache.load("k"), Lookup::Miss));
         std::fs::remove_dir_all(&dir).unwrap();

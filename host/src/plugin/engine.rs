@@ -269,10 +269,27 @@ impl PluginEngine {
     }
 }
 
-/// Opens the compile cache `config` asks for: `None` when it is off, or
-/// (with one warning) when its directory cannot be trusted.
+/// Opens the compile cache `config` asks for, keyed from the default state
+/// directory: `None` when it is off, or (with one warning) when its
+/// directory cannot be trusted or there is no key.
 pub fn open_cache(config: &PluginRuntimeConfig) -> Option<Arc<CompileCache>> {
-    config.effective_cache_dir().and_then(|dir| match CompileCache::open(&dir, config.cache_max_bytes) {
+    open_cache_in(config, &crate::state::StateSettings::default())
+}
+
+/// As [`open_cache`], with the key from the state directory `state` names.
+pub fn open_cache_in(config: &PluginRuntimeConfig, state: &crate::state::StateSettings) -> Option<Arc<CompileCache>> {
+    let dir = config.effective_cache_dir()?;
+    let key = match crate::state::StateDir::open_configured(state).and_then(|state| state.cache_key()) {
+        Ok(key) => key,
+        Err(err) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "no key for the compile cache ({err:#}); compiling without a cache"
+            );
+            return None;
+        }
+    };
+    match CompileCache::open(&dir, config.cache_max_bytes, key) {
         Ok(cache) => Some(Arc::new(cache)),
         Err(why) => {
             tracing::warn!(
@@ -281,7 +298,7 @@ pub fn open_cache(config: &PluginRuntimeConfig) -> Option<Arc<CompileCache>> {
             );
             None
         }
-    })
+    }
 }
 
 fn build_on_demand(config: &PluginRuntimeConfig) -> anyhow::Result<Engine> {

@@ -36,8 +36,10 @@ fn config(extra: &str) -> String {
 /// The descriptor cache of the server `config` runs, and the key of its bash entry.
 fn descriptor_entry(config: &str) -> (CompileCache, String) {
     let parsed = Config::parse(config).unwrap();
-    let dir = parsed.plugins.effective_cache_dir().expect("the cache is on");
-    let cache = CompileCache::open(&dir, parsed.plugins.cache_max_bytes).unwrap();
+    // Keyed as the servers' (the test servers share this user's key).
+    let cache =
+        std::sync::Arc::into_inner(taskhost::plugin::engine::open_cache(&parsed.plugins).expect("the cache opens"))
+            .expect("the only holder");
     let bash = taskhost::builtin::find("bash").unwrap().wasm;
     let config_json = serde_json::to_string(&parsed.effective_producers()[0].config_json()).unwrap();
     (cache, descriptor_key(&content_hash(bash), &config_json))

@@ -35,14 +35,51 @@ pub fn log_file(dir: &std::path::Path) -> Stdio {
     Stdio::from(std::fs::File::create(dir.join("stderr.log")).unwrap())
 }
 
-/// `taskhost serve` over stdio, optionally with a configuration; the caller
-/// wires its stdio.
+/// The state directory's base (`XDG_STATE_HOME`) of the servers a test
+/// runs in `dir`, beside it (outside the workspace). Created on first use,
+/// holding this user's compile cache key (`$XDG_STATE_HOME/taskhost/
+/// cache.key` of the test process), so test servers share the compile cache
+/// as one user's servers do; the trust records are the test's own.
+pub fn state_home(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let home = PathBuf::from(format!("{}-state", dir.display()));
+    let state = home.join("taskhost");
+    let key_file = state.join("cache.key");
+    if !key_file.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&state).unwrap();
+        let key = taskhost::state::StateDir::open_default().and_then(|s| s.cache_key()).expect("this user's cache key");
+        let written = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&key_file);
+        if let Ok(mut file) = written {
+            std::io::Write::write_all(&mut file, &key.0).unwrap();
+        }
+    }
+    home
+}
+
+/// `taskhost trust <file>` with the test's state directory (see
+/// [`state_home`]), as the user runs it after writing a configuration or
+/// building a plugin that lies where process trees can write.
+pub fn trust(dir: &std::path::Path, file: &std::path::Path) {
+    let output = std::process::Command::new(BIN)
+        .arg("trust")
+        .arg(file)
+        .env("XDG_STATE_HOME", state_home(dir))
+        .output()
+        .expect("run taskhost trust");
+    assert!(output.status.success(), "taskhost trust {}: {output:?}", file.display());
+}
+
+/// `taskhost serve` over stdio in `dir`, with the test's state directory,
+/// optionally with a configuration (`dir/test.toml`, trusted: it lies in
+/// the server's working directory); the caller wires its stdio.
 pub fn serve_command(dir: &std::path::Path, config: Option<&str>) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(BIN);
     command.arg("serve").current_dir(dir).env("RUST_LOG", "info,taskhost=debug");
+    command.env("XDG_STATE_HOME", state_home(dir));
     if let Some(config) = config {
         let path = dir.join("test.toml");
         std::fs::write(&path, config).unwrap();
+        trust(dir, &path);
         command.arg("--config").arg(path);
     }
     command
@@ -196,10 +233,14 @@ pub async fn wait_for_text(path: &std::path::Path, needle: &str, within: Duratio
 pub fn taskhost_as(uid: Option<u32>, base: &std::path::Path) -> tokio::process::Command {
     use std::os::unix::fs::PermissionsExt;
     let Some(uid) = uid else { return tokio::process::Command::new(BIN) };
+    // Copied once per `base`: a copy may still run (a server's keeper) when
+    // the next command starts.
     let copy = base.join("taskhost");
-    std::fs::copy(BIN, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::chown(&copy, Some(uid), Some(uid)).unwrap();
+    if !copy.exists() {
+        std::fs::copy(BIN, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&copy, Some(uid), Some(uid)).unwrap();
+    }
     let mut command = tokio::process::Command::new("setpriv");
     command.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--inh-caps=-all"]);
     command.arg(copy);

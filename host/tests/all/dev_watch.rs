@@ -36,6 +36,7 @@ impl Console {
             .current_dir(dir)
             .env("RUST_LOG", "warn")
             .env("XDG_CACHE_HOME", dir.join("cache"))
+            .env("XDG_STATE_HOME", common::state_home(dir))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -203,6 +204,8 @@ fn dev_applies_a_configurations_landlock_paths() {
         ),
     )
     .unwrap();
+    // It lies where its trees write: trusted, as its author would.
+    common::trust(&dir, &config);
     let mut console = Console::start(&config, &dir, &[]);
     console.expect("serving bash from");
     console.send(&format!(
