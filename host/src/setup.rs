@@ -18,6 +18,11 @@
 //! thread of its own, load, validation, `describe`) runs in the background
 //! once the [`LoadGate`] opens. Otherwise the entry is loaded and described
 //! before serving, as always, and its descriptor is cached for next time.
+//! A plugin file is read once; with a trust policy ([`PluginRuntime::with_trust`],
+//! what the commands give) it is admitted by the hash of those bytes before
+//! anything else, and its reloads are guarded the same way
+//! ([`crate::reload`]). Plugin files, like taskhost's own state, are handed
+//! to the process host as paths no tree may write.
 //! The process host's spill directory is made at once; its start-ahead work
 //! (tree limiter and its cgroups, the sweep of dead hosts' spill
 //! directories, confinement probe, warm keeper) begins when a producer using
@@ -42,6 +47,7 @@ use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, d
 use crate::plugin::resources::ProcessCapability;
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
+use crate::state::trust::{FileKind, TrustPolicy};
 use crate::state::{StateDir, StateSettings};
 use crate::subagents::{SubagentProducer, Subagents};
 use taskhost_core::producer::{Descriptor, Producer};
@@ -169,6 +175,10 @@ impl WasmPlan {
                     .with_context(|| format!("cannot read plugin {}", file.display()))
                     .with_context(|| format!("cannot load plugin {}", file.display()))?;
                 let hash = content_hash(&bytes);
+                // Read once: these bytes are the ones admitted and loaded.
+                if let Some(policy) = &runtime.trust {
+                    policy.admit(&file, FileKind::Plugin, &hash).map_err(|e| anyhow::Error::new(*e))?;
+                }
                 (crate::plugin::component::plugin_name_of(&file), Cow::Owned(bytes), hash, Some(file))
             }
         };
@@ -246,13 +256,22 @@ pub struct PluginRuntime {
     process_host: Option<Arc<ProcessHost>>,
     /// When the engine may start being built (see [`LoadGate`]).
     gate: LoadGate,
+    /// What plugin files must pass, at load and on every reload (none:
+    /// every file is loaded, as an embedder building a host wants).
+    trust: Option<Arc<TrustPolicy>>,
 }
 
 impl PluginRuntime {
     pub fn new(config: &Config) -> Self {
         let mut process_config = config.process.clone();
-        // taskhost's own state is out of every tree's reach.
-        for path in config.protected_paths() {
+        // taskhost's own state is out of every tree's reach, and so are the
+        // plugin files it loads (and reloads).
+        // TODO(lead): the plugin files belong in the sandbox engineer's
+        // read-only-for-trees list (`ProcessHostConfig::write_protected_paths`)
+        // once it lands: trees may read them, never write or replace them.
+        // Until then they are hidden like the rest of taskhost's state; the
+        // trust check on every load and reload holds either way.
+        for path in config.protected_paths().into_iter().chain(config.plugin_files()) {
             if !process_config.protected_paths.contains(&path) {
                 process_config.protected_paths.push(path);
             }
@@ -265,6 +284,21 @@ impl PluginRuntime {
             engine: None,
             process_host: None,
             gate: LoadGate::open_now(),
+            trust: None,
+        }
+    }
+
+    /// Admits plugin files through `policy` (see [`crate::state::trust`]),
+    /// at load and on every reload of the plugins built here.
+    pub fn with_trust(mut self, policy: Option<Arc<TrustPolicy>>) -> Self {
+        self.trust = policy;
+        self
+    }
+
+    /// Guards `plugin`'s reloads with this runtime's trust policy, if any.
+    pub fn guard(&self, plugin: &ReloadablePlugin) {
+        if let Some(policy) = &self.trust {
+            plugin.guard_reloads(policy.clone());
         }
     }
 
@@ -404,19 +438,21 @@ pub struct ServedPlugin {
 /// [`ReloadablePlugin`] (its versions, live tasks per version and reloads
 /// are what `serve --watch` and the web dashboard use).
 pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
-    served_from_config_gated(config, base_dir, LoadGate::open_now()).await
+    served_from_config_gated(config, base_dir, LoadGate::open_now(), None).await
 }
 
 /// As [`served_from_config`], with the background loads of plugins served
 /// from cached descriptors (and the engine they need) held until `gate`
-/// opens: `serve` opens it once its first tool listing is answered.
+/// opens: `serve` opens it once its first tool listing is answered. Plugin
+/// files pass `trust` (when given) at load and on every reload.
 pub async fn served_from_config_gated(
     config: &Config,
     base_dir: &Path,
     gate: LoadGate,
+    trust: Option<Arc<TrustPolicy>>,
 ) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
     let host = Host::new(&config.tasks)?;
-    let mut runtime = PluginRuntime::new(config).with_gate(gate);
+    let mut runtime = PluginRuntime::new(config).with_gate(gate).with_trust(trust);
     let producers = config.effective_producers();
     let subagents = Subagents::for_host(&host, &config.subagents)?;
     let mut plugins = Vec::new();
@@ -434,6 +470,7 @@ pub async fn served_from_config_gated(
                     runtime.store_descriptor(&built);
                     let plugin = ReloadablePlugin::serve_producer(&host, &engine, built, producer.tool_options())
                         .with_context(context)?;
+                    runtime.guard(&plugin);
                     let ready: BoxFuture<'static, _> = Box::pin(std::future::ready(Ok(plugin)));
                     ready.shared()
                 }
@@ -475,6 +512,7 @@ fn serve_loading(
     tracing::debug!(tool = %tool, "serving from the cached descriptor; loading in the background");
     let engine = runtime.engine_start();
     let cache = runtime.cache();
+    let trust = runtime.trust.clone();
     let host = host.clone();
     let what = plan.tool.clone();
     let load = async move {
@@ -494,7 +532,11 @@ fn serve_loading(
                     }
                 }
                 done.finish(Ok(producer.clone()));
-                Ok(ReloadablePlugin::attach(&host, &engine, producer, tool))
+                let plugin = ReloadablePlugin::attach(&host, &engine, producer, tool);
+                if let Some(policy) = trust {
+                    plugin.guard_reloads(policy);
+                }
+                Ok(plugin)
             }
             Err(err) => {
                 let why = format!("{what} failed to load: {err:#}");

@@ -5,7 +5,9 @@
 //! trees can write (the working directory and below, a grant's
 //! `working_dirs` or `read_write_paths`) is loaded only when `taskhost
 //! trust` recorded exactly its bytes; otherwise `serve` exits 1 naming the
-//! file, why, and the command to run. A configuration with inline HTTP tokens inside
+//! file, why, and the command to run. The same holds for every `.wasm`
+//! plugin file it names, at start (exit 1) and on each `--watch` reload (the
+//! reload fails and the previous version keeps serving). A configuration with inline HTTP tokens inside
 //! the served workspace (the working directory or below) is warned about at
 //! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
 //! (`--http` alone listens on `[serve.http] listen`; it also serves the web
@@ -30,7 +32,7 @@ use crate::plugin::producer::LoadGate;
 use crate::reload::{ReloadablePlugin, WatchOptions};
 use crate::setup::served_from_config_gated;
 use crate::state::StateDir;
-use crate::state::trust::TrustStore;
+use crate::state::trust::{TrustPolicy, TrustStore};
 
 /// The configuration file used when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "taskhost.toml";
@@ -73,12 +75,14 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
+    let cwd = std::env::current_dir().context("the working directory")?;
+    let trust = Arc::new(TrustPolicy::new(TrustStore::new(&StateDir::open_default()?), config.writable_roots(&cwd)));
     warn_about_inline_tokens(&config);
     // Over HTTP or with --watch (whose file watches start with the loads),
     // plugins load at once; otherwise once the first tool listing is
     // answered (or a call needs one).
     let gate = if args.http.is_some() || args.watch { LoadGate::open_now() } else { LoadGate::closed() };
-    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone()).await?;
+    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone(), Some(trust)).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     // Over HTTP the dashboard follows every plugin's reloads from its start:

@@ -2,11 +2,15 @@
 //!
 //! Model: a [`PluginTarget`] (the command-line arguments the three share) is
 //! resolved into a [`Config`] exactly as `taskhost serve` reads one: a
-//! `.toml` target is loaded as is; a `.wasm` target becomes a configuration
-//! of one `[[producer]]` entry built from the flags (`--config`, `--tool`,
-//! `--program`). [`open`] then serves every wasm producer of it on an
-//! in-process [`Host`] with one agent, with the same resolution and grants as
-//! `serve`. Errors name what the author wrote: the plugin file for a
+//! `.toml` target is loaded as `serve` loads it (trusted when it lies where
+//! trees can write: [`Config::load_trusted`]); a `.wasm` target becomes a
+//! configuration of one `[[producer]]` entry built from the flags
+//! (`--config`, `--tool`, `--program`). [`open`] then serves every wasm
+//! producer of it on an in-process [`Host`] with one agent, with the same
+//! resolution, grants and trust as `serve`: the plugin files a
+//! configuration names are admitted by hash at load and on every reload; a
+//! `.wasm` target, the one plugin its developer named (which gets its own
+//! grant, no more), is served and reloaded whatever its hash. Errors name what the author wrote: the plugin file for a
 //! `.wasm` target, the `[[producer]]` entry for a configuration.
 
 use std::path::{Path, PathBuf};
@@ -19,7 +23,7 @@ use crate::config::{Config, Grants, ProducerConfig};
 use crate::reload::ReloadablePlugin;
 use crate::setup::{PluginRuntime, build_wasm_producer};
 use crate::state::StateDir;
-use crate::state::trust::TrustStore;
+use crate::state::trust::{TrustPolicy, TrustStore};
 use taskhost_core::Host;
 use taskhost_core::agents::Agent;
 use taskhost_core::producer::Producer as _;
@@ -125,8 +129,14 @@ pub async fn open(target: &PluginTarget, agent_name: &str) -> anyhow::Result<Ses
     let (config, base_dir) = target.config()?;
     let host = Host::new(&config.tasks)?;
     let agent = host.create_agent("dev", agent_name).context("cannot create the console's agent")?;
-    // The same resolution and grants as `taskhost serve`.
-    let mut runtime = PluginRuntime::new(&config);
+    // The same resolution, grants and trust as `taskhost serve`; a `.wasm`
+    // target is the one plugin its developer named: trusted as it changes.
+    let cwd = std::env::current_dir().context("the working directory")?;
+    let mut policy = TrustPolicy::new(TrustStore::new(&StateDir::open_default()?), config.writable_roots(&cwd));
+    if !target.is_config_file() {
+        policy = policy.with_named(&target.target);
+    }
+    let mut runtime = PluginRuntime::new(&config).with_trust(Some(Arc::new(policy)));
     let mut served = Vec::new();
     for entry in &config.producers {
         let built = build_wasm_producer(entry, &base_dir, &mut runtime, None).await;
@@ -149,6 +159,7 @@ pub async fn open(target: &PluginTarget, agent_name: &str) -> anyhow::Result<Ses
         let plugin = ReloadablePlugin::serve_producer(&host, &engine, wasm.producer, options).with_context(|| {
             format!("cannot serve {} as the tool {name:?} (choose another with --tool)", entry.plugin)
         })?;
+        runtime.guard(&plugin);
         served.push(Served { plugin, file: wasm.file });
     }
     if served.is_empty() {

@@ -32,6 +32,14 @@
 //! `ReloadablePlugin` ([`ReloadablePlugin::attach`]) when its background
 //! load ends; until then there is nothing to reload (and no file watch).
 //!
+//! Trust: a plugin served from a file that lies where process trees can
+//! write gets its server's [`TrustPolicy`] ([`ReloadablePlugin::guard_reloads`]).
+//! Then every reload from a file (`reload_file`, the watcher) reads the file
+//! once, hashes those bytes and loads them only when the policy admits that
+//! hash (trusted by `taskhost trust`, or the file `dev` was started on);
+//! otherwise the reload fails like any other: the old version keeps
+//! serving, and the failure names the file and the command to run.
+//!
 //! [`watch`] adds file watching on top: a write known to be complete (a
 //! close after writing, a rename onto the file, a hard link) reloads at once,
 //! any other change after a debounce and a settle check.
@@ -48,7 +56,9 @@ use anyhow::Context as _;
 use tokio::sync::broadcast;
 use tracing::Instrument as _;
 
+use crate::plugin::component::content_hash;
 use crate::plugin::{CompileSource, PluginEngine, PluginVersion, ServingVersion, WasmProducer};
+use crate::state::trust::{FileKind, TrustPolicy};
 use taskhost_core::Host;
 use taskhost_core::producer::Producer;
 use taskhost_core::tools::producer_tool::ProducerToolOptions;
@@ -132,6 +142,8 @@ pub struct ReloadablePlugin {
     producer: Arc<WasmProducer>,
     host: Host,
     events: broadcast::Sender<ReloadEvent>,
+    /// What reloads from files must pass (see the module docs).
+    trust: std::sync::OnceLock<Arc<TrustPolicy>>,
 }
 
 impl fmt::Debug for ReloadablePlugin {
@@ -181,7 +193,14 @@ impl ReloadablePlugin {
     pub fn attach(host: &Host, engine: &PluginEngine, producer: Arc<WasmProducer>, tool: String) -> Arc<Self> {
         let (events, _) = broadcast::channel(64);
         tracing::info!(tool = %tool, version = %producer.serving().info(), "plugin serving");
-        Arc::new(Self { tool, engine: engine.clone(), producer, host: host.clone(), events })
+        Arc::new(Self {
+            tool,
+            engine: engine.clone(),
+            producer,
+            host: host.clone(),
+            events,
+            trust: std::sync::OnceLock::new(),
+        })
     }
 
     /// The tool name.
@@ -212,11 +231,33 @@ impl ReloadablePlugin {
         self.events.subscribe()
     }
 
-    /// Loads `path` as the new version.
+    /// Makes every later reload from a file pass `policy` (set once; a
+    /// second call changes nothing).
+    pub fn guard_reloads(&self, policy: Arc<TrustPolicy>) {
+        let _ = self.trust.set(policy);
+    }
+
+    /// Whether the bytes of `path` that hash to `sha256` may be served: an
+    /// error that names the file and the command to run when not.
+    pub fn admit_file(&self, path: &Path, sha256: &str) -> anyhow::Result<()> {
+        match self.trust.get() {
+            Some(policy) => policy.admit(path, FileKind::Plugin, sha256).map_err(|e| anyhow::Error::new(*e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Loads `path` as the new version: read once, admitted by hash, and
+    /// loaded from those bytes.
     pub async fn reload_file(&self, path: &Path) -> Result<Reloaded, ReloadFailed> {
         let started = Instant::now();
         let work = async {
-            let loaded = self.engine.load_file(path).await;
+            let loaded = match tokio::fs::read(path).await {
+                Ok(bytes) => match self.admit_file(path, &content_hash(&bytes)) {
+                    Ok(()) => self.engine.load_file_bytes(path, bytes).await,
+                    Err(refused) => Err(refused),
+                },
+                Err(err) => Err(anyhow::Error::new(err).context(format!("cannot read plugin {}", path.display()))),
+            };
             self.finish(started, loaded).await
         };
         work.instrument(self.span()).await

@@ -43,6 +43,9 @@
 //!   renames onto the file.
 //! - Content identical to the serving version (a `touch`, a no-op rebuild)
 //!   does not make a new version.
+//! - The bytes read are the bytes hashed, admitted by the plugin's trust
+//!   policy ([`ReloadablePlugin::admit_file`]) and loaded; bytes it does not
+//!   admit are reported as a failed reload at once.
 //! - With `complete_quiet: None` every change takes the partial-write path
 //!   (the behaviour before complete writes were recognized).
 //!
@@ -253,6 +256,14 @@ async fn run(
         if hash == plugin.serving().version.content_hash() {
             tracing::debug!(tool = plugin.tool(), "plugin file changed but its content is the serving version's");
             unreported = None;
+            next = rx.recv().await;
+            continue;
+        }
+        // Bytes that are not trusted are refused at once, whoever wrote them
+        // and however: the serving version stays.
+        if let Err(refused) = plugin.admit_file(&path, &hash) {
+            unreported = None;
+            let _ = plugin.serve_loaded(started, Err(refused)).await;
             next = rx.recv().await;
             continue;
         }

@@ -337,3 +337,86 @@ async fn a_forged_compile_cache_entry_is_recompiled_not_run() {
     let stored = std::fs::read(&bash).expect("recompiled and stored again");
     assert_ne!(stored, forged, "the forged entry is gone");
 }
+
+/// A configuration (trusted, with its plugin) serves `beats` from a `.wasm`
+/// in the workspace, with `--watch`. A tree overwrites and replaces that
+/// file with its own build; the watcher never serves those bytes under
+/// `beats`, the reload fails naming the command, and the next server
+/// refuses to start with them until the user trusts that build.
+async fn swapped_plugin(tag: &str, uid: Option<u32>) {
+    let place = Place::new(tag, uid);
+    let plugins = place.work.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let file = plugins.join("beats.wasm");
+    let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    // The tree's build: the same behaviour, another hash.
+    let tree_bytes = common::rebuilt(&original, "a tree's build");
+    std::fs::write(place.work.join("tree.wasm"), &tree_bytes).unwrap();
+    let config = place.work.join("taskhost.toml");
+    std::fs::write(
+        &config,
+        "[[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\n[producer.grants.process]\nprograms = [\"bash\"]\n\
+         [[producer]]\ntool = \"beats\"\nplugin = \"plugins/beats.wasm\"\n",
+    )
+    .unwrap();
+    place.chown();
+    let (config_path, path) = (config.display().to_string(), file.display().to_string());
+    let trusted = place.trust(&["trust", &config_path]).await;
+    assert!(trusted.contains(&format!("trusted plugin {path} (named by {config_path})")), "{trusted}");
+
+    let served = place.serve(&["--watch"]).await;
+    assert!(served.tools().await.contains(&"beats".to_string()));
+    let log_path = place.base.join("stderr.log");
+    common::wait_for_text(&log_path, "watching the plugin file", Duration::from_secs(20)).await;
+    let tried = served
+        .bash(
+            "cat tree.wasm > plugins/beats.wasm; cp tree.wasm plugins/next.wasm && mv -f plugins/next.wasm \
+             plugins/beats.wasm; echo tried",
+        )
+        .await;
+    assert!(tried.contains("tried"), "{tried}");
+    if std::fs::read(&file).unwrap() != tree_bytes {
+        // The sandbox kept the tree off the file. The host's own check is
+        // what this test is about: replace it from outside, as a tree of a
+        // weaker sandbox (no mount namespace) could.
+        eprintln!("the tree could not replace the plugin file; replacing it from outside");
+        let next = plugins.join("next-outside.wasm");
+        std::fs::write(&next, &tree_bytes).unwrap();
+        std::fs::rename(&next, &file).unwrap();
+    }
+    let log = common::wait_for_text(&log_path, "reload failed", Duration::from_secs(20)).await;
+    let line = log.lines().find(|l| l.contains("reload failed")).unwrap();
+    assert!(line.contains(&format!("refusing the plugin {path}")), "{line}");
+    assert!(
+        line.contains("changed since it was trusted") && line.contains(&format!("taskhost trust {path}")),
+        "{line}"
+    );
+    // Still the trusted build: a call works, and nothing reloaded.
+    let beat = only_text(&call(served.client.peer(), "beats", json!({"count": 1, "interval_ms": 1})).await);
+    assert!(beat.contains("[status: completed"), "{beat}");
+    served.stop().await;
+    let log = place.log();
+    assert!(!log.contains("reloaded beats"), "the tree's bytes were served:\n{log}");
+
+    // A new server does not start with them either.
+    let refused = place.serve_refused(&[]).await;
+    assert!(refused.contains(&format!("refusing the plugin {path}")), "{refused}");
+    assert!(refused.contains(&format!("taskhost trust {path}")), "{refused}");
+    // Until its user vouches for that build.
+    place.trust(&["trust", &path]).await;
+    let served = place.serve(&[]).await;
+    assert!(served.tools().await.contains(&"beats".to_string()));
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn a_plugin_a_tree_replaced_is_never_served() {
+    swapped_plugin("trust-plugin", None).await;
+}
+
+#[tokio::test]
+async fn a_plugin_a_tree_replaced_is_never_served_by_an_unprivileged_server() {
+    let Some(uid) = unprivileged() else { return };
+    swapped_plugin("trust-plugin-nobody", Some(uid)).await;
+}
