@@ -27,7 +27,11 @@
 //!   (`http://<Host>`) or one of `allowed_origins`, else `403`.
 //!
 //! Bounds: at most [`MAX_EVENT_STREAMS`] event streams at once (each also
-//! holds one of `max_connections`; one more gets `503`); task ids over
+//! holds one of `max_connections`; one more gets `503`), and at most
+//! `[serve.http] max_event_streams_per_token` (8) of one token (one more
+//! gets `429`), so one token cannot take the streams from the others; a
+//! request with a valid token makes its connection an authenticated one
+//! ([`super::admission`]); task ids over
 //! [`MAX_TASK_ID_BYTES`] are refused; output is the peek's bounded tail.
 
 use std::collections::HashMap;
@@ -47,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::McpServer;
+use super::admission::Connection;
 use super::tokens::{TokenTable, bearer_token};
 use crate::reload::ReloadEvent;
 use taskhost_core::agents::Agent;
@@ -98,6 +103,9 @@ struct Viewer {
     name: String,
     owner: Agent,
     admin: bool,
+    /// The token's event stream slots, and how many.
+    streams: Arc<Semaphore>,
+    max_streams: usize,
 }
 
 impl Viewer {
@@ -183,6 +191,23 @@ async fn guard(State(dashboard): State<Arc<Dashboard>>, request: Request, next: 
             ));
         }
     }
+    // A valid token makes the connection an authenticated one (out of the
+    // share of connections without a token).
+    if let Some(connection) = request.extensions().get::<Arc<Connection>>()
+        && let Some(entry) = bearer_token(request.headers()).and_then(|t| dashboard.tokens.authenticate(t))
+        && connection.authenticate(entry).is_err()
+    {
+        let mut refusal = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "Too many connections for token {:?}: at most {} at once ([serve.http] max_connections_per_token)",
+                entry.name, entry.max_connections
+            ),
+        );
+        refusal.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        refusal.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return with_security_headers(refusal);
+    }
     with_security_headers(next.run(request).await)
 }
 
@@ -243,7 +268,13 @@ impl Dashboard {
             tracing::info!("dashboard: refused: invalid bearer token");
             return Err(refusal(StatusCode::UNAUTHORIZED, "Unauthorized: invalid bearer token"));
         };
-        Ok(Viewer { name: entry.name.clone(), owner: entry.owner.clone(), admin: entry.admin })
+        Ok(Viewer {
+            name: entry.name.clone(),
+            owner: entry.owner.clone(),
+            admin: entry.admin,
+            streams: entry.streams.clone(),
+            max_streams: entry.max_streams,
+        })
     }
 
     /// The tasks `viewer` may see, in start order.
@@ -519,6 +550,19 @@ async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> 
         Ok(viewer) => viewer,
         Err(refusal) => return *refusal,
     };
+    let Ok(own) = viewer.streams.clone().try_acquire_owned() else {
+        tracing::warn!(viewer = %viewer.name, limit = viewer.max_streams, "dashboard: event stream bound of a token hit");
+        let mut refusal = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many dashboard event streams for token {:?}: at most {} at once \
+                 ([serve.http] max_event_streams_per_token); close another tab",
+                viewer.name, viewer.max_streams
+            ),
+        );
+        refusal.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return refusal;
+    };
     let Ok(permit) = dashboard.streams.clone().try_acquire_owned() else {
         tracing::warn!(limit = MAX_EVENT_STREAMS, "dashboard: event stream bound hit");
         let mut refusal = error(
@@ -540,7 +584,7 @@ async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> 
         stop: dashboard.shutdown.clone(),
         dashboard,
         viewer,
-        _permit: permit,
+        _permit: (permit, own),
     };
     tracing::debug!(viewer = %pump.viewer.name, "dashboard: event stream opened");
     let stream = futures::stream::unfold(pump, |mut pump| async move {
@@ -568,7 +612,8 @@ struct EventPump {
     stop: CancellationToken,
     dashboard: Arc<Dashboard>,
     viewer: Viewer,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// The stream's slots: one of every token's, one of its own token's.
+    _permit: (tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit),
 }
 
 impl EventPump {

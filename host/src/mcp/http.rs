@@ -27,8 +27,13 @@
 //!   its header-read timer on: headers must arrive within
 //!   `header_timeout_ms` of opening or of the previous answer (an idle
 //!   keep-alive connection closes then), and a body within as long after
-//!   its headers. At most `max_connections` are served at once; one more
-//!   gets `503` with a JSON-RPC error body and is closed.
+//!   its headers. At most `max_connections` are served at once; when all
+//!   are taken, a new connection closes the oldest one that has not shown a
+//!   valid token yet, and when every slot is held by authenticated
+//!   connections it gets `503` with a JSON-RPC error body and is closed. Each
+//!   token holds at most `max_connections_per_token` connections and
+//!   `max_requests_per_token` requests in flight; beyond either, `429` with
+//!   `Retry-After` ([`super::admission`]).
 //! - The same listener serves the web dashboard ([`super::dashboard`]) at
 //!   `/` and under `/dashboard/`, with the same tokens.
 
@@ -50,6 +55,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, Connection, OverShare, Refused, RequestSlot};
 use super::handler::AuthenticatedOwner;
 use super::jsonrpc::{self, Checked, INTERNAL_ERROR, INVALID_REQUEST, LIMIT_EXCEEDED, Rejection};
 use super::tokens::{TokenTable, bearer_token};
@@ -143,8 +149,48 @@ async fn require_token(State(tokens): State<Arc<TokenTable>>, mut request: Reque
         return unauthorized("invalid bearer token");
     };
     tracing::debug!(client = %entry.name, "authenticated");
+    if let Some(connection) = request.extensions().get::<Arc<Connection>>()
+        && let Err(over) = connection.authenticate(entry)
+    {
+        return too_many(&entry.name, over);
+    }
+    let slot = match RequestSlot::take(entry) {
+        Ok(slot) => slot,
+        Err(over) => return too_many(&entry.name, over),
+    };
     request.extensions_mut().insert(AuthenticatedOwner(entry.owner.clone()));
-    next.run(request).await
+    let response = next.run(request).await;
+    drop(slot);
+    response
+}
+
+/// `429` with `Retry-After` and a JSON-RPC error body naming the bound; a
+/// connection over the token's share is closed after it.
+fn too_many(token: &str, over: OverShare) -> Response {
+    let (message, close) = match over {
+        OverShare::Connections(limit) => (
+            format!(
+                "Too many connections for token {token:?}: it may hold at most {limit} at once \
+                 ([serve.http] max_connections_per_token); reuse one, or close another"
+            ),
+            true,
+        ),
+        OverShare::Requests(limit) => (
+            format!(
+                "Too many requests in flight for token {token:?}: at most {limit} at once \
+                 ([serve.http] max_requests_per_token); retry when one has answered"
+            ),
+            false,
+        ),
+    };
+    tracing::info!(client = %token, %message, "refused with 429");
+    let mut response =
+        error_response(StatusCode::TOO_MANY_REQUESTS, &Rejection::new(Value::Null, LIMIT_EXCEEDED, message));
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    if close {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 fn unauthorized(message: &'static str) -> Response {
@@ -307,6 +353,10 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// connection over the cap is closed without an answer.
 const REFUSALS_AT_ONCE: usize = 64;
 
+/// How long a new connection waits for the slot of the unauthenticated
+/// connection it closed (its task must end first).
+const EVICTED_SLOT_WAIT: Duration = Duration::from_secs(1);
+
 /// Serves HTTP on `listener` until `shutdown` is cancelled, then disposes
 /// every token's owner (their tasks are cancelled and awaited).
 pub async fn serve(
@@ -323,7 +373,7 @@ pub async fn serve(
     let settings = server.settings().http.clone();
     tracing::info!(%address, path = %settings.path, clients = tokens.entries().len(), "serving MCP over HTTP");
     let header_timeout = Duration::from_millis(settings.header_timeout_ms);
-    let slots = Arc::new(Semaphore::new(settings.max_connections));
+    let admission = Admission::new(settings.max_connections);
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let warned_full = Arc::new(AtomicBool::new(false));
     let mut connections = tokio::task::JoinSet::new();
@@ -342,46 +392,56 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            if !warned_full.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    limit = settings.max_connections,
-                    %peer,
-                    "connection bound hit ([serve.http] max_connections); refusing connections with 503"
-                );
-            }
-            if let Ok(permit) = refusals.clone().try_acquire_owned() {
-                let limit = settings.max_connections;
-                tokio::spawn(async move {
-                    refuse_connection(stream, limit).await;
-                    drop(permit);
-                });
-            }
-            continue;
-        };
-        warned_full.store(false, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let stop = shutdown.clone();
+        let (app, stop, admission) = (app.clone(), shutdown.clone(), admission.clone());
+        let (refusals, warned_full) = (refusals.clone(), warned_full.clone());
         connections.spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
+            let connection = match admission.admit(EVICTED_SLOT_WAIT).await {
+                Ok(connection) => connection,
+                Err(Refused::Full) => {
+                    if !warned_full.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            limit = admission.max_connections(),
+                            %peer,
+                            "connection bound hit ([serve.http] max_connections, every slot authenticated); \
+                             refusing connections with 503"
+                        );
+                    }
+                    if let Ok(permit) = refusals.try_acquire_owned() {
+                        refuse_connection(stream, admission.max_connections()).await;
+                        drop(permit);
+                    }
+                    return;
+                }
+            };
+            warned_full.store(false, Ordering::Relaxed);
+            let carried = connection.clone();
+            let app = tower::ServiceExt::map_request(app, move |mut request: Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(carried.clone());
+                request
+            });
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
+            let mut served = std::pin::pin!(served);
             tokio::select! {
-                served = connection.as_mut() => {
-                    if let Err(error) = served {
+                result = served.as_mut() => {
+                    if let Err(error) = result {
                         tracing::debug!(%peer, %error, "connection ended with an error");
                     }
                 }
+                _ = connection.closed().cancelled() => {
+                    tracing::debug!(%peer, "closed: the oldest connection without a token, for a new one");
+                }
                 _ = stop.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
+                    served.as_mut().graceful_shutdown();
+                    let _ = served.await;
                 }
             }
-            drop(slot);
+            drop(connection);
         });
     }
     // A client holding a stream open must not hold the shutdown.

@@ -36,6 +36,7 @@
 //! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
 //!   listener, behind the same tokens.
 
+pub mod admission;
 pub mod dashboard;
 pub mod handler;
 pub mod http;

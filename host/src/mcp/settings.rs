@@ -53,15 +53,26 @@ pub struct HttpSettings {
     /// `Origin` (every non-browser client) is always accepted; by default no
     /// origin is, `null` included.
     pub allowed_origins: Vec<String>,
-    /// Open connections served at once; a connection over the cap gets a
-    /// `503` with a JSON-RPC error body and is closed. Keep it under the
-    /// process's descriptor limit.
+    /// Open connections served at once. When all are taken, a new
+    /// connection closes the oldest one that has not shown a valid token
+    /// yet; when all are held by token holders, it gets a `503` with a
+    /// JSON-RPC error body and is closed. Keep it under the process's
+    /// descriptor limit.
     pub max_connections: usize,
     /// A connection must send a request's headers within this time of
     /// opening or of its previous answer (so an idle keep-alive connection
     /// closes after it), and a request's body within this time of its
     /// headers.
     pub header_timeout_ms: u64,
+    /// Connections one token may hold at once; its request on one more gets
+    /// `429` and the connection is closed.
+    pub max_connections_per_token: usize,
+    /// Requests one token may have in flight at once (over all its
+    /// connections); one more gets `429` with `Retry-After`.
+    pub max_requests_per_token: usize,
+    /// Dashboard event streams one token may hold open at once (the
+    /// dashboard's 64 over every token stay).
+    pub max_event_streams_per_token: usize,
 }
 
 impl Default for HttpSettings {
@@ -74,6 +85,9 @@ impl Default for HttpSettings {
             allowed_origins: Vec::new(),
             max_connections: 256,
             header_timeout_ms: 30_000,
+            max_connections_per_token: 64,
+            max_requests_per_token: 32,
+            max_event_streams_per_token: 8,
         }
     }
 }
@@ -204,6 +218,13 @@ impl ServeSettings {
         );
         anyhow::ensure!(http.max_connections > 0, "[serve.http] max_connections must be positive");
         anyhow::ensure!(http.header_timeout_ms > 0, "[serve.http] header_timeout_ms must be positive");
+        for (name, value) in [
+            ("max_connections_per_token", http.max_connections_per_token),
+            ("max_requests_per_token", http.max_requests_per_token),
+            ("max_event_streams_per_token", http.max_event_streams_per_token),
+        ] {
+            anyhow::ensure!(value > 0, "[serve.http] {name} must be positive");
+        }
         for origin in &http.allowed_origins {
             anyhow::ensure!(
                 origin.contains("://") && !origin.ends_with('/'),

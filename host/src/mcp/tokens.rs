@@ -5,9 +5,13 @@
 //! Invariants: a secret is compared in constant time against every entry
 //! (no early exit that would time which one matched); two tokens never share
 //! a secret; each token's owner is created once, at start-up, and disposed
-//! with the table.
+//! with the table. Each token has its own share of the listener: connection,
+//! request and dashboard stream slots ([`super::admission`]).
+
+use std::sync::Arc;
 
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
 use super::McpServer;
 use taskhost_core::agents::Agent;
@@ -23,6 +27,15 @@ pub(crate) struct TokenEntry {
     pub(crate) owner: Agent,
     /// `admin = true`: the dashboard shows it every owner's tasks.
     pub(crate) admin: bool,
+    /// Its connection slots (`max_connections_per_token`).
+    pub(crate) connections: Arc<Semaphore>,
+    pub(crate) max_connections: usize,
+    /// Its requests in flight (`max_requests_per_token`).
+    pub(crate) requests: Arc<Semaphore>,
+    pub(crate) max_requests: usize,
+    /// Its dashboard event streams (`max_event_streams_per_token`).
+    pub(crate) streams: Arc<Semaphore>,
+    pub(crate) max_streams: usize,
 }
 
 impl TokenTable {
@@ -44,7 +57,19 @@ impl TokenTable {
             );
             let id = format!("http:{}", token.name);
             let owner = server.host().create_agent(id.as_str(), id.as_str())?;
-            entries.push(TokenEntry { name: token.name.clone(), secret, owner, admin: token.admin });
+            let http = &server.settings().http;
+            entries.push(TokenEntry {
+                name: token.name.clone(),
+                secret,
+                owner,
+                admin: token.admin,
+                connections: Arc::new(Semaphore::new(http.max_connections_per_token)),
+                max_connections: http.max_connections_per_token,
+                requests: Arc::new(Semaphore::new(http.max_requests_per_token)),
+                max_requests: http.max_requests_per_token,
+                streams: Arc::new(Semaphore::new(http.max_event_streams_per_token)),
+                max_streams: http.max_event_streams_per_token,
+            });
         }
         Ok(Self { entries })
     }

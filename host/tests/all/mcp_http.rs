@@ -529,18 +529,38 @@ async fn half_sent_requests_and_idle_connections_are_timed_out() {
     server.stop().await;
 }
 
-/// Issue 12 item 3: connections over `max_connections` get a 503 with a
-/// JSON-RPC error body; once connections close, clients are served again.
+/// Issue 12 item 3: connections over `max_connections`, when every slot is
+/// held by a token holder, get a 503 with a JSON-RPC error body; once
+/// connections close, clients are served again. (Connections without a
+/// token make room instead: `http_limits`.)
 #[tokio::test]
 async fn connections_over_the_cap_get_a_503_with_a_json_rpc_error() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = HttpServer::start_with_keys("http-cap", "max_connections = 3\nheader_timeout_ms = 60000").await;
     let address = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
     let mut holders = Vec::new();
-    for _ in 0..3 {
-        holders.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    for id in 0..3 {
+        // Each holder authenticates with one ping, then stays open, idle.
+        let mut holder = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ALICE}\r\n\
+             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             MCP-Protocol-Version: 2025-11-25\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        holder.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).contains(&format!("\"id\":{id}")) {
+            let n = tokio::time::timeout(Duration::from_secs(20), holder.read(&mut chunk)).await.unwrap().unwrap();
+            assert!(n > 0, "the holder's ping was answered: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+        holders.push(holder);
     }
-    // The listener accepts in order: the three idle holders take the slots.
+    // The three authenticated holders take the slots.
     let mut over = tokio::net::TcpStream::connect(&address).await.unwrap();
     over.write_all(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
     let mut response = String::new();
