@@ -541,7 +541,14 @@ impl ChildPlan {
         }
         let mounts = if mount_ns {
             let spill = Some((spill.hidden, spill.owner));
-            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, spill, fresh_proc)?)
+            Some(MountPlan::new(
+                &policy.read_write,
+                &policy.private,
+                &policy.deny,
+                &policy.write_protected,
+                spill,
+                fresh_proc,
+            )?)
         } else {
             None
         };

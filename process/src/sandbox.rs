@@ -82,6 +82,8 @@ pub(crate) struct MountPlan {
     tmpfs: Vec<(CString, CString)>,
     deny_dirs: Vec<CString>,
     deny_files: Vec<CString>,
+    /// Paths bound read-only onto themselves (files or directories).
+    write_protected: Vec<CString>,
     /// The host's spill directory, covered by an empty `tmpfs`, and the
     /// owner's own directory in it, put back read-only.
     spill: Option<(RwRoot, CString)>,
@@ -97,12 +99,14 @@ impl MountPlan {
     /// Plans the mounts. `rw` are canonical read-write roots, `tmpfs` the
     /// canonical paths that get a fresh `tmpfs` (missing ones are left
     /// out), `deny` the canonical deny-read paths (missing ones are left
-    /// out: there is nothing to read).
+    /// out: there is nothing to read), `write_protected` the canonical paths
+    /// bound read-only onto themselves (missing ones are left out).
     /// `spill`: the host's spill directory and the owner's directory in it.
     pub(crate) fn new(
         rw: &[PathBuf],
         tmpfs: &[PathBuf],
         deny: &[PathBuf],
+        write_protected: &[PathBuf],
         spill: Option<(&Path, &Path)>,
         fresh_proc: bool,
     ) -> io::Result<Self> {
@@ -123,6 +127,9 @@ impl MountPlan {
             let mode = if path == Path::new("/tmp") || path == Path::new("/dev/shm") { "1777" } else { "0755" };
             let options = format!("mode={mode},size={PRIVATE_TMP_BYTES}");
             plan.tmpfs.push((c_path(path)?, CString::new(options).expect("no NUL")));
+        }
+        for path in write_protected.iter().filter(|p| p.exists()) {
+            plan.write_protected.push(c_path(path)?);
         }
         for path in deny {
             match std::fs::metadata(path) {
@@ -147,6 +154,7 @@ impl MountPlan {
         args.extend(self.tmpfs.iter().map(|(p, _)| entry(b'T', p)));
         args.extend(self.deny_dirs.iter().map(|p| entry(b'D', p)));
         args.extend(self.deny_files.iter().map(|p| entry(b'F', p)));
+        args.extend(self.write_protected.iter().map(|p| entry(b'R', p)));
         if let Some((hidden, owner)) = &self.spill {
             args.push(entry(b'H', &hidden.path));
             args.push(entry(b'O', owner));
@@ -160,7 +168,7 @@ impl MountPlan {
     /// Rebuilds a plan from [`Self::to_args`] (in an exec'd keeper).
     pub(crate) fn from_args(args: &[&[u8]]) -> io::Result<Self> {
         use std::os::unix::ffi::OsStrExt as _;
-        let (mut rw, mut tmpfs, mut deny) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut rw, mut tmpfs, mut deny, mut write_protected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut fresh_proc = false;
         let (mut hidden, mut owner) = (None, None);
         for arg in args {
@@ -169,6 +177,7 @@ impl MountPlan {
                 Some(b'W') => rw.push(path()),
                 Some(b'T') => tmpfs.push(path()),
                 Some(b'D' | b'F') => deny.push(path()),
+                Some(b'R') => write_protected.push(path()),
                 Some(b'P') => fresh_proc = true,
                 Some(b'H') => hidden = Some(path()),
                 Some(b'O') => owner = Some(path()),
@@ -176,7 +185,7 @@ impl MountPlan {
             }
         }
         let spill = hidden.as_deref().zip(owner.as_deref());
-        Self::new(&rw, &tmpfs, &deny, spill, fresh_proc)
+        Self::new(&rw, &tmpfs, &deny, &write_protected, spill, fresh_proc)
     }
 
     /// K's part (see the module doc). Async-signal-safe.
@@ -250,6 +259,24 @@ impl MountPlan {
                     fail(b"cannot put a read-write root back");
                 }
                 libc::close(*fd);
+            }
+            // Read-only onto themselves, before the deny mounts: a path both
+            // write-protected and hidden stays hidden.
+            for path in &self.write_protected {
+                if libc::mount(
+                    path.as_ptr(),
+                    path.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ) != 0
+                    || !read_only(path, AT_RECURSIVE)
+                {
+                    // Gone since the plan was made: nothing to protect.
+                    if errno() != libc::ENOENT {
+                        fail(b"cannot make a write-protected path read-only");
+                    }
+                }
             }
             for dir in &self.deny_dirs {
                 if libc::mount(
