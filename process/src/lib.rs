@@ -29,7 +29,7 @@
 //!   [`RECENT_OWNER_SPILL_DIRS`] most recently used ones between tasks
 //!   (empty once their files are gone).
 
-mod child_exit;
+mod child;
 pub mod confine;
 pub mod env;
 pub mod forward;
