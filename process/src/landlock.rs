@@ -7,7 +7,7 @@
 //! `/dev/pts`…) writable, and, where the kernel's ABI has them (6+), the
 //! scopes that keep the tree from connecting to abstract Unix sockets or
 //! signalling processes outside it. The tree's init applies it
-//! ([`super::sandbox::lock_down`], one raw `landlock_restrict_self` call:
+//! (`lock_down` in [`crate::child`], one raw `landlock_restrict_self` call:
 //! the forked child may not allocate), so the whole tree inherits it and no
 //! process of it can lift it. Rights the running kernel does not know stay
 //! allowed (the crate's best-effort compatibility); [`abi`] says which

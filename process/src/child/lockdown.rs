@@ -61,6 +61,10 @@ pub(crate) unsafe fn lock_down(ruleset: libc::c_int, seccomp: Option<&SeccompPro
 impl SeccompPrograms {
     /// Installs the filters on the calling thread. Async-signal-safe;
     /// needs `no_new_privs`.
+    ///
+    /// # Safety
+    /// In a tree's process (or the probe's) before `exec`, with `no_new_privs`
+    /// set: the filters bind this process and every child it forks.
     pub(crate) unsafe fn install(&self) -> io::Result<()> {
         for program in &self.programs {
             let prog = libc::sock_fprog { len: program.len() as libc::c_ushort, filter: program.as_ptr() as *mut _ };

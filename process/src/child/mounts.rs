@@ -247,6 +247,10 @@ impl MountPlan {
 
 /// Makes the mount at `path` read-only (`AT_RECURSIVE`: and every mount
 /// below). Async-signal-safe.
+///
+/// # Safety
+/// In a process of a tree's own mount namespace (a host mount must never be
+/// touched): K, I, or the probe's child.
 unsafe fn read_only(path: &std::ffi::CStr, flags: libc::c_uint) -> bool {
     let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
     // SAFETY: a valid C string and attribute struct.

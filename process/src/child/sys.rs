@@ -5,7 +5,11 @@
 use std::os::fd::RawFd;
 
 /// Closes every descriptor `>= low` except those in `keep` (negative
-/// entries are ignored).
+/// entries are ignored; at most four are kept).
+///
+/// # Safety
+/// In a forked child that owns nothing it needs among the descriptors it
+/// closes (no Rust value may still hold one of them).
 pub(super) unsafe fn close_from(low: RawFd, keep: &[RawFd]) {
     // SAFETY: closes descriptor numbers only, with a stack array; async-signal-safe.
     unsafe {
@@ -28,6 +32,10 @@ pub(super) unsafe fn close_from(low: RawFd, keep: &[RawFd]) {
     }
 }
 
+/// Closes the descriptors `first..=last` (`close_range`, else one by one).
+///
+/// # Safety
+/// As [`close_from`].
 unsafe fn close_range(first: u32, last: u32) {
     if first > last {
         return;

@@ -102,6 +102,9 @@ impl ChildPlan {
 
     /// The tree's last set-up step, in I or (without a PID namespace) in
     /// the command's process: see [`super::lockdown::lock_down`].
+    ///
+    /// # Safety
+    /// In I or the command's process, after the mounts and before `exec`.
     unsafe fn lock_down(&self) {
         let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
         // SAFETY: forwarded from in_child.
@@ -111,6 +114,10 @@ impl ChildPlan {
     /// Closes every descriptor but stdio (the keeper's lifeline, the
     /// Landlock ruleset and the like are the host's, not the command's),
     /// then execs the command.
+    ///
+    /// # Safety
+    /// In the command's own process (forked by I or K), after
+    /// [`Self::lock_down`].
     unsafe fn exec_command(&self) -> ! {
         // SAFETY: forwarded from in_child.
         unsafe {
@@ -121,6 +128,10 @@ impl ChildPlan {
 
     /// K: waits for its child (I, or C without namespaces) while watching the
     /// lifeline, then dies the way the command died.
+    ///
+    /// # Safety
+    /// In K, right after it forked `child`; `status_read`/`status_write` are
+    /// the status pipe's ends (-1 without a PID namespace).
     unsafe fn keeper(&self, child: libc::pid_t, status_read: RawFd, status_write: RawFd) -> ! {
         // SAFETY: in K after the fork; async-signal-safe syscalls on descriptors and pids this plan prepared.
         unsafe {
@@ -171,6 +182,9 @@ impl ChildPlan {
 
     /// I: PID 1 of the namespace: starts the command, reaps orphans, and
     /// reports the command's status.
+    ///
+    /// # Safety
+    /// In I, the first process of the tree's PID namespace, forked by K.
     unsafe fn init(&self, status_read: RawFd, status_write: RawFd) -> ! {
         // SAFETY: in I after the fork; async-signal-safe syscalls on data prepared before the fork.
         unsafe {
@@ -212,6 +226,9 @@ impl ChildPlan {
 
     /// Points stdio at /dev/null and closes every other descriptor but
     /// `keep`, so K and I do not hold the output pipes.
+    ///
+    /// # Safety
+    /// In K or I (never the command: its stdio is the tree's).
     unsafe fn release_fds(&self, keep: &[RawFd]) {
         // SAFETY: in K or I after the fork; dup2/close on descriptor numbers only.
         unsafe {
@@ -226,6 +243,9 @@ impl ChildPlan {
 
 impl ExecPlan {
     /// Replaces the calling process with the command; never returns.
+    ///
+    /// # Safety
+    /// In the command's own process, its set-up done.
     unsafe fn exec(&self) -> ! {
         // SAFETY: the caller is a child about to become the command; every pointer comes from CStrings
         // this plan owns, NUL-terminated arrays built in `new`.
@@ -238,6 +258,10 @@ impl ExecPlan {
 
 impl Bounds {
     /// Async-signal-safe: K joins its cgroups.
+    ///
+    /// # Safety
+    /// In K, before it forks anything (so every process of the tree starts
+    /// in them).
     unsafe fn join_cgroups(&self) {
         for file in &self.cgroup_procs {
             // SAFETY: plain syscalls on a prepared C string.
@@ -254,6 +278,9 @@ impl Bounds {
 
     /// Async-signal-safe: the fallback rlimits, soft and hard, so no
     /// process of the tree can raise them.
+    ///
+    /// # Safety
+    /// In K, after it entered its user namespace and before it forks.
     unsafe fn set_rlimits(&self) {
         for (resource, value) in [(libc::RLIMIT_NPROC, self.nproc), (libc::RLIMIT_DATA, self.data)] {
             if value == 0 {
@@ -309,6 +336,9 @@ unsafe fn set_keeper_signals(disposition: libc::sighandler_t) {
 
 /// Exits with `status` (a `waitpid` status): the same code, or death by the
 /// same signal (without a core dump).
+///
+/// # Safety
+/// In K, once its child is reaped (it ends the process).
 unsafe fn reproduce(status: libc::c_int) -> ! {
     // SAFETY: signal, sigaction and _exit on this process only: async-signal-safe.
     unsafe {
@@ -329,6 +359,9 @@ unsafe fn reproduce(status: libc::c_int) -> ! {
 }
 
 /// Brings `lo` up in a fresh network namespace (it starts down).
+///
+/// # Safety
+/// In K, right after it entered the tree's network namespace.
 unsafe fn loopback_up() -> io::Result<()> {
     // SAFETY: a socket and an ioctl on stack-allocated `ifreq` in this (forked) process; the socket is
     // closed on every path.
