@@ -234,6 +234,21 @@ impl Config {
         paths
     }
 
+    /// The `.wasm` plugin files the producers name, absolute (relative ones
+    /// are taken from the configuration file's directory, as they are
+    /// loaded): process trees may read them, never write or replace them
+    /// ([`taskhost_process::ProcessHostConfig::write_protected_paths`]).
+    pub fn plugin_files(&self) -> Vec<PathBuf> {
+        let dir = self.source.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+        self.producers
+            .iter()
+            .filter_map(|p| match &p.plugin {
+                ProducerSource::File(path) => Some(absolute(&dir.join(path))),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Whether tokens are written inline in the configuration file, and the
     /// file lies in `workspace` (the directory process trees work in) or
     /// below: then every command there could read them, unless confinement

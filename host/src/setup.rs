@@ -254,6 +254,12 @@ impl PluginRuntime {
                 process_config.protected_paths.push(path);
             }
         }
+        // What it loads later (plugin files) trees may read, never replace.
+        for path in config.plugin_files() {
+            if !process_config.write_protected_paths.contains(&path) {
+                process_config.write_protected_paths.push(path);
+            }
+        }
         Self {
             engine_config: config.plugins.clone(),
             process_config,
@@ -531,6 +537,15 @@ mod tests {
         assert_eq!(protected[0], Path::new("/srv/extra"), "configured paths stay first");
         assert!(protected.contains(&PathBuf::from("/srv/project/taskhost.toml")), "{protected:?}");
         assert!(protected.contains(&config.plugins.effective_cache_dir().unwrap()), "{protected:?}");
+    }
+
+    #[test]
+    fn plugin_files_are_write_protected_for_every_tree() {
+        let mut config = Config::parse("[[producer]]\ntool = \"x\"\nplugin = \"plugins/x.wasm\"\n").unwrap();
+        config.source = Some(PathBuf::from("/srv/project/taskhost.toml"));
+        let runtime = PluginRuntime::new(&config);
+        let write_protected = &runtime.process_config.write_protected_paths;
+        assert_eq!(write_protected, &[PathBuf::from("/srv/project/plugins/x.wasm")]);
     }
 
     #[tokio::test]
