@@ -29,6 +29,8 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use tokio::time::Instant;
 
+use super::settle::prune_history;
+use super::state::{fenced, fenced_mut};
 use super::*;
 use crate::tasks::output::{OutputLog, ViewRequest};
 use crate::tasks::peek::{OutputPeek, TAIL_LIMIT};
