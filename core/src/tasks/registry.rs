@@ -25,11 +25,13 @@
 //!   later outcomes are logged and dropped, and listeners fire once per task.
 //! - Every read, kill, wait and get passes the owner fence: an owned task is
 //!   reachable only by a caller of the same session; unowned tasks are open.
-//! - `reported` is set when an explicit response delivered the terminal
-//!   state (kill, terminal read, wait, or a wait/kill pending at settlement).
-//!   A pending reporter that goes away without delivering hands the notice
-//!   back, so a notice is never suppressed on behalf of nobody.
-//!   An aborted wait never reports: it fails, and the notice stays due.
+//! - Who was told of a task's end is one [`state::Reporting`] per record:
+//!   untold, held for the waits and kills pending at settlement, noticed
+//!   (its completion notice injected), or reported (by a kill, a terminal
+//!   read, a wait, or nobody left to tell). A pending reporter that goes away
+//!   without delivering hands the notice back, so a notice is never
+//!   suppressed on behalf of nobody. An aborted wait never reports: it fails,
+//!   and the notice stays due.
 //! - A completion notice and an explicit report of the same end are mutually
 //!   exclusive: the notice is injected under the registry lock only while the
 //!   task is unreported, and a later report retracts it from the owner's

@@ -5,7 +5,7 @@
 //! back what it held, so a start that fails or a caller that goes away never
 //! leaks a live-task slot or suppresses a completion notice.
 
-use super::state::Record;
+use super::state::{Record, Reporting};
 use super::*;
 
 pub(super) struct ListenerSlot {
@@ -136,9 +136,8 @@ impl Drop for PendingReporter<'_> {
 /// After a reporter left without delivering: if the task settled while
 /// reporters were pending and none is left to deliver, un-suppress the notice.
 pub(super) fn release_reporter(record: &mut Record) -> Option<TaskDone> {
-    if record.notice_held && record.pending_reporters == 0 {
-        record.notice_held = false;
-        record.reported = false;
+    if record.reporting == Reporting::Held && record.pending_reporters == 0 {
+        record.reporting = Reporting::Untold;
         return Some(record.done_event());
     }
     None

@@ -158,7 +158,7 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            let newly_reported = record.status.is_terminal() && !record.reported;
+            let newly_reported = record.status.is_terminal() && !record.reporting.is_reported();
             if record.status.is_terminal() {
                 record.mark_reported();
             }

@@ -6,7 +6,7 @@
 //! outside the lock, before waiters wake; disposal is silent; a finished
 //! task whose end nobody was told of is never dropped from the history.
 
-use super::state::{Ended, Record, bucket_mut};
+use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
 
 impl TaskRegistry {
@@ -88,7 +88,7 @@ impl TaskRegistry {
         let Some(record) = state.tasks.get_mut(id) else {
             return false;
         };
-        if record.reported || record.notice_delivered || !record.status.is_terminal() {
+        if record.reporting != Reporting::Untold || !record.status.is_terminal() {
             return false;
         }
         let Some(owner) = record.owner.as_ref().and_then(|o| o.agent.upgrade()) else {
@@ -97,7 +97,7 @@ impl TaskRegistry {
         if owner.inject_about(id, text).is_err() {
             return false;
         }
-        record.notice_delivered = true;
+        record.reporting = Reporting::Noticed;
         true
     }
 
@@ -136,14 +136,14 @@ impl TaskRegistry {
             }
             record.status = status;
             record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
-            if record.pending_reporters > 0 {
-                record.reported = true;
-                record.notice_held = true;
-            }
             // Reported by the caller that settled it, or nobody is left to
-            // tell (owner teardown, registry disposal).
+            // tell (owner teardown, registry disposal); else pending waits
+            // and kills take over reporting. An end already reported (a
+            // kill's accepted request) stays reported.
             if reported || owner_closing || silent {
-                record.reported = true;
+                record.reporting = Reporting::Reported;
+            } else if record.pending_reporters > 0 && record.reporting == Reporting::Untold {
+                record.reporting = Reporting::Held;
             }
             if let Some(output) = &record.output_log {
                 output.stop_stall_watcher();

@@ -6,7 +6,7 @@
 
 use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
-use super::state::{Bucket, Owner, OwnerScope, Record, bucket_mut, unix_nanos};
+use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, bucket_mut, unix_nanos};
 use super::*;
 
 impl TaskRegistry {
@@ -220,10 +220,8 @@ impl TaskRegistry {
             status: TaskStatus::Running,
             ended: None,
             started_at,
-            reported: false,
+            reporting: Reporting::Untold,
             pending_reporters: 0,
-            notice_held: false,
-            notice_delivered: false,
             producer_info,
             input: options.input,
             control,

@@ -112,13 +112,10 @@ pub(super) struct Record {
     pub(super) ended: Option<Box<Ended>>,
     /// Nanoseconds since the Unix epoch (half a `SystemTime`).
     pub(super) started_at: u64,
-    pub(super) reported: bool,
+    /// Who was told of the task's end, and how.
+    pub(super) reporting: Reporting,
     /// Waits and kills in progress; at settlement they take over reporting.
     pub(super) pending_reporters: u32,
-    /// Settled while reporters were pending, and none has delivered yet.
-    pub(super) notice_held: bool,
-    /// The completion notice was injected into the owner's session.
-    pub(super) notice_delivered: bool,
     pub(super) producer_info: Option<Box<str>>,
     /// Whether `task_input` may write to it.
     pub(super) input: TaskInput,
@@ -132,6 +129,44 @@ pub(super) struct Record {
     /// Fires after settlement (and its listeners); made on first demand,
     /// since most tasks are never waited on.
     pub(super) settled: Option<CancellationToken>,
+}
+
+/// Who was told of a task's end: the one state that decides whether a
+/// completion notice may go out and whether the record may age out.
+///
+/// Transitions (all under the registry lock):
+/// - `Untold` → `Reported`: an explicit response delivered the end (a
+///   terminal read, a wait, a kill), or nobody is left to tell (owner
+///   teardown, registry disposal). A kill's accepted request reports too,
+///   while the task still stops.
+/// - `Untold` → `Held`: the task settled while waits or kills were pending
+///   (`pending_reporters > 0`); they are to report it.
+/// - `Held` → `Reported`: one of them delivered; `Held` → `Untold`: the last
+///   one left without delivering, and the notice goes out after all.
+/// - `Untold` → `Noticed`: the completion notice was injected into the
+///   owner's session (only once terminal); `Noticed` → `Reported`: a later
+///   report retracts the unread notice.
+///
+/// `Reported` is final. A notice and an explicit report of the same end are
+/// never both delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reporting {
+    /// Nobody has been told of the end (or the task has not ended).
+    Untold,
+    /// Ended while reporters were pending; the notice waits for them.
+    Held,
+    /// The completion notice is in the owner's session.
+    Noticed,
+    /// An explicit response delivered the end, or nobody is left to tell.
+    Reported,
+}
+
+impl Reporting {
+    /// What a snapshot shows as `reported`: a held end counts, since a
+    /// pending reporter is about to deliver it.
+    pub(super) fn is_reported(self) -> bool {
+        matches!(self, Reporting::Reported | Reporting::Held)
+    }
 }
 
 /// `at` in nanoseconds since the Unix epoch (0 before it; saturating
@@ -159,7 +194,7 @@ impl Record {
             detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
             started_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.started_at),
             finished_at: self.finished_at(),
-            reported: self.reported,
+            reported: self.reporting.is_reported(),
             producer_info: self.producer_info.as_deref().map(str::to_string),
         }
     }
@@ -200,29 +235,24 @@ impl Record {
     /// Called under the registry lock, which orders it with
     /// [`TaskRegistry::inject_completion_notice`].
     pub(super) fn mark_reported(&mut self) {
-        self.reported = true;
-        self.notice_held = false;
-        if self.notice_delivered
-            && let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade())
-        {
+        let noticed = self.reporting == Reporting::Noticed;
+        self.reporting = Reporting::Reported;
+        if noticed && let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade()) {
             owner.retract_unread_about(&self.id);
         }
     }
 
     /// May age out of the history: nobody still waits to be told of its end.
     pub(super) fn droppable(&self, reported_only: bool) -> bool {
-        // A held notice: a wait or kill pending at settlement may still hand
-        // it back, so nobody has been told of the end for sure.
-        if self.notice_held {
-            return false;
+        match self.reporting {
+            // A wait or kill pending at settlement may still hand the notice
+            // back, so nobody has been told of the end for sure.
+            Reporting::Held => false,
+            Reporting::Reported => true,
+            _ if reported_only => false,
+            Reporting::Noticed => true,
+            Reporting::Untold => self.owner.as_ref().is_none_or(|o| o.agent.upgrade().is_none_or(|a| !a.is_live())),
         }
-        if self.reported {
-            return true;
-        }
-        if reported_only {
-            return false;
-        }
-        self.notice_delivered || self.owner.as_ref().is_none_or(|o| o.agent.upgrade().is_none_or(|a| !a.is_live()))
     }
 }
 
