@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Deserialize;
 
-pub use taskhost_core::settings::TasksSettings;
+use taskhost_core::settings::TasksSettings;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
