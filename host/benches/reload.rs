@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig};
 use taskhost::reload::{ReloadEvent, ReloadablePlugin, WatchOptions};
+use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Deserialize;
 
-pub use taskhost_core::settings::TasksSettings;
+use taskhost_core::settings::TasksSettings;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -279,7 +279,8 @@ impl Config {
 
     /// The `.wasm` plugin files the producers name, absolute (relative ones
     /// are taken from the configuration file's directory, as they are
-    /// loaded).
+    /// loaded): process trees may read them, never write or replace them
+    /// ([`taskhost_process::ProcessHostConfig::write_protected_paths`]).
     pub fn plugin_files(&self) -> Vec<PathBuf> {
         let dir = self.source.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
         self.producers

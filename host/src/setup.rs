@@ -264,16 +264,16 @@ pub struct PluginRuntime {
 impl PluginRuntime {
     pub fn new(config: &Config) -> Self {
         let mut process_config = config.process.clone();
-        // taskhost's own state is out of every tree's reach, and so are the
-        // plugin files it loads (and reloads).
-        // TODO(lead): the plugin files belong in the sandbox engineer's
-        // read-only-for-trees list (`ProcessHostConfig::write_protected_paths`)
-        // once it lands: trees may read them, never write or replace them.
-        // Until then they are hidden like the rest of taskhost's state; the
-        // trust check on every load and reload holds either way.
-        for path in config.protected_paths().into_iter().chain(config.plugin_files()) {
+        // taskhost's own state is out of every tree's reach.
+        for path in config.protected_paths() {
             if !process_config.protected_paths.contains(&path) {
                 process_config.protected_paths.push(path);
+            }
+        }
+        // What it loads later (plugin files) trees may read, never replace.
+        for path in config.plugin_files() {
+            if !process_config.write_protected_paths.contains(&path) {
+                process_config.write_protected_paths.push(path);
             }
         }
         Self {
@@ -589,6 +589,15 @@ mod tests {
         assert_eq!(protected[0], Path::new("/srv/extra"), "configured paths stay first");
         assert!(protected.contains(&PathBuf::from("/srv/project/taskhost.toml")), "{protected:?}");
         assert!(protected.contains(&config.plugins.effective_cache_dir().unwrap()), "{protected:?}");
+    }
+
+    #[test]
+    fn plugin_files_are_write_protected_for_every_tree() {
+        let mut config = Config::parse("[[producer]]\ntool = \"x\"\nplugin = \"plugins/x.wasm\"\n").unwrap();
+        config.source = Some(PathBuf::from("/srv/project/taskhost.toml"));
+        let runtime = PluginRuntime::new(&config);
+        let write_protected = &runtime.process_config.write_protected_paths;
+        assert_eq!(write_protected, &[PathBuf::from("/srv/project/plugins/x.wasm")]);
     }
 
     #[tokio::test]

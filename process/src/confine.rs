@@ -56,9 +56,10 @@
 //! exits, is killed, or the host dies, but a descendant that leaves the group
 //! (`setsid`) can outlive its task, and the log says so.
 //!
-//! Invariants: code that runs in the forked children allocates nothing and
-//! calls only async-signal-safe functions (everything it needs, down to the
-//! `execve` arguments, is prepared in [`ChildPlan`] before the fork). The
+//! Invariants: code that runs in the forked children lives in
+//! [`crate::child`]: it allocates nothing and calls only async-signal-safe
+//! functions (everything it needs, down to the `execve` arguments, is
+//! prepared here, in [`ChildPlan`], before the fork). The
 //! spawn returns right after the fork (the tree sets itself up concurrently;
 //! failures after that point reach the process's stderr and exit code
 //! 126/127, not the spawn call). K closes every inherited descriptor, and K
@@ -69,13 +70,10 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
-use super::child_exit::{EXIT_EXEC_FAILED, EXIT_SETUP_FAILED, fail};
 use super::fs_policy::TreePolicy;
 use super::landlock;
-use super::sandbox::{self, MountPlan, SeccompPrograms};
-
-/// Exit code of an init whose keeper died before the init was armed.
-const EXIT_PARENT_GONE: i32 = 125;
+use super::sandbox::{MountPlan, SeccompPrograms};
+use crate::child;
 
 /// What the kernel allows here, probed once per host process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,11 +196,7 @@ fn probe() -> ConfinementSupport {
     }
 }
 
-const PROBE_NS: i32 = 1;
-const PROBE_MOUNTS: i32 = 2;
-const PROBE_PROC: i32 = 4;
-const PROBE_SECCOMP: i32 = 8;
-const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP;
+use child::probe::{PROBE_ALL, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
 
 /// Forks a child that tries the unshare (and a first process in the new PID
 /// namespace), the mount set-up when `flags` has a mount namespace, a fresh
@@ -210,59 +204,26 @@ const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP;
 /// `seccomp`; returns the `PROBE_*` bits of what worked.
 fn probe_unshare(flags: libc::c_int, userns: bool, seccomp: bool) -> i32 {
     let maps = IdMaps::current();
-    let programs = if seccomp { seccomp_programs() } else { None };
     let mounts = flags & libc::CLONE_NEWNS != 0;
-    let proc = mounts && flags & libc::CLONE_NEWPID != 0;
-    // SAFETY: the child calls only async-signal-safe functions on data
-    // prepared before the fork, then `_exit`s.
+    // The probe's own set-up must not print: the child's stderr goes here.
+    let Ok(devnull) = devnull() else { return 0 };
+    let plan = child::probe::ProbePlan {
+        flags,
+        maps: userns.then_some(&maps),
+        seccomp: if seccomp { seccomp_programs() } else { None },
+        mounts,
+        proc: mounts && flags & libc::CLONE_NEWPID != 0,
+        devnull,
+    };
+    // SAFETY: the child runs only `child::probe::run`, async-signal-safe on
+    // the plan prepared above.
     unsafe {
         let pid = libc::fork();
         if pid < 0 {
             return 0;
         }
         if pid == 0 {
-            // The probe's own set-up must not print: silence stderr.
-            if let Ok(null) = devnull() {
-                libc::dup2(null, 2);
-            }
-            if flags != 0 && libc::unshare(flags) != 0 {
-                libc::_exit(0);
-            }
-            if userns && maps.write().is_err() {
-                libc::_exit(0);
-            }
-            let mut bits = PROBE_NS;
-            if mounts && super::sandbox::probe_mounts() {
-                bits |= PROBE_MOUNTS;
-            }
-            let child = libc::fork();
-            if child < 0 {
-                libc::_exit(0);
-            }
-            if child == 0 {
-                let mut bits = 0;
-                if proc && super::sandbox::probe_proc() {
-                    bits |= PROBE_PROC;
-                }
-                if let Some(programs) = programs
-                    && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-                    && programs.install().is_ok()
-                    // The filter answers: a refused call fails with EPERM.
-                    && libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) < 0
-                    && *libc::__errno_location() == libc::EPERM
-                {
-                    bits |= PROBE_SECCOMP;
-                }
-                libc::_exit(bits | 0x40);
-            }
-            let mut status = 0;
-            if libc::waitpid(child, &mut status, 0) != child
-                || !libc::WIFEXITED(status)
-                || libc::WEXITSTATUS(status) & 0x40 == 0
-            {
-                libc::_exit(0);
-            }
-            libc::_exit(bits | (libc::WEXITSTATUS(status) & !0x40));
+            child::probe::run(&plan);
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
@@ -283,9 +244,9 @@ pub(crate) fn seccomp_programs() -> Option<&'static super::sandbox::SeccompProgr
 /// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
 /// so files keep their owners and the command has no capabilities after exec.
 #[derive(Clone, Debug)]
-pub(super) struct IdMaps {
-    uid_map: Vec<u8>,
-    gid_map: Vec<u8>,
+pub(crate) struct IdMaps {
+    pub(crate) uid_map: Vec<u8>,
+    pub(crate) gid_map: Vec<u8>,
 }
 
 impl IdMaps {
@@ -294,30 +255,6 @@ impl IdMaps {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
     }
-
-    /// Async-signal-safe: writes this process's maps.
-    fn write(&self) -> io::Result<()> {
-        write_file(c"/proc/self/setgroups", b"deny")?;
-        write_file(c"/proc/self/uid_map", &self.uid_map)?;
-        write_file(c"/proc/self/gid_map", &self.gid_map)
-    }
-}
-
-fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
-    // SAFETY: plain syscalls on a valid C string and buffer.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = libc::write(fd, data.as_ptr().cast(), data.len());
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if n != data.len() as isize {
-            return Err(err);
-        }
-    }
-    Ok(())
 }
 
 /// The `execve` of the command, prepared before the fork (no allocation after).
@@ -325,7 +262,7 @@ pub(crate) struct ExecPlan {
     pub(super) path: CString,
     pub(super) argv: Vec<CString>,
     pub(super) envp: Vec<CString>,
-    argv_ptrs: Vec<*const libc::c_char>,
+    pub(super) argv_ptrs: Vec<*const libc::c_char>,
     pub(super) envp_ptrs: Vec<*const libc::c_char>,
 }
 
@@ -360,16 +297,6 @@ impl ExecPlan {
         let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
         let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
         Ok(Self { path, argv, envp, argv_ptrs, envp_ptrs })
-    }
-
-    /// Replaces the calling process with the command; never returns.
-    unsafe fn exec(&self) -> ! {
-        // SAFETY: the caller is a child about to become the command; every pointer comes from CStrings
-        // this plan owns, NUL-terminated arrays built in `new`.
-        unsafe {
-            libc::execve(self.path.as_ptr(), self.argv_ptrs.as_ptr(), self.envp_ptrs.as_ptr());
-            fail(EXIT_EXEC_FAILED, b"cannot execute the program")
-        }
     }
 }
 
@@ -435,38 +362,7 @@ pub(crate) struct Bounds {
     pub data: u64,
 }
 
-impl Bounds {
-    /// Async-signal-safe: K joins its cgroups.
-    unsafe fn join_cgroups(&self) {
-        for file in &self.cgroup_procs {
-            // SAFETY: plain syscalls on a prepared C string.
-            unsafe {
-                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                // "0" is the writing process itself.
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    fail(EXIT_SETUP_FAILED, b"cannot join the tree's cgroup");
-                }
-                libc::close(fd);
-            }
-        }
-    }
-
-    /// Async-signal-safe: the fallback rlimits, soft and hard, so no
-    /// process of the tree can raise them.
-    unsafe fn set_rlimits(&self) {
-        for (resource, value) in [(libc::RLIMIT_NPROC, self.nproc), (libc::RLIMIT_DATA, self.data)] {
-            if value == 0 {
-                continue;
-            }
-            let limit = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
-            // SAFETY: plain syscall.
-            if unsafe { libc::setrlimit(resource, &limit) } != 0 {
-                // SAFETY: forwarded.
-                unsafe { fail(EXIT_SETUP_FAILED, b"cannot set the tree's rlimits") };
-            }
-        }
-    }
-}
+impl Bounds {}
 
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
 pub(crate) struct Forked {
@@ -541,7 +437,14 @@ impl ChildPlan {
         }
         let mounts = if mount_ns {
             let spill = Some((spill.hidden, spill.owner));
-            Some(MountPlan::new(&policy.read_write, &policy.private, &policy.deny, spill, fresh_proc)?)
+            Some(MountPlan::new(
+                &policy.read_write,
+                &policy.private,
+                &policy.deny,
+                &policy.write_protected,
+                spill,
+                fresh_proc,
+            )?)
         } else {
             None
         };
@@ -632,315 +535,5 @@ impl ChildPlan {
         // SAFETY: plain syscall on our own child.
         unsafe { libc::setpgid(pid, pid) };
         Ok(Forked { pid, stdout, stderr })
-    }
-
-    /// Runs in the forked child K and never returns: every path ends in the
-    /// command's `execve` or in `_exit`.
-    ///
-    /// # Safety
-    /// Must be called only in a freshly forked child.
-    /// `stdin` is `/dev/null` or the read end of the tree's stdin pipe; K
-    /// and I point their own fd 0 back at `/dev/null` ([`Self::release_fds`]),
-    /// so only the command holds the pipe.
-    pub(crate) unsafe fn in_child(&self, stdin: RawFd, stdout: RawFd, stderr: RawFd) -> ! {
-        // SAFETY: only in a freshly forked child (the caller's contract); async-signal-safe syscalls
-        // on data prepared before the fork (see the module invariants).
-        unsafe {
-            // dup2 clears close-on-exec on 0, 1 and 2 (a no-op when the
-            // descriptor already is the target, as in an exec'd keeper).
-            libc::dup2(stdin, 0);
-            libc::dup2(stdout, 1);
-            libc::dup2(stderr, 2);
-            libc::setpgid(0, 0);
-            // A clean signal state for the command: the host's thread may
-            // block signals, and Rust programs ignore SIGPIPE (an ignored
-            // disposition survives exec; `yes | head` needs the default).
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            // K and I never exec: they must not run the host's SIGCHLD
-            // handler (tokio's), and waitpid needs the default disposition.
-            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-            let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
-            close_from(3, &[self.devnull, landlock, self.lifeline]);
-            // Before anything forks: every process of the tree starts in
-            // its cgroups.
-            self.bounds.join_cgroups();
-            let namespaces = self.ns_flags & libc::CLONE_NEWPID != 0;
-            if self.ns_flags != 0 {
-                if libc::unshare(self.ns_flags) != 0 {
-                    fail(EXIT_SETUP_FAILED, b"cannot create the namespaces");
-                }
-                if let Some(maps) = &self.maps
-                    && maps.write().is_err()
-                {
-                    fail(EXIT_SETUP_FAILED, b"cannot map user ids in the user namespace");
-                }
-                if self.loopback_up && loopback_up().is_err() {
-                    fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
-                }
-                if let Some(mounts) = &self.mounts {
-                    mounts.apply_in_keeper();
-                    mounts.allow_private_dirs(landlock, self.landlock_rights);
-                }
-            }
-            // After the user namespace: RLIMIT_NPROC then counts this
-            // tree's processes alone (it counts per user namespace).
-            self.bounds.set_rlimits();
-            // After the mounts: the working directory may be a read-write
-            // root that was just mounted again on top of itself.
-            if libc::chdir(self.cwd.as_ptr()) != 0 {
-                fail(EXIT_SETUP_FAILED, b"cannot enter the working directory");
-            }
-            let mut status_pipe = [-1; 2];
-            if namespaces && libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
-            }
-            let [status_read, status_write] = status_pipe;
-            // The group's SIGTERM is for the command: K ignores it from
-            // before the fork, or a kill that lands while K is still on its
-            // way to `keeper` (the command already running, on a loaded
-            // machine) would end K, and with it the tree, before the
-            // command's own TERM handling ran. The child takes the defaults
-            // back (an ignored disposition survives exec).
-            set_keeper_signals(libc::SIG_IGN);
-            match libc::fork() {
-                -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
-                0 if namespaces => {
-                    set_keeper_signals(libc::SIG_DFL);
-                    self.init(status_read, status_write)
-                }
-                0 => {
-                    set_keeper_signals(libc::SIG_DFL);
-                    self.lock_down();
-                    self.exec_command()
-                }
-                child => self.keeper(child, status_read, status_write),
-            }
-        }
-    }
-
-    /// The tree's last set-up step, in I or (without a PID namespace) in
-    /// the command's process: see [`sandbox::lock_down`].
-    unsafe fn lock_down(&self) {
-        let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
-        // SAFETY: forwarded from in_child.
-        unsafe { sandbox::lock_down(landlock, self.seccomp) }
-    }
-
-    /// Closes every descriptor but stdio (the keeper's lifeline, the
-    /// Landlock ruleset and the like are the host's, not the command's),
-    /// then execs the command.
-    unsafe fn exec_command(&self) -> ! {
-        // SAFETY: forwarded from in_child.
-        unsafe {
-            close_from(3, &[]);
-            self.exec.exec()
-        }
-    }
-
-    /// K: waits for its child (I, or C without namespaces) while watching the
-    /// lifeline, then dies the way the command died.
-    unsafe fn keeper(&self, child: libc::pid_t, status_read: RawFd, status_write: RawFd) -> ! {
-        // SAFETY: in K after the fork; async-signal-safe syscalls on descriptors and pids this plan prepared.
-        unsafe {
-            if status_write >= 0 {
-                libc::close(status_write);
-            }
-            self.release_fds(&[status_read, self.lifeline]);
-            // The group's SIGTERM is for the command; K leaves only when the
-            // tree is gone (or by the group's SIGKILL): `in_child` set the
-            // signals a group kill or a terminal sends to be ignored.
-            let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
-            if pidfd >= 0 {
-                loop {
-                    let mut fds = [
-                        libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
-                        libc::pollfd { fd: self.lifeline, events: libc::POLLIN, revents: 0 },
-                    ];
-                    if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
-                        if *libc::__errno_location() == libc::EINTR {
-                            continue;
-                        }
-                        break;
-                    }
-                    if fds[1].revents != 0 {
-                        // The host is gone: so is everything it started.
-                        libc::kill(0, libc::SIGKILL);
-                    }
-                    if fds[0].revents != 0 {
-                        break;
-                    }
-                }
-            }
-            let mut child_status = 0;
-            while libc::waitpid(child, &mut child_status, 0) < 0 {
-                if *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(EXIT_SETUP_FAILED);
-                }
-            }
-            let mut bytes = [0u8; 4];
-            let status = if status_read >= 0 && libc::read(status_read, bytes.as_mut_ptr().cast(), 4) == 4 {
-                i32::from_ne_bytes(bytes)
-            } else {
-                child_status
-            };
-            reproduce(status)
-        }
-    }
-
-    /// I: PID 1 of the namespace: starts the command, reaps orphans, and
-    /// reports the command's status.
-    unsafe fn init(&self, status_read: RawFd, status_write: RawFd) -> ! {
-        // SAFETY: in I after the fork; async-signal-safe syscalls on data prepared before the fork.
-        unsafe {
-            libc::close(status_read);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            // K may have died before the death signal was armed: K holds the
-            // pipe's read end, so a broken pipe tells.
-            let mut poll = libc::pollfd { fd: status_write, events: libc::POLLOUT, revents: 0 };
-            if libc::poll(&mut poll, 1, 0) < 0 || poll.revents & libc::POLLERR != 0 {
-                libc::_exit(EXIT_PARENT_GONE);
-            }
-            if let Some(mounts) = &self.mounts {
-                mounts.apply_in_init();
-            }
-            self.lock_down();
-            let command = libc::fork();
-            if command == 0 {
-                self.exec_command();
-            }
-            if command < 0 {
-                fail(EXIT_SETUP_FAILED, b"cannot fork the command");
-            }
-            self.release_fds(&[status_write]);
-            loop {
-                let mut status = 0;
-                let pid = libc::waitpid(-1, &mut status, 0);
-                if pid == command {
-                    let bytes = status.to_ne_bytes();
-                    libc::write(status_write, bytes.as_ptr().cast(), 4);
-                    // Exiting kills whatever the command left behind.
-                    libc::_exit(0);
-                }
-                if pid < 0 && *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(EXIT_SETUP_FAILED);
-                }
-            }
-        }
-    }
-
-    /// Points stdio at /dev/null and closes every other descriptor but
-    /// `keep`, so K and I do not hold the output pipes.
-    unsafe fn release_fds(&self, keep: &[RawFd]) {
-        // SAFETY: in K or I after the fork; dup2/close on descriptor numbers only.
-        unsafe {
-            let devnull = self.devnull;
-            for fd in 0..3 {
-                libc::dup2(devnull, fd);
-            }
-            close_from(3, keep);
-        }
-    }
-}
-
-/// Closes every descriptor `>= low` except those in `keep` (negative
-/// entries are ignored).
-unsafe fn close_from(low: RawFd, keep: &[RawFd]) {
-    // SAFETY: closes descriptor numbers only, with a stack array; async-signal-safe.
-    unsafe {
-        let mut sorted = [-1; 4];
-        let mut n = 0;
-        for &fd in keep.iter().filter(|&&fd| fd >= low) {
-            if n < sorted.len() {
-                sorted[n] = fd;
-                n += 1;
-            }
-        }
-        let sorted = &mut sorted[..n];
-        sorted.sort_unstable();
-        let mut first = low as u32;
-        for &fd in sorted.iter() {
-            close_range(first, fd as u32 - 1);
-            first = fd as u32 + 1;
-        }
-        close_range(first, u32::MAX);
-    }
-}
-
-unsafe fn close_range(first: u32, last: u32) {
-    if first > last {
-        return;
-    }
-    // SAFETY: close_range / close on descriptor numbers only.
-    unsafe {
-        if libc::syscall(libc::SYS_close_range, first, last, 0) != 0 {
-            // Kernels before 5.9: close what could be open.
-            let max = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 65_536) as u32;
-            for fd in first..=last.min(max) {
-                libc::close(fd as RawFd);
-            }
-        }
-    }
-}
-
-/// The signals K ignores (a group kill's SIGTERM and the terminal's): set to
-/// `disposition` in this process.
-///
-/// # Safety
-/// `signal` only: async-signal-safe, for a forked child.
-unsafe fn set_keeper_signals(disposition: libc::sighandler_t) {
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
-        // SAFETY: signal() on this process only, with SIG_IGN or SIG_DFL.
-        unsafe { libc::signal(signal, disposition) };
-    }
-}
-
-/// Exits with `status` (a `waitpid` status): the same code, or death by the
-/// same signal (without a core dump).
-unsafe fn reproduce(status: libc::c_int) -> ! {
-    // SAFETY: signal, sigaction and _exit on this process only: async-signal-safe.
-    unsafe {
-        if libc::WIFSIGNALED(status) {
-            let signal = libc::WTERMSIG(status);
-            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
-            libc::signal(signal, libc::SIG_DFL);
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, signal);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::kill(libc::getpid(), signal);
-            libc::_exit(128 + signal);
-        }
-        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { EXIT_SETUP_FAILED })
-    }
-}
-
-/// Brings `lo` up in a fresh network namespace (it starts down).
-unsafe fn loopback_up() -> io::Result<()> {
-    // SAFETY: a socket and an ioctl on stack-allocated `ifreq` in this (forked) process; the socket is
-    // closed on every path.
-    unsafe {
-        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if sock < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-            *dst = *src as libc::c_char;
-        }
-        let mut result = Ok(());
-        if libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) < 0 {
-            result = Err(io::Error::last_os_error());
-        } else {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            if libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) < 0 {
-                result = Err(io::Error::last_os_error());
-            }
-        }
-        libc::close(sock);
-        result
     }
 }

@@ -188,6 +188,10 @@ pub(crate) struct TreePolicy {
     pub private: Vec<PathBuf>,
     /// Canonical paths hidden from the tree.
     pub deny: Vec<PathBuf>,
+    /// Canonical paths bound read-only at their own paths (the host's
+    /// write-protected paths that exist), so a tree reads but never writes,
+    /// replaces or removes them.
+    pub write_protected: Vec<PathBuf>,
 }
 
 /// Everything a [`TreePolicy`] is resolved from besides the filesystem.
@@ -198,6 +202,7 @@ pub(crate) struct PolicyInputs {
     read_only: Vec<PathBuf>,
     grant: FsPolicy,
     protected: Vec<PathBuf>,
+    write_protected: Vec<PathBuf>,
     home: Option<PathBuf>,
     runtime_dir: Option<PathBuf>,
 }
@@ -205,14 +210,15 @@ pub(crate) struct PolicyInputs {
 impl PolicyInputs {
     /// `workspace` are the grant's working roots, `read_write`/`read_only`
     /// its extra Landlock paths (an empty `read_only` means everything is
-    /// readable), `protected` the host's; `$HOME` and `$XDG_RUNTIME_DIR`
-    /// are read now.
+    /// readable), `protected` and `write_protected` the host's; `$HOME`
+    /// and `$XDG_RUNTIME_DIR` are read now.
     pub(crate) fn new(
         workspace: &[PathBuf],
         read_write: &[PathBuf],
         read_only: &[PathBuf],
         grant: &FsPolicy,
         protected: &[PathBuf],
+        write_protected: &[PathBuf],
     ) -> Self {
         Self {
             workspace: workspace.to_vec(),
@@ -220,6 +226,7 @@ impl PolicyInputs {
             read_only: read_only.to_vec(),
             grant: grant.clone(),
             protected: protected.to_vec(),
+            write_protected: write_protected.to_vec(),
             home: home(),
             runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
         }
@@ -272,7 +279,16 @@ impl TreePolicy {
         );
         deny.sort();
         deny.dedup();
-        Self { read_write: rw, read, private, deny }
+        let mut write_protected: Vec<PathBuf> = inputs
+            .write_protected
+            .iter()
+            .filter_map(|p| expand(p, home))
+            .filter_map(|p| paths.canonical(&p))
+            .filter(|p| !deny.contains(p))
+            .collect();
+        write_protected.sort();
+        write_protected.dedup();
+        Self { read_write: rw, read, private, deny, write_protected }
     }
 }
 
@@ -374,6 +390,7 @@ mod tests {
             &[],
             &grant,
             std::slice::from_ref(&protected),
+            &[],
         ));
         let cred = cred.canonicalize().unwrap();
         let protected = protected.canonicalize().unwrap();
@@ -398,7 +415,7 @@ mod tests {
         std::fs::create_dir_all(&elsewhere).unwrap();
         let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] };
         let cache = PolicyCache::default();
-        let inputs = |grant: &FsPolicy| PolicyInputs::new(std::slice::from_ref(&dir), &[], &[], grant, &[]);
+        let inputs = |grant: &FsPolicy| PolicyInputs::new(std::slice::from_ref(&dir), &[], &[], grant, &[], &[]);
         let policy = || cache.policy(inputs(&grant));
         let uncached = || TreePolicy::new(&inputs(&grant));
 

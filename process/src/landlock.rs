@@ -7,7 +7,7 @@
 //! `/dev/pts`…) writable, and, where the kernel's ABI has them (6+), the
 //! scopes that keep the tree from connecting to abstract Unix sockets or
 //! signalling processes outside it. The tree's init applies it
-//! ([`super::sandbox::lock_down`], one raw `landlock_restrict_self` call:
+//! (`lock_down` in [`crate::child`], one raw `landlock_restrict_self` call:
 //! the forked child may not allocate), so the whole tree inherits it and no
 //! process of it can lift it. Rights the running kernel does not know stay
 //! allowed (the crate's best-effort compatibility); [`abi`] says which
@@ -44,33 +44,6 @@ pub(crate) fn abi() -> Option<u32> {
 pub(crate) fn handled_bits() -> u64 {
     let kernel = abi().map_or(0, |v| v as i32);
     (AccessFs::from_all(TARGET) & AccessFs::from_all(ABI::from(kernel))).bits()
-}
-
-/// Adds a read-write rule for `path` to the ruleset `ruleset`, in the
-/// keeper, for a directory that exists only in the tree's mount namespace
-/// (its private `/tmp`): a rule on the host's directory below it would not
-/// apply, Landlock skips covered mount points. Async-signal-safe: the
-/// crate's builder allocates, so this is the one raw rule.
-///
-/// # Safety
-/// In the forked (or exec'd) keeper.
-pub(crate) unsafe fn add_private_rule(ruleset: libc::c_int, path: &std::ffi::CStr, rights: u64) -> bool {
-    #[repr(C, packed)]
-    struct PathBeneathAttr {
-        allowed_access: u64,
-        parent_fd: i32,
-    }
-    // SAFETY: plain syscalls on a valid C string and struct.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
-        if fd < 0 {
-            return false;
-        }
-        let attr = PathBeneathAttr { allowed_access: rights, parent_fd: fd };
-        let rc = libc::syscall(libc::SYS_landlock_add_rule, ruleset, 1, &attr as *const PathBeneathAttr, 0);
-        libc::close(fd);
-        rc == 0
-    }
 }
 
 /// Builds the ruleset; `None` when the kernel has no Landlock (the probe

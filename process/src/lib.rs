@@ -29,7 +29,7 @@
 //!   [`RECENT_OWNER_SPILL_DIRS`] most recently used ones between tasks
 //!   (empty once their files are gone).
 
-mod child_exit;
+mod child;
 pub mod confine;
 pub mod env;
 pub mod forward;
@@ -111,7 +111,16 @@ pub struct ProcessHostConfig {
     /// file, HTTP token files, the compile cache directory, the spill root;
     /// see `setup::PluginRuntime`); a configuration may add more.
     /// `~/.cache/taskhost` is always among them; `~/` is the server's home.
+    /// They stay hidden wherever they are, a workspace included.
     pub protected_paths: Vec<PathBuf>,
+    /// Paths every tree may read but never write, replace, rename or remove:
+    /// the configuration files and plugin files the server loads (and
+    /// whatever else it must be able to trust later). Each one that exists
+    /// at a spawn is bound read-only at its own path in the tree's view,
+    /// inside a workspace too. The host fills it (see `setup::PluginRuntime`);
+    /// a configuration may add more. A path listed here and in
+    /// `protected_paths` stays hidden.
+    pub write_protected_paths: Vec<PathBuf>,
     /// Bytes the spill files of one owner session may hold together
     /// (default 256 MiB); output beyond it is cut with a notice in the file.
     pub spill_bytes_per_owner: u64,
@@ -130,6 +139,7 @@ impl Default for ProcessHostConfig {
         Self {
             spill_root: None,
             protected_paths: Vec::new(),
+            write_protected_paths: Vec::new(),
             spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER,
             max_pids_per_tree: limits::DEFAULT_MAX_PIDS_PER_TREE,
             max_memory_bytes_per_tree: limits::DEFAULT_MAX_MEMORY_BYTES_PER_TREE,
@@ -157,6 +167,8 @@ pub struct ProcessHost {
     spill_dir: PathBuf,
     /// The configured protected paths.
     protected: Vec<PathBuf>,
+    /// The configured write-protected paths.
+    write_protected: Vec<PathBuf>,
     /// The spill directory of each owner session that has one.
     owners: std::sync::Mutex<Owners>,
     next_owner: AtomicU64,
@@ -242,6 +254,7 @@ impl ProcessHost {
         Ok(Arc::new(Self {
             spill_dir,
             protected: config.protected_paths.clone(),
+            write_protected: config.write_protected_paths.clone(),
             owners: Default::default(),
             next_owner: AtomicU64::new(1),
             spill_bytes_per_owner: config.spill_bytes_per_owner,
@@ -399,6 +412,7 @@ impl ProcessHost {
             &grant.read_only_paths,
             &grant.filesystem,
             &self.protected,
+            &self.write_protected,
         ));
         let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use super::*;
 
+mod view;
+
 fn host() -> Arc<ProcessHost> {
     ProcessHost::new(&ProcessHostConfig::default()).expect("process host")
 }

@@ -11,7 +11,9 @@
 //! degrade once to the exec'd keeper. As root, the same checks run again
 //! with this binary as an unprivileged user (`setpriv` to 65534).
 //!
-//! Synchronisation is by pidfd readiness and pipes, never by sleeping.
+//! Synchronisation is by pidfd readiness and pipes, never by sleeping. The
+//! harness is libtest-mimic's (the usual flags, filters and `--list`), with
+//! one test thread: the checks run in the order below.
 
 use std::io::{BufRead, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use libtest_mimic::Trial;
 use taskhost_process::{
     ExitStatus, Process, ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, StdinMode, Stream, confine,
     keeper, zygote,
@@ -32,39 +35,64 @@ const READY: Duration = Duration::from_secs(20);
 
 fn main() {
     keeper::run_if_keeper();
-    // Test runners list a binary's tests first (`--list --format terse`, as
-    // cargo-nextest does): this binary is one test, and none is ignored.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|arg| arg == "--list") {
-        if !args.iter().any(|arg| arg == "--ignored") {
-            println!("warm_keeper: test");
-        }
-        return;
-    }
     // SAFETY: no other thread exists yet.
     unsafe { std::env::set_var("TASKHOST_WARM_SECRET", SECRET) };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     match std::env::var("TASKHOST_WARM_MODE").as_deref() {
-        Ok("helper-host") => helper_host(),
+        Ok("helper-host") => return helper_host(),
         Ok("unprivileged") => {
-            runtime.block_on(confined_checks("unprivileged"));
+            runtime().block_on(confined_checks("unprivileged"));
             println!("unprivileged-ok");
+            return;
         }
-        _ => {
-            // No filter argument of libtest's kind: every check runs, in order
-            // (the last one turns the warm keeper off for this process).
-            runtime.block_on(async {
-                confined_checks("this user").await;
-                a_failing_exec_fails_the_process_with_the_reason().await;
-                the_zygote_holds_nothing_and_dies_with_the_host();
-                a_zygote_gone_before_its_hand_off_costs_only_the_exec().await;
-                with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back().await;
-                repeated_failures_degrade_once_to_the_exec_keeper().await;
-            });
-            unprivileged_run();
-            println!("warm_keeper: every check passed");
-        }
+        _ => {}
     }
+    let mut args = libtest_mimic::Arguments::from_args();
+    // One at a time, in this order: the checks share the process's warm
+    // keeper pool, and the last zygote check turns it off for the process.
+    // (cargo-nextest runs each in a process of its own: then order is moot.)
+    args.test_threads = Some(1);
+    let runtime = Arc::new(runtime());
+    let on = |runtime: &Arc<tokio::runtime::Runtime>, future: fn() -> BoxedCheck| {
+        let runtime = runtime.clone();
+        move || {
+            runtime.block_on(future());
+            Ok(())
+        }
+    };
+    let trials = vec![
+        Trial::test("a_warm_start_is_confined", on(&runtime, || Box::pin(confined_checks("this user")))),
+        Trial::test(
+            "a_failing_exec_fails_the_process_with_the_reason",
+            on(&runtime, || Box::pin(a_failing_exec_fails_the_process_with_the_reason())),
+        ),
+        Trial::test("the_zygote_holds_nothing_and_dies_with_the_host", || {
+            the_zygote_holds_nothing_and_dies_with_the_host();
+            Ok(())
+        }),
+        Trial::test(
+            "a_zygote_gone_before_its_hand_off_costs_only_the_exec",
+            on(&runtime, || Box::pin(a_zygote_gone_before_its_hand_off_costs_only_the_exec())),
+        ),
+        Trial::test(
+            "with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back",
+            on(&runtime, || Box::pin(with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back())),
+        ),
+        Trial::test(
+            "repeated_failures_degrade_once_to_the_exec_keeper",
+            on(&runtime, || Box::pin(repeated_failures_degrade_once_to_the_exec_keeper())),
+        ),
+        Trial::test("a_warm_start_is_confined_with_an_unprivileged_host", || {
+            unprivileged_run();
+            Ok(())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+type BoxedCheck = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
 }
 
 fn host() -> Arc<ProcessHost> {

@@ -298,6 +298,28 @@ async fn a_wait_dropped_at_settlement_hands_the_notice_back() {
     assert!(!f.registry.get(&id, Some(&agent)).unwrap().reported);
 }
 
+/// A kill reports the end (the behaviour contract: never a redundant
+/// "finished" for work the model ended), even when a wait pending at
+/// settlement then leaves without delivering: only an end nobody was told of
+/// is handed back as a notice.
+#[tokio::test(start_paused = true)]
+async fn a_killed_task_stays_reported_when_a_pending_wait_leaves() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let task = ScriptedTask::new(true);
+    task.set_cancel_mode(CancelMode::Accept);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    assert!(matches!(f.registry.kill(&id, Some(&agent), None).await.unwrap(), KillResult::Requested(_)));
+    let mut wait = Box::pin(f.registry.wait(&id, Duration::from_secs(10), Some(&agent), None));
+    assert!(futures::poll!(&mut wait).is_pending());
+    task.settle(TaskOutcome::killed("signal: SIGTERM".to_string()));
+    settle_tick().await;
+    drop(wait);
+    settle_tick().await;
+    assert!(f.registry.get(&id, Some(&agent)).unwrap().reported, "the kill reported it");
+    assert!(notices(&agent).is_empty(), "no notice after the kill: {:?}", notices(&agent));
+}
+
 #[tokio::test(start_paused = true)]
 async fn wait_times_out_aborts_and_delivers() {
     let f = fixture();

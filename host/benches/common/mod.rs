@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::plugin::resources::ProcessCapability;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost};
+use taskhost::settings::TasksSettings;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 
 /// The built-in bash plugin, loaded in a fresh engine (its compile cache in

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use serde_json::{Value, json};
 
-use crate::config::{Config, TasksSettings};
+use crate::config::Config;
 use crate::plugin::{CompileSource, ServingVersion};
 use crate::reload::ReloadablePlugin;
 use crate::setup::{PluginRuntime, build_wasm_producer};
 use taskhost_core::Host;
 use taskhost_core::agents::Agent;
+use taskhost_core::settings::TasksSettings;
 use taskhost_core::tools::CallContext;
 use taskhost_core::tools::producer_tool::ProducerToolOptions;
 

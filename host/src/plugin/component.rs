@@ -38,7 +38,7 @@ use wasmtime_wasi::p2::DynPollable;
 
 use super::bindings::{v0_1, v0_2};
 use super::cache::Lookup;
-pub use super::contract::{CONTRACT_FUNCTIONS, ContractVersion, PRODUCER_EXPORT};
+use super::contract::{ContractVersion, PRODUCER_EXPORT};
 use super::contract::{PRODUCER_EXPORT_PREFIX, sniff};
 use super::engine::PluginEngine;
 use super::fault;

@@ -58,7 +58,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
@@ -437,35 +437,22 @@ fn await_byte(socket: &OwnedFd, want: u8, what: &str) -> io::Result<()> {
 }
 
 fn send_with_fds(socket: RawFd, message: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let fd_bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    // u64 elements: the control buffer must be aligned for `cmsghdr`.
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec { iov_base: message.as_ptr() as *mut libc::c_void, iov_len: message.len() };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call, and the control
-    // buffer holds CMSG_SPACE(fd_bytes) bytes, enough for one header and the descriptors.
-    unsafe {
-        let mut header: libc::msghdr = std::mem::zeroed();
-        header.msg_iov = &mut iov;
-        header.msg_iovlen = 1;
-        header.msg_control = control.as_mut_ptr().cast();
-        header.msg_controllen = space as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&header);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<RawFd>(), fds.len());
-        loop {
-            let n = libc::sendmsg(socket, &header, libc::MSG_NOSIGNAL);
-            if n == message.len() as isize {
-                return Ok(());
-            }
-            let error = io::Error::last_os_error();
-            if n < 0 && error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(if n < 0 { error } else { io::Error::other("the plan was cut short") });
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    // SAFETY: every descriptor is open for the length of this call (the caller owns them).
+    let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) }).collect();
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("the descriptors do not fit the control buffer"));
+    }
+    // SAFETY: the host's end of the socket pair, open for the life of `Warm`.
+    let socket = unsafe { BorrowedFd::borrow_raw(socket) };
+    loop {
+        match sendmsg(socket, &[io::IoSlice::new(message)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) if n == message.len() => return Ok(()),
+            Ok(_) => return Err(io::Error::other("the plan was cut short")),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => return Err(errno.into()),
         }
     }
 }
@@ -547,43 +534,33 @@ fn wait_for_plan(buffer: &mut [u8]) -> Option<(usize, Vec<RawFd>)> {
         }
     }
     const MAX_FDS: usize = 4;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
-    // SAFETY: msghdr is plain data pointing at live buffers; after recvmsg, the control messages are
-    // walked with the CMSG_* macros within `msg_controllen`.
-    unsafe {
-        let mut header: libc::msghdr = std::mem::zeroed();
-        header.msg_iov = &mut iov;
-        header.msg_iovlen = 1;
-        header.msg_control = control.as_mut_ptr().cast();
-        header.msg_controllen = space as _;
-        let n = loop {
-            let n = libc::recvmsg(SOCKET_FD, &mut header, libc::MSG_CMSG_CLOEXEC);
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break n;
-        };
-        let mut received = Vec::new();
-        let mut cmsg = libc::CMSG_FIRSTHDR(&header);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    received.push(data.add(i).read_unaligned());
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&header, cmsg);
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, recvmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    // SAFETY: the socket this zygote was started with, open for its life.
+    let socket = unsafe { BorrowedFd::borrow_raw(SOCKET_FD) };
+    let received = loop {
+        match recvmsg(socket, &mut [io::IoSliceMut::new(buffer)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other,
         }
-        let truncated = header.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
-        if n <= 0 || truncated || !(3..=MAX_FDS).contains(&received.len()) {
-            return None;
-        }
-        Some((n as usize, received))
+    };
+    // Kept open as plain numbers: the tree's first step closes them.
+    let fds: Vec<RawFd> = control
+        .drain()
+        .filter_map(|message| match message {
+            RecvAncillaryMessage::ScmRights(fds) => Some(fds),
+            _ => None,
+        })
+        .flatten()
+        .map(std::os::fd::IntoRawFd::into_raw_fd)
+        .collect();
+    let received = received.ok()?;
+    let truncated = received.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
+    if received.bytes == 0 || truncated || !(3..=MAX_FDS).contains(&fds.len()) {
+        return None;
     }
+    Some((received.bytes, fds))
 }
 
 #[cfg(test)]

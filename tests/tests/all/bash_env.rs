@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::plugin::resources::ProcessCapability;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::process::{EnvPolicy, ProcessGrant, ProcessHost, ProcessHostConfig};
+use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::plugin::resources::ProcessCapability;
 use taskhost::plugin::{ContractVersion, PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
+use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost_tests::fixtures;

@@ -25,10 +25,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::plugin::component::content_hash;
 use taskhost::plugin::{PluginEngine, PluginRuntimeConfig};
 use taskhost::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
+use taskhost::settings::TasksSettings;
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost_tests::{TICKER_WASM, rebuilt, truncated};
 use tokio::sync::broadcast;

@@ -9,7 +9,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use taskhost::Host;
-use taskhost::config::TasksSettings;
+use taskhost::settings::TasksSettings;
 use taskhost::subagents::config::SubagentsConfig;
 use taskhost::subagents::{RunResult, StartRequest, StopReason, SubagentRun, Subagents};
 

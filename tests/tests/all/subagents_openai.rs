@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use taskhost::Host;
-use taskhost::config::TasksSettings;
 use taskhost::native::ticker::TickerProducer;
+use taskhost::settings::TasksSettings;
 use taskhost::subagents::config::SubagentsConfig;
 use taskhost::subagents::{StartRequest, StopReason, Subagents};
 

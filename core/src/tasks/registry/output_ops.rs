@@ -29,6 +29,8 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use tokio::time::Instant;
 
+use super::settle::prune_history;
+use super::state::{fenced, fenced_mut};
 use super::*;
 use crate::tasks::output::{OutputLog, ViewRequest};
 use crate::tasks::peek::{OutputPeek, TAIL_LIMIT};
@@ -156,7 +158,7 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            let newly_reported = record.status.is_terminal() && !record.reported;
+            let newly_reported = record.status.is_terminal() && !record.reporting.is_reported();
             if record.status.is_terminal() {
                 record.mark_reported();
             }

@@ -2,8 +2,7 @@
 //! use, and a `taskhost: <what>: errno <n>` line on the tree's own stderr,
 //! so the plugin and the model see why.
 //!
-//! Invariant: everything here is async-signal-safe (no allocation, no
-//! locks), because it runs in forked children between `fork` and `exec`.
+//! Invariant: async-signal-safe (see [`super`]).
 
 /// Exit code when confining the tree failed (the message is on stderr).
 pub(crate) const EXIT_SETUP_FAILED: i32 = 126;
@@ -12,6 +11,9 @@ pub(crate) const EXIT_EXEC_FAILED: i32 = 127;
 
 /// Writes `taskhost: <what>: errno <n>` to stderr (the process's own stderr
 /// pipe, so the plugin and the model see it) and exits with `code`.
+///
+/// # Safety
+/// In a tree's process before `exec` (it ends the process).
 pub(crate) unsafe fn fail(code: i32, what: &[u8]) -> ! {
     // SAFETY: reads errno and writes a stack buffer to fd 2, then _exit: async-signal-safe.
     unsafe {
@@ -33,3 +35,6 @@ pub(crate) unsafe fn fail(code: i32, what: &[u8]) -> ! {
         libc::_exit(code)
     }
 }
+
+/// Exit code of an init whose keeper died before the init was armed.
+pub(crate) const EXIT_PARENT_GONE: i32 = 125;

@@ -1,0 +1,144 @@
+//! The registry's guards: values whose drop undoes what they hold (a
+//! listener, a control surface, a start's reservation, a pending reporter).
+//!
+//! Invariants: a guard that is dropped without having been disarmed gives
+//! back what it held, so a start that fails or a caller that goes away never
+//! leaks a live-task slot or suppresses a completion notice.
+
+use super::state::{Record, Reporting};
+use super::*;
+
+pub(super) struct ListenerSlot {
+    pub(super) active: std::sync::atomic::AtomicBool,
+    pub(super) listener: TaskDoneListener,
+}
+
+/// Keeps a listener registered; dropping it unregisters the listener, after
+/// which it never fires again.
+#[must_use = "dropping the guard unregisters the listener"]
+pub struct ListenerGuard {
+    registry: Weak<Shared>,
+    slot: Arc<ListenerSlot>,
+}
+
+impl Drop for ListenerGuard {
+    fn drop(&mut self) {
+        self.slot.active.store(false, std::sync::atomic::Ordering::SeqCst);
+        if let Some(shared) = self.registry.upgrade() {
+            shared.listeners.lock().expect("listeners poisoned").retain(|s| !Arc::ptr_eq(s, &self.slot));
+        }
+    }
+}
+
+/// Keeps a control surface attached; see [`TaskRegistry::attach_surface`].
+#[must_use = "dropping the guard detaches the surface"]
+pub struct SurfaceGuard {
+    registry: Weak<Shared>,
+    name: String,
+}
+
+impl Drop for SurfaceGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.registry.upgrade() {
+            shared.lock().surfaces -= 1;
+            tracing::debug!(surface = %self.name, "control surface detached");
+        }
+    }
+}
+
+impl TaskRegistry {
+    /// Declares that a control surface (something that can read and stop
+    /// tasks) is loaded. `start` refuses while none is attached, so no work
+    /// can start that nobody could collect.
+    pub fn attach_surface(&self, name: impl Into<String>) -> SurfaceGuard {
+        let name = name.into();
+        self.shared.lock().surfaces += 1;
+        tracing::debug!(surface = %name, "control surface attached");
+        SurfaceGuard { registry: Arc::downgrade(&self.shared), name }
+    }
+
+    /// Registers a listener called once per settled task with its terminal
+    /// snapshot. Listeners are contained: a panicking listener is logged and
+    /// the others still run. Dropping the guard unregisters it for good.
+    pub fn on_task_done(&self, listener: TaskDoneListener) -> ListenerGuard {
+        let slot = Arc::new(ListenerSlot { active: true.into(), listener });
+        self.shared.listeners.lock().expect("listeners poisoned").push(slot.clone());
+        ListenerGuard { registry: Arc::downgrade(&self.shared), slot }
+    }
+}
+
+/// A start that passed preflight. Dropped without commit (the runner failed
+/// or the start future was dropped), it gives its reservation back.
+pub(super) struct Reservation {
+    pub(super) registry: Weak<Shared>,
+    pub(super) bucket_key: Option<u64>,
+    pub(super) armed: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(shared) = self.registry.upgrade() {
+            let mut state = shared.lock();
+            release_start(&mut state, &shared, self.bucket_key);
+        }
+    }
+}
+
+/// A start in flight ended (committed or given back). Only a cleanup or a
+/// disposal waits for starts to drain, and each marks its scope closing (or
+/// the registry disposed) before it looks, so nobody else is woken.
+pub(super) fn release_start(state: &mut State, shared: &Shared, bucket_key: Option<u64>) {
+    match bucket_key {
+        None => state.unowned.starting -= 1,
+        Some(key) => {
+            if let Some(scope) = state.owner_scopes.get_mut(&key) {
+                scope.bucket.starting -= 1;
+                if scope.closing && scope.bucket.starting == 0 {
+                    scope.starts_drained.notify_one();
+                }
+            }
+        }
+    }
+    state.starts_in_flight -= 1;
+    if state.disposed && state.starts_in_flight == 0 {
+        shared.starts_drained.notify_waiters();
+    }
+}
+
+/// A wait or kill in progress. If its future is dropped before it delivered
+/// (the caller went away), it un-counts itself and releases a held notice.
+pub(super) struct PendingReporter<'a> {
+    pub(super) registry: &'a TaskRegistry,
+    pub(super) id: &'a TaskId,
+    pub(super) armed: bool,
+}
+
+impl Drop for PendingReporter<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let held = {
+            let mut state = self.registry.shared.lock();
+            let Some(record) = state.tasks.get_mut(self.id) else {
+                return;
+            };
+            record.pending_reporters -= 1;
+            release_reporter(record)
+        };
+        self.registry.deliver_held_notice(held);
+    }
+}
+
+/// After a reporter left without delivering: if the task settled while
+/// reporters were pending and none is left to deliver, un-suppress the notice.
+pub(super) fn release_reporter(record: &mut Record) -> Option<TaskDone> {
+    if record.reporting == Reporting::Held && record.pending_reporters == 0 {
+        record.reporting = Reporting::Untold;
+        return Some(record.done_event());
+    }
+    None
+}

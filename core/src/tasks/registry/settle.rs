@@ -1,0 +1,440 @@
+//! How a task ends: first-wins settlement, the listeners and events it
+//! fans out to, the history bound, the completion notice, and teardown
+//! (owner cleanup, registry disposal, force-fail).
+//!
+//! Invariants: the first outcome is final; listeners run once per task,
+//! outside the lock, before waiters wake; disposal is silent; a finished
+//! task whose end nobody was told of is never dropped from the history.
+
+use super::state::{Ended, Record, Reporting, bucket_mut};
+use super::*;
+
+impl TaskRegistry {
+    /// Settles a task whose read ended it (first wins, so an outcome that
+    /// got there first stands) and returns the read as the terminal report.
+    pub(super) fn settle_by_read(&self, id: &TaskId, ended: ReadEndedTask, before: TaskSnapshot) -> TaskRead {
+        let ReadEndedTask { text, outcome } = ended;
+        let status: TaskStatus = outcome.status.into();
+        let detail = outcome.detail.clone();
+        self.settle_record(
+            id,
+            Settlement { status, detail: outcome.detail, output: outcome.output, forced: false, reported: true },
+        );
+        let state = self.shared.lock();
+        let snapshot = self.report_terminal(state, id).unwrap_or(
+            // Dropped meanwhile (its owner was disposed): report what the read saw.
+            TaskSnapshot { status, detail, finished_at: Some(SystemTime::now()), reported: true, ..before },
+        );
+        TaskRead { text, snapshot }
+    }
+
+    /// Cancels every live task, awaits their quiescence (bounded by the
+    /// teardown timeout), detaches from live owners and drops every record.
+    ///
+    /// Guarantees, once it returns: no task of this registry is live (each
+    /// settled, or was force-failed with a possible-orphan detail), every
+    /// start that was in flight has settled too, no task can start, and no
+    /// listener was called for these settlements (disposal is silent: an
+    /// owner still alive is not told of kills it never asked for). Waits
+    /// still pending wake with the terminal state. Idempotent.
+    pub async fn dispose(&self) {
+        {
+            let mut state = self.shared.lock();
+            if state.disposed {
+                return;
+            }
+            state.disposed = true;
+        }
+        tracing::info!("disposing task registry");
+        loop {
+            let drained = self.shared.starts_drained.notified();
+            let live: Vec<TaskId> = {
+                let state = self.shared.lock();
+                if state.starts_in_flight == 0 {
+                    state.tasks.values().filter(|r| !r.status.is_terminal()).map(|r| r.id.clone()).collect()
+                } else {
+                    Vec::new()
+                }
+            };
+            futures::future::join_all(live.iter().map(|id| self.teardown(id, "task registry disposed"))).await;
+            if self.shared.lock().starts_in_flight == 0 {
+                break;
+            }
+            drained.await;
+        }
+        let scopes = std::mem::take(&mut self.shared.lock().owner_scopes);
+        for scope in scopes.into_values() {
+            if let Some(agent) = scope.owner.agent.upgrade() {
+                agent.remove_cleanup(scope.cleanup);
+            }
+        }
+        let records: Vec<Record> = self.shared.lock().tasks.drain().collect();
+        self.release_records(records);
+        self.shared.listeners.lock().expect("listeners poisoned").clear();
+    }
+
+    /// Injects `text` into the owner's session as the completion notice of
+    /// task `id`, unless its end was already reported, a notice for it was
+    /// already injected (several surfaces may listen), or its owner is gone.
+    /// Returns whether it was injected.
+    ///
+    /// Atomic with every reporting path (reads, waits and kills run their
+    /// check under the same lock), so a notice never joins the explicit
+    /// report of the same end: either the report came first and there is no
+    /// notice, or the report retracts the notice from the owner's unread
+    /// messages.
+    pub fn inject_completion_notice(&self, id: &TaskId, text: String) -> bool {
+        let mut state = self.shared.lock();
+        let Some(record) = state.tasks.get_mut(id) else {
+            return false;
+        };
+        if record.reporting != Reporting::Untold || !record.status.is_terminal() {
+            return false;
+        }
+        let Some(owner) = record.owner.as_ref().and_then(|o| o.agent.upgrade()) else {
+            return false;
+        };
+        if owner.inject_about(id, text).is_err() {
+            return false;
+        }
+        record.reporting = Reporting::Noticed;
+        true
+    }
+
+    /// Records the outcome unless the task already settled (first wins), then
+    /// fans out to the listeners.
+    pub(super) fn settle(&self, id: &TaskId, outcome: TaskOutcome) {
+        self.settle_record(
+            id,
+            Settlement {
+                status: outcome.status.into(),
+                detail: outcome.detail,
+                output: outcome.output,
+                forced: false,
+                reported: false,
+            },
+        );
+    }
+
+    pub(super) fn settle_record(&self, id: &TaskId, settlement: Settlement) {
+        let Settlement { status, detail, output, forced, reported } = settlement;
+        let (done, settled, silent, bucket_key) = {
+            let mut state = self.shared.lock();
+            let silent = state.disposed;
+            let owner_closing = {
+                let Some(record) = state.tasks.get(id) else {
+                    return;
+                };
+                record.bucket_key().and_then(|k| state.owner_scopes.get(&k)).is_some_and(|scope| scope.closing)
+            };
+            let Some(record) = state.tasks.get_mut(id) else {
+                return;
+            };
+            if record.status.is_terminal() {
+                tracing::debug!(task = %id, late = %status, "late outcome ignored: the task already settled");
+                return;
+            }
+            record.status = status;
+            record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
+            // Reported by the caller that settled it, or nobody is left to
+            // tell (owner teardown, registry disposal); else pending waits
+            // and kills take over reporting. An end already reported (a
+            // kill's accepted request) stays reported.
+            if reported || owner_closing || silent {
+                record.reporting = Reporting::Reported;
+            } else if record.pending_reporters > 0 && record.reporting == Reporting::Untold {
+                record.reporting = Reporting::Held;
+            }
+            if let Some(output) = &record.output_log {
+                output.stop_stall_watcher();
+            }
+            let done = record.done_event();
+            let settled = record.settled.take();
+            if forced {
+                record.watcher.abort();
+            }
+            let bucket_key = record.bucket_key();
+            if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+                bucket.live -= 1;
+                bucket.finished.push_back(id.clone());
+            }
+            (done, settled, silent, bucket_key)
+        };
+        let snapshot = &done.snapshot;
+        tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
+        if !silent {
+            self.notify_listeners(&done);
+        }
+        // Subscribers and waiters (waits, teardown, disposal) hear of it only
+        // after the listeners ran, so whoever saw the settlement also sees
+        // its notice, and a disposal that returned has none in flight.
+        if self.shared.has_subscribers() {
+            let _ = self.shared.events.send(TaskEvent::Settled { task: snapshot.clone() });
+        }
+        // History is pruned before waiters wake: whoever saw the settlement
+        // also sees the records (and their files) it aged out gone.
+        let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
+        self.release_records(dropped);
+        if let Some(settled) = settled {
+            settled.cancel();
+        }
+    }
+
+    /// Drops records taken out of the table (outside the lock: dropping a
+    /// producer handle may kill processes and remove files) and tells
+    /// subscribers.
+    pub(super) fn release_records(&self, records: Vec<Record>) {
+        if records.is_empty() {
+            return;
+        }
+        let subscribed = self.shared.has_subscribers();
+        for record in records {
+            tracing::debug!(task = %record.id, "task record released");
+            if subscribed {
+                let owner_session = record.owner.as_ref().map(|o| o.session.clone());
+                let _ = self.shared.events.send(TaskEvent::Released { id: record.id.clone(), owner_session });
+            }
+            drop(record);
+        }
+    }
+
+    pub(super) fn notify_listeners(&self, done: &TaskDone) {
+        let listeners: Vec<Arc<ListenerSlot>> = self.shared.listeners.lock().expect("listeners poisoned").clone();
+        for slot in listeners {
+            if !slot.active.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| (slot.listener)(done))) {
+                tracing::error!(task = %done.snapshot.id, message = %panic_message(panic), "a task-done listener panicked; the others still run");
+            }
+        }
+    }
+
+    /// A pending reporter left without delivering: if it was the last one
+    /// holding back a notice, the notice goes out after all.
+    pub(super) fn deliver_held_notice(&self, held: Option<TaskDone>) {
+        if let Some(done) = held {
+            self.notify_listeners(&done);
+        }
+    }
+
+    /// Cancels a task for disposal and awaits it. A cancel that fails, or a
+    /// task that does not settle within the teardown timeout, is force-failed
+    /// with a detail saying the work may be orphaned.
+    pub(super) async fn teardown(&self, id: &TaskId, reason: &str) {
+        let (control, settled) = {
+            let mut state = self.shared.lock();
+            let Some(record) = state.tasks.get_mut(id) else {
+                return;
+            };
+            if record.status.is_terminal() {
+                return;
+            }
+            record.status = TaskStatus::Stopping;
+            (record.control.clone(), record.settled_signal())
+        };
+        let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        if let Err(error) = cancelled {
+            tracing::error!(task = %id, error = %format!("{error:#}"), "teardown cancel failed; the work may be orphaned");
+            self.force_fail(
+                id,
+                &control,
+                format!("cancel failed during teardown ({error:#}); the work may be orphaned"),
+            );
+            return;
+        }
+        match self.shared.config.teardown_timeout {
+            None => settled.cancelled().await,
+            Some(limit) => {
+                if tokio::time::timeout(limit, settled.cancelled()).await.is_err() {
+                    tracing::error!(task = %id, ?limit, "task did not stop after cancellation; the work may be orphaned");
+                    self.force_fail(
+                        id,
+                        &control,
+                        format!(
+                            "did not stop within {} ms of cancellation; the work may be orphaned",
+                            limit.as_millis()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn force_fail(&self, id: &TaskId, control: &Arc<dyn TaskControl>, detail: String) {
+        self.settle_record(
+            id,
+            Settlement {
+                status: TaskStatus::Failed,
+                detail: Some(detail),
+                output: None,
+                forced: true,
+                reported: false,
+            },
+        );
+        control.abandon();
+    }
+
+    /// The cleanup registered in an owner's disposal scope.
+    pub(super) fn owner_cleanup(&self, owner: &Agent) -> crate::agents::Cleanup {
+        let registry = Arc::downgrade(&self.shared);
+        let instance = owner.instance();
+        let session = owner.session().clone();
+        Box::new(move || {
+            Box::pin(
+                async move {
+                    let Some(shared) = registry.upgrade() else {
+                        return;
+                    };
+                    TaskRegistry { shared }.cleanup_owner(instance).await;
+                }
+                .instrument(tracing::info_span!("owner_cleanup", owner = %session)),
+            )
+        })
+    }
+
+    pub(super) async fn cleanup_owner(&self, instance: u64) {
+        loop {
+            let (live, starting, drained) = {
+                let mut state = self.shared.lock();
+                let State { owner_scopes, tasks, .. } = &mut *state;
+                let Some(scope) = owner_scopes.get_mut(&instance) else {
+                    return;
+                };
+                scope.closing = true;
+                let live: Vec<TaskId> = scope
+                    .tasks
+                    .iter()
+                    .filter(|id| tasks.get(id).is_some_and(|r| !r.status.is_terminal()))
+                    .cloned()
+                    .collect();
+                (live, scope.bucket.starting, scope.starts_drained.clone())
+            };
+            tracing::debug!(live = live.len(), starting, "cancelling the owner's tasks");
+            futures::future::join_all(live.iter().map(|id| self.teardown(id, "owner disposed"))).await;
+            if starting == 0 {
+                break;
+            }
+            drained.notified().await;
+        }
+        let records: Vec<Record> = {
+            let mut state = self.shared.lock();
+            match state.owner_scopes.remove(&instance) {
+                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect(),
+                None => Vec::new(),
+            }
+        };
+        self.release_records(records);
+    }
+}
+
+/// How a task ends, as [`TaskRegistry::settle_record`] records it.
+pub(super) struct Settlement {
+    pub(super) status: TaskStatus,
+    pub(super) detail: Option<String>,
+    pub(super) output: Option<String>,
+    /// The registry gave up on the task (abort its watcher).
+    pub(super) forced: bool,
+    /// The caller that settles it reports the end itself (no notice).
+    pub(super) reported: bool,
+}
+
+/// Drops the oldest finished records of a bucket beyond the history cap:
+/// reported ones first, then those whose end was noticed; never one whose
+/// end nobody was told of yet. Returns the records taken out of the table.
+pub(super) fn prune_history(state: &mut State, shared: &Shared, bucket_key: Option<u64>) -> Vec<Record> {
+    let cap = shared.config.max_finished_tasks_per_owner;
+    let State { tasks, owner_scopes, unowned, .. } = state;
+    let (bucket, mut scope_tasks) = match bucket_key {
+        None => (unowned, None),
+        Some(key) => match owner_scopes.get_mut(&key) {
+            Some(scope) => (&mut scope.bucket, Some(&mut scope.tasks)),
+            None => return Vec::new(),
+        },
+    };
+    let mut taken = Vec::new();
+    while bucket.finished.len() > cap {
+        // Ids whose record is already gone count as droppable: forgotten here.
+        let victim = [true, false].into_iter().find_map(|reported_only| {
+            bucket.finished.iter().position(|id| tasks.get(id).is_none_or(|r| r.droppable(reported_only)))
+        });
+        let Some(id) = victim.and_then(|position| bucket.finished.remove(position)) else { break };
+        if let Some(scope_tasks) = scope_tasks.as_deref_mut() {
+            scope_tasks.retain(|t| t != &id);
+        }
+        if let Some(record) = tasks.remove(&id) {
+            bucket.dropped += 1;
+            taken.push(record);
+        }
+    }
+    taken
+}
+
+/// Awaits a producer's `done` and settles its task; contains errors and
+/// panics as `failed` outcomes. Every live task is one of these.
+///
+/// Written by hand to be the producer's future and one pointer (24 bytes):
+/// a tokio task around it then fits one 128-byte cell, where an `async fn`
+/// holding the registry and the id needed two (see `watcher_fits_one_tokio_cell`).
+pub(super) struct Watcher {
+    pub(super) done: futures::future::BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+    pub(super) task: Box<WatchedTask>,
+}
+
+/// Whose `done` a [`Watcher`] awaits.
+pub(super) struct WatchedTask {
+    pub(super) registry: Weak<Shared>,
+    pub(super) id: TaskId,
+}
+
+impl std::future::Future for Watcher {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let this = &mut *self;
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| this.done.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(result)) => Ok(result),
+            Err(panic) => Err(panic),
+        };
+        // Not polled again: tokio never polls a finished task.
+        settle_watched(&this.task, outcome);
+        std::task::Poll::Ready(())
+    }
+}
+
+pub(super) fn settle_watched(task: &WatchedTask, outcome: std::thread::Result<anyhow::Result<TaskOutcome>>) {
+    let Some(shared) = task.registry.upgrade() else { return };
+    let id = &task.id;
+    let _span = tracing::info_span!("task", task = %id).entered();
+    let outcome = match outcome {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => {
+            tracing::warn!(error = %format!("{error:#}"), "producer's done failed; contained as failed");
+            TaskOutcome::failed(format!("producer error: {error:#}"))
+        }
+        Err(panic) => {
+            let message = panic_message(panic);
+            tracing::warn!(%message, "producer's done panicked; contained as failed");
+            TaskOutcome::failed(format!("producer panicked: {message}"))
+        }
+    };
+    TaskRegistry { shared }.settle(id, outcome);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tokio task is a 128-byte-aligned cell: header, scheduler, id and
+    /// trailer take 96 bytes, the future's stage the rest. A watcher of 24
+    /// bytes keeps every live task at one 128-byte cell; a byte more costs
+    /// 128 per live task.
+    #[test]
+    fn watcher_fits_one_tokio_cell() {
+        assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    }
+}

@@ -1,0 +1,248 @@
+//! Starting a task: the preflight that reserves a slot, the producer's
+//! runner run once, and the commit that issues the id and spawns the watcher.
+//!
+//! Invariants: every failable check comes before the runner; the commit
+//! cannot fail; a failed start allocates no id.
+
+use super::guards::{Reservation, release_start};
+use super::settle::{WatchedTask, Watcher};
+use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, bucket_mut, unix_nanos};
+use super::*;
+
+impl TaskRegistry {
+    /// Registers background work: preflight, then `spec.run` exactly once,
+    /// then an atomic commit. Returns the new task's id.
+    ///
+    /// Preflight refuses, before anything runs: an invalid kind, an empty
+    /// label, a registry without a control surface or already disposed, an
+    /// owner that is not this registry's live agent, and an owner at its cap
+    /// of live tasks. A runner that fails or panics registers nothing.
+    pub async fn start(&self, spec: TaskStart) -> Result<TaskId, TaskError> {
+        let TaskStart { kind, label, owner, producer_info, options, run } = spec;
+        let span = tracing::info_span!(
+            "task_start",
+            kind = %kind,
+            owner = owner.as_ref().map(|o| o.session().as_str()).unwrap_or("-"),
+            task = tracing::field::Empty,
+        );
+        let reservation = self.preflight(&kind, &label, owner.as_ref()).inspect_err(|error| {
+            span.in_scope(|| tracing::debug!(%error, "start refused in preflight"));
+        })?;
+
+        let started = AssertUnwindSafe(run()).catch_unwind().instrument(span.clone()).await;
+        let hooks = match started {
+            Ok(Ok(hooks)) => hooks,
+            Ok(Err(source)) => {
+                return Err(TaskError::Producer { context: format!("starting {kind} task failed"), source });
+            }
+            Err(panic) => {
+                return Err(TaskError::Producer {
+                    context: format!("starting {kind} task failed"),
+                    source: anyhow::anyhow!("the producer panicked: {}", panic_message(panic)),
+                });
+            }
+        };
+
+        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        span.record("task", id.as_str());
+        span.in_scope(|| tracing::info!("task started"));
+        Ok(id)
+    }
+
+    /// Registers work that is already running (a foreground call promoted to
+    /// the background): the same preflight as [`Self::start`], then the
+    /// commit; `spec.run` is never called. A refusal hands the hooks back
+    /// untouched, so the caller keeps running the work.
+    #[allow(clippy::result_large_err)]
+    pub fn adopt(&self, spec: TaskStart, hooks: TaskHooks) -> Result<TaskId, (TaskError, TaskHooks)> {
+        let TaskStart { kind, label, owner, producer_info, options, run: _ } = spec;
+        let reservation = match self.preflight(&kind, &label, owner.as_ref()) {
+            Ok(reservation) => reservation,
+            Err(error) => return Err((error, hooks)),
+        };
+        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        tracing::info!(task = %id, "foreground run adopted as a background task");
+        Ok(id)
+    }
+
+    /// Commits running work and wires it up: the output signal (drains and
+    /// events), and a teardown when its owner began disposing meanwhile.
+    pub(super) fn register(&self, reservation: Reservation, identity: Identity, hooks: TaskHooks) -> TaskId {
+        let control = hooks.control.clone();
+        let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
+        let (id, cancel_now) = self.commit(reservation, identity, hooks);
+        control.watch_output(self.output_signal(&id, owner_session));
+        if cancel_now {
+            // The owner (or the registry) began disposing while this start
+            // was in flight; its cleanup is waiting for this task to settle.
+            let registry = self.clone();
+            let id = id.clone();
+            tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
+        }
+        id
+    }
+
+    pub(super) fn preflight(&self, kind: &str, label: &str, owner: Option<&Agent>) -> Result<Reservation, TaskError> {
+        if !is_valid_kind(kind) {
+            return Err(TaskError::InvalidKind(kind.to_string()));
+        }
+        if label.trim().is_empty() {
+            return Err(TaskError::EmptyLabel { kind: kind.to_string() });
+        }
+        if let Some(owner) = owner
+            && !self.shared.agents.owns(owner)
+        {
+            return Err(TaskError::ForeignAgent(owner.id().to_string()));
+        }
+        let mut state = self.shared.lock();
+        if state.disposed {
+            return Err(TaskError::Disposed);
+        }
+        if state.surfaces == 0 {
+            return Err(TaskError::NoControlSurface);
+        }
+        let bucket_key = owner.map(Agent::instance);
+        if let Some(owner) = owner {
+            if !self.shared.agents.is_current(owner) || !owner.is_live() {
+                return Err(TaskError::OwnerNotLive(owner.id().to_string()));
+            }
+            if state.owner_scopes.get(&owner.instance()).is_some_and(|scope| scope.closing) {
+                return Err(TaskError::OwnerNotLive(owner.id().to_string()));
+            }
+        }
+        let limit = self.shared.config.max_live_tasks_per_owner;
+        let in_use = bucket_mut(&mut state, bucket_key).map_or(0, |b| b.live + b.starting);
+        if in_use >= limit {
+            let owner = match owner {
+                Some(agent) => format!("agent {} (session {})", agent.id(), agent.session()),
+                None => "unowned tasks".to_string(),
+            };
+            return Err(TaskError::TooManyTasks { owner, limit });
+        }
+        if let Some(owner) = owner
+            && !state.owner_scopes.contains_key(&owner.instance())
+        {
+            let cleanup = self.owner_cleanup(owner);
+            let key = owner.add_cleanup(cleanup).map_err(|_| TaskError::OwnerNotLive(owner.id().to_string()))?;
+            state.owner_scopes.insert(
+                owner.instance(),
+                OwnerScope {
+                    owner: Arc::new(Owner {
+                        session: owner.session().clone(),
+                        instance: owner.instance(),
+                        agent: owner.downgrade(),
+                    }),
+                    cleanup: key,
+                    closing: false,
+                    bucket: Bucket::default(),
+                    starts_drained: Arc::new(Notify::new()),
+                    tasks: Vec::new(),
+                },
+            );
+        }
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.starting += 1;
+        }
+        state.starts_in_flight += 1;
+        Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
+    }
+
+    pub(super) fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
+        let Identity { kind, label, owner, producer_info, options } = identity;
+        let TaskHooks { control, done } = hooks;
+        // Whatever needs no id is made before the lock is taken.
+        let started_at = unix_nanos(SystemTime::now());
+        let label = label.into_boxed_str();
+        let producer_info = producer_info.map(String::into_boxed_str);
+        let streams_output = control.streams_output();
+        reservation.armed = false;
+        let mut state = self.shared.lock();
+        let bucket_key = reservation.bucket_key;
+        release_start(&mut state, &self.shared, bucket_key);
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.live += 1;
+        }
+
+        let counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
+            Some(next) => {
+                *next += 1;
+                *next
+            }
+            None => 1,
+        };
+        let id = TaskId::issue(&kind, counter);
+        // A valid kind has at most 64 bytes.
+        let kind_len = u8::try_from(kind.len()).expect("a valid kind is at most 64 bytes");
+        if counter == 1 {
+            state.next_id_by_kind.insert(kind, 1);
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+
+        let mut cancel_now = state.disposed;
+        let mut owner_ref = None;
+        if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
+            scope.tasks.push(id.clone());
+            cancel_now |= scope.closing;
+            owner_ref = Some(scope.owner.clone());
+        }
+        // The scope outlives every start in flight (its cleanup waits for
+        // them), so this is only a fallback.
+        let owner = owner.map(|agent| {
+            owner_ref.unwrap_or_else(|| {
+                Arc::new(Owner {
+                    session: agent.session().clone(),
+                    instance: agent.instance(),
+                    agent: agent.downgrade(),
+                })
+            })
+        });
+        // Spawned under the lock so the record can hold its abort handle; the
+        // watcher's first settle simply waits for this commit to finish.
+        let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
+        let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
+        let output_log = streams_output.then(|| {
+            let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
+            Arc::new(StreamOutput::new(TaskOutput::new(
+                OutputLog::new(self.shared.output_limits.clone(), spill_path),
+                &options,
+            )))
+        });
+        if let Some(log) = &output_log {
+            self.watch_stalls(&id, log);
+        }
+        state.tasks.insert(Box::new(Record {
+            seq,
+            id: id.clone(),
+            kind_len,
+            label,
+            owner,
+            status: TaskStatus::Running,
+            ended: None,
+            started_at,
+            reporting: Reporting::Untold,
+            pending_reporters: 0,
+            producer_info,
+            input: options.input,
+            control,
+            output_log,
+            watcher,
+            settled: None,
+        }));
+        if self.shared.has_subscribers()
+            && let Some(record) = state.tasks.get(&id)
+        {
+            let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
+        }
+        (id, cancel_now)
+    }
+}
+
+/// What a start says about its task, kept for the commit.
+pub(super) struct Identity {
+    pub(super) kind: String,
+    pub(super) label: String,
+    pub(super) owner: Option<Agent>,
+    pub(super) producer_info: Option<String>,
+    pub(super) options: TaskOptions,
+}

@@ -1,0 +1,347 @@
+//! The registry's table: task records, owners' buckets and scopes, the
+//! owner fence, and the queries that read them (`get`, `list`, `list_all`).
+//!
+//! Invariants: a record is found only through the fence ([`fenced`]): an
+//! owned task is visible to a caller of the same session, an unowned one to
+//! everyone. A record stays small (every live task holds one): what only a
+//! finished task has is in [`Ended`].
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) tasks: Tasks,
+    /// Per-kind id counters: the last number issued.
+    pub(super) next_id_by_kind: HashMap<String, u64>,
+    /// Start order, for stable listings.
+    pub(super) next_seq: u64,
+    /// Live-task accounting of unowned tasks (owners keep theirs in their scope).
+    pub(super) unowned: Bucket,
+    pub(super) owner_scopes: HashMap<u64, OwnerScope>,
+    pub(super) surfaces: usize,
+    pub(super) starts_in_flight: usize,
+    pub(super) disposed: bool,
+}
+
+/// Every record, found by its id. A table of boxed records keyed by the id
+/// each holds, next to the id's hash: a slot is 16 bytes (no copy of the
+/// key, no record-sized empty slots), growing the table moves slots, not
+/// records, and neither growth nor a probe reads a record whose hash differs.
+#[derive(Default)]
+pub(super) struct Tasks(hashbrown::HashTable<(u64, Box<Record>)>);
+
+impl Tasks {
+    pub(super) fn hash(id: &TaskId) -> u64 {
+        use std::hash::BuildHasher as _;
+        rustc_hash::FxBuildHasher.hash_one(id.as_str())
+    }
+
+    pub(super) fn get(&self, id: &TaskId) -> Option<&Record> {
+        let hash = Self::hash(id);
+        self.0.find(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &**r)
+    }
+
+    pub(super) fn get_mut(&mut self, id: &TaskId) -> Option<&mut Record> {
+        let hash = Self::hash(id);
+        self.0.find_mut(hash, |(h, r)| *h == hash && &r.id == id).map(|(_, r)| &mut **r)
+    }
+
+    /// Adds a record whose id is not in the table (ids are issued once).
+    pub(super) fn insert(&mut self, record: Box<Record>) {
+        let hash = Self::hash(&record.id);
+        self.0.insert_unique(hash, (hash, record), |(h, _)| *h);
+    }
+
+    pub(super) fn remove(&mut self, id: &TaskId) -> Option<Record> {
+        let hash = Self::hash(id);
+        match self.0.find_entry(hash, |(h, r)| *h == hash && &r.id == id) {
+            Ok(entry) => Some(*entry.remove().0.1),
+            Err(_) => None,
+        }
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Record> {
+        self.0.iter().map(|(_, r)| &**r)
+    }
+
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = Record> {
+        self.0.drain().map(|(_, r)| *r)
+    }
+}
+
+/// Task accounting for one owner instance (or `None`: unowned).
+#[derive(Default)]
+pub(super) struct Bucket {
+    pub(super) live: usize,
+    pub(super) starting: usize,
+    /// Finished tasks still held, oldest settlement first.
+    pub(super) finished: VecDeque<TaskId>,
+    /// Finished tasks dropped from the history so far.
+    pub(super) dropped: u64,
+}
+
+/// The registry's registration in one owner's disposal scope.
+pub(super) struct OwnerScope {
+    /// Shared by every record of this owner instance.
+    pub(super) owner: Arc<Owner>,
+    pub(super) cleanup: CleanupKey,
+    pub(super) closing: bool,
+    pub(super) bucket: Bucket,
+    pub(super) starts_drained: Arc<Notify>,
+    pub(super) tasks: Vec<TaskId>,
+}
+
+/// Who owns a task: one per owner instance, shared by its records.
+pub(super) struct Owner {
+    pub(super) session: SessionId,
+    pub(super) instance: u64,
+    pub(super) agent: WeakAgent,
+}
+
+/// One task. Kept small, since every live task holds one: what only a
+/// finished task has is in [`Ended`], and only stream kinds have an output log.
+pub(super) struct Record {
+    pub(super) seq: u64,
+    pub(super) id: TaskId,
+    /// The kind is the id's first `kind_len` bytes (`<kind>-N`).
+    pub(super) kind_len: u8,
+    pub(super) label: Box<str>,
+    pub(super) owner: Option<Arc<Owner>>,
+    pub(super) status: TaskStatus,
+    /// Set at settlement (with a terminal status), never before.
+    pub(super) ended: Option<Box<Ended>>,
+    /// Nanoseconds since the Unix epoch (half a `SystemTime`).
+    pub(super) started_at: u64,
+    /// Who was told of the task's end, and how.
+    pub(super) reporting: Reporting,
+    /// Waits and kills in progress; at settlement they take over reporting.
+    pub(super) pending_reporters: u32,
+    pub(super) producer_info: Option<Box<str>>,
+    /// Whether `task_input` may write to it.
+    pub(super) input: TaskInput,
+    pub(super) control: Arc<dyn TaskControl>,
+    /// Stream kinds: every pull of output goes through it (see
+    /// [`output_ops`]). `None` for final-output kinds, whose one output is
+    /// [`Ended::output`].
+    pub(super) output_log: Option<Arc<StreamOutput>>,
+    /// The task awaiting the producer's `done`; aborted on force-fail.
+    pub(super) watcher: tokio::task::AbortHandle,
+    /// Fires after settlement (and its listeners); made on first demand,
+    /// since most tasks are never waited on.
+    pub(super) settled: Option<CancellationToken>,
+}
+
+/// Who was told of a task's end: the one state that decides whether a
+/// completion notice may go out and whether the record may age out.
+///
+/// Transitions (all under the registry lock):
+/// - `Untold` → `Reported`: an explicit response delivered the end (a
+///   terminal read, a wait, a kill), or nobody is left to tell (owner
+///   teardown, registry disposal). A kill's accepted request reports too,
+///   while the task still stops.
+/// - `Untold` → `Held`: the task settled while waits or kills were pending
+///   (`pending_reporters > 0`); they are to report it.
+/// - `Held` → `Reported`: one of them delivered; `Held` → `Untold`: the last
+///   one left without delivering, and the notice goes out after all.
+/// - `Untold` → `Noticed`: the completion notice was injected into the
+///   owner's session (only once terminal); `Noticed` → `Reported`: a later
+///   report retracts the unread notice.
+///
+/// `Reported` is final. A notice and an explicit report of the same end are
+/// never both delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reporting {
+    /// Nobody has been told of the end (or the task has not ended).
+    Untold,
+    /// Ended while reporters were pending; the notice waits for them.
+    Held,
+    /// The completion notice is in the owner's session.
+    Noticed,
+    /// An explicit response delivered the end, or nobody is left to tell.
+    Reported,
+}
+
+impl Reporting {
+    /// What a snapshot shows as `reported`: a held end counts, since a
+    /// pending reporter is about to deliver it.
+    pub(super) fn is_reported(self) -> bool {
+        matches!(self, Reporting::Reported | Reporting::Held)
+    }
+}
+
+/// `at` in nanoseconds since the Unix epoch (0 before it; saturating
+/// past the year 2554).
+pub(super) fn unix_nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// What a task has once it settled.
+pub(super) struct Ended {
+    pub(super) finished_at: SystemTime,
+    pub(super) detail: Option<String>,
+    /// Final-output kinds: the output, read idempotently.
+    pub(super) output: Option<String>,
+}
+
+impl Record {
+    pub(super) fn snapshot(&self) -> TaskSnapshot {
+        TaskSnapshot {
+            id: self.id.clone(),
+            kind: self.kind().to_string(),
+            label: self.label.to_string(),
+            owner_session: self.owner.as_ref().map(|o| o.session.clone()),
+            status: self.status,
+            detail: self.ended.as_ref().and_then(|e| e.detail.clone()),
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.started_at),
+            finished_at: self.finished_at(),
+            reported: self.reporting.is_reported(),
+            producer_info: self.producer_info.as_deref().map(str::to_string),
+        }
+    }
+
+    pub(super) fn kind(&self) -> &str {
+        &self.id.as_str()[..usize::from(self.kind_len)]
+    }
+
+    pub(super) fn finished_at(&self) -> Option<SystemTime> {
+        self.ended.as_ref().map(|e| e.finished_at)
+    }
+
+    /// Where reads find the output: the log of a stream kind, or a
+    /// final-output kind's output (empty while live).
+    pub(super) fn output_source(&self) -> output_ops::OutputSource {
+        match &self.output_log {
+            Some(log) => output_ops::OutputSource::Log(log.clone()),
+            None => {
+                output_ops::OutputSource::Final(self.ended.as_ref().and_then(|e| e.output.clone()).unwrap_or_default())
+            }
+        }
+    }
+
+    pub(super) fn done_event(&self) -> TaskDone {
+        TaskDone { snapshot: self.snapshot(), owner: self.owner.as_ref().and_then(|o| o.agent.upgrade()) }
+    }
+
+    pub(super) fn settled_signal(&mut self) -> CancellationToken {
+        self.settled.get_or_insert_with(CancellationToken::new).clone()
+    }
+
+    pub(super) fn bucket_key(&self) -> Option<u64> {
+        self.owner.as_ref().map(|o| o.instance)
+    }
+
+    /// A reporter delivered the terminal state. A notice of the same end
+    /// still unread by the owner is retracted: the report replaces it.
+    /// Called under the registry lock, which orders it with
+    /// [`TaskRegistry::inject_completion_notice`].
+    pub(super) fn mark_reported(&mut self) {
+        let noticed = self.reporting == Reporting::Noticed;
+        self.reporting = Reporting::Reported;
+        if noticed && let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade()) {
+            owner.retract_unread_about(&self.id);
+        }
+    }
+
+    /// May age out of the history: nobody still waits to be told of its end.
+    pub(super) fn droppable(&self, reported_only: bool) -> bool {
+        match self.reporting {
+            // A wait or kill pending at settlement may still hand the notice
+            // back, so nobody has been told of the end for sure.
+            Reporting::Held => false,
+            Reporting::Reported => true,
+            _ if reported_only => false,
+            Reporting::Noticed => true,
+            Reporting::Untold => self.owner.as_ref().is_none_or(|o| o.agent.upgrade().is_none_or(|a| !a.is_live())),
+        }
+    }
+}
+
+impl TaskRegistry {
+    /// A non-consuming snapshot. Fails for unknown ids and foreign callers.
+    pub fn get(&self, id: &TaskId, caller: Option<&Agent>) -> Result<TaskSnapshot, TaskError> {
+        let state = self.shared.lock();
+        Ok(fenced(&state, id, caller)?.snapshot())
+    }
+
+    /// How many finished tasks visible to `caller` were dropped from the
+    /// history (see [`RegistryConfig::max_finished_tasks_per_owner`]).
+    pub fn dropped_from_history(&self, caller: Option<&Agent>) -> u64 {
+        let state = self.shared.lock();
+        let owned: u64 = match caller {
+            Some(caller) => state
+                .owner_scopes
+                .values()
+                .filter(|s| &s.owner.session == caller.session())
+                .map(|s| s.bucket.dropped)
+                .sum(),
+            None => 0,
+        };
+        owned + state.unowned.dropped
+    }
+
+    /// Every live owner's tasks and the unowned ones, in start order: the
+    /// view of an operator, not of a model (no owner fence).
+    pub fn list_all(&self) -> Vec<TaskSnapshot> {
+        let state = self.shared.lock();
+        let mut all: Vec<&Record> = state.tasks.values().collect();
+        all.sort_by_key(|r| r.seq);
+        all.into_iter().map(Record::snapshot).collect()
+    }
+
+    /// The caller-visible tasks (owned by the caller's session, or unowned),
+    /// in start order.
+    pub fn list(&self, caller: Option<&Agent>) -> Vec<TaskSnapshot> {
+        let state = self.shared.lock();
+        let mut visible: Vec<&Record> = state.tasks.values().filter(|r| visible_to(r, caller)).collect();
+        visible.sort_by_key(|r| r.seq);
+        visible.into_iter().map(Record::snapshot).collect()
+    }
+}
+
+/// The live-task accounting of an owner instance (`None`: unowned tasks).
+pub(super) fn bucket_mut(state: &mut State, bucket_key: Option<u64>) -> Option<&mut Bucket> {
+    match bucket_key {
+        None => Some(&mut state.unowned),
+        Some(instance) => state.owner_scopes.get_mut(&instance).map(|scope| &mut scope.bucket),
+    }
+}
+
+pub(super) fn visible_to(record: &Record, caller: Option<&Agent>) -> bool {
+    match &record.owner {
+        None => true,
+        Some(owner) => caller.is_some_and(|c| c.session() == &owner.session),
+    }
+}
+
+pub(super) fn fenced<'a>(state: &'a State, id: &TaskId, caller: Option<&Agent>) -> Result<&'a Record, TaskError> {
+    let record = state.tasks.get(id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
+    if !visible_to(record, caller) {
+        return Err(TaskError::ForeignTask(id.clone()));
+    }
+    Ok(record)
+}
+
+pub(super) fn fenced_mut<'a>(
+    state: &'a mut State,
+    id: &TaskId,
+    caller: Option<&Agent>,
+) -> Result<&'a mut Record, TaskError> {
+    let record = state.tasks.get_mut(id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
+    if !visible_to(record, caller) {
+        return Err(TaskError::ForeignTask(id.clone()));
+    }
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every live task holds one record (boxed: malloc rounds to 16 bytes
+    /// with 8 of its own). What grows it belongs in [`Ended`] or in the
+    /// stream output, unless every live task needs it.
+    #[test]
+    fn a_record_stays_small() {
+        assert!(std::mem::size_of::<Record>() <= 136, "{} bytes", std::mem::size_of::<Record>());
+    }
+}
