@@ -247,11 +247,14 @@ impl Config {
     /// Loads a configuration file the way every command does: read once,
     /// and used only when it lies outside every directory its process trees
     /// (or any server's in `cwd`) can write, or `trust` vouches for exactly
-    /// these bytes ([`crate::state::trust`]). The error of a refusal names
-    /// the file, why, and the command to run.
+    /// these bytes ([`crate::state::trust`]), whose records lie outside all
+    /// of them. The error of a refusal names the file, why, and the command
+    /// to run.
     pub fn load_trusted(path: &Path, cwd: &Path, trust: &crate::state::trust::TrustStore) -> anyhow::Result<Self> {
         let (config, sha256) = Self::read(path)?;
         let policy = crate::state::trust::TrustPolicy::new(trust.clone(), config.writable_roots(cwd));
+        // Records a tree could replace vouch for nothing.
+        policy.ensure_out_of_reach("the trust records' directory", trust.dir())?;
         policy.admit(path, crate::state::trust::FileKind::Config, &sha256).map_err(|e| anyhow::Error::new(*e))?;
         Ok(config)
     }

@@ -77,6 +77,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, base_dir) = load_config(args.config.as_deref())?;
     let cwd = std::env::current_dir().context("the working directory")?;
     let trust = Arc::new(TrustPolicy::new(TrustStore::new(&StateDir::open_default()?), config.writable_roots(&cwd)));
+    ensure_state_out_of_reach(&config, &trust)?;
     warn_about_inline_tokens(&config);
     // Over HTTP or with --watch (whose file watches start with the loads),
     // plugins load at once; otherwise once the first tool listing is
@@ -180,6 +181,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("host disposed; exiting");
     served
+}
+
+/// taskhost's own state must lie outside every directory the trees of this
+/// configuration can write (see [`TrustPolicy::ensure_out_of_reach`]).
+pub fn ensure_state_out_of_reach(config: &Config, trust: &TrustPolicy) -> anyhow::Result<()> {
+    trust.ensure_out_of_reach("taskhost's state directory", &crate::state::default_dir()?)?;
+    trust.ensure_out_of_reach("the [state] dir", &config.state.effective_dir()?)
 }
 
 /// Inline secrets in a configuration file inside the served workspace are

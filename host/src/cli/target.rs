@@ -133,6 +133,7 @@ pub async fn open(target: &PluginTarget, agent_name: &str) -> anyhow::Result<Ses
     // target is the one plugin its developer named: trusted as it changes.
     let cwd = std::env::current_dir().context("the working directory")?;
     let mut policy = TrustPolicy::new(TrustStore::new(&StateDir::open_default()?), config.writable_roots(&cwd));
+    super::serve::ensure_state_out_of_reach(&config, &policy)?;
     if !target.is_config_file() {
         policy = policy.with_named(&target.target);
     }

@@ -110,6 +110,11 @@ impl TrustStore {
         &self.file
     }
 
+    /// The directory the records are in.
+    pub fn dir(&self) -> &Path {
+        self.file.parent().unwrap_or(Path::new("/"))
+    }
+
     /// Every record, in the order they were made.
     pub fn records(&self) -> anyhow::Result<Vec<Record>> {
         Ok(self.read()?.records)
@@ -327,6 +332,25 @@ impl TrustPolicy {
     /// The roots trees can write.
     pub fn writable(&self) -> &[WritableRoot] {
         &self.writable
+    }
+
+    /// Fails when `dir` (taskhost's own state: `what`) lies where trees can
+    /// write: hidden from them or not, a tree could move a directory above
+    /// it away and put its own in its place (its own trust records, say),
+    /// which the next server would use.
+    pub fn ensure_out_of_reach(&self, what: &str, dir: &Path) -> anyhow::Result<()> {
+        match self.writable_root_of(dir) {
+            None => Ok(()),
+            Some(root) => anyhow::bail!(
+                "{what} {} lies in {} ({}), which process trees of this server can write: a tree could move a \
+                 directory above it away and put its own in its place. Keep it out of every workspace: set \
+                 XDG_STATE_HOME (or [state] dir) to a directory outside {}",
+                dir.display(),
+                root.path.display(),
+                root.why,
+                root.path.display()
+            ),
+        }
     }
 
     /// The writable root `file` lies in, if any.

@@ -25,6 +25,8 @@ pub struct Place {
     pub base: PathBuf,
     /// The servers' working directory: where their trees write.
     pub work: PathBuf,
+    /// `XDG_STATE_HOME` (default `base/state`, outside the workspace).
+    pub state_home: PathBuf,
     pub uid: Option<u32>,
 }
 
@@ -35,7 +37,8 @@ impl Place {
         for dir in [&work, &base.join("home"), &base.join("state"), &base.join("cache")] {
             std::fs::create_dir_all(dir).unwrap();
         }
-        let place = Self { base, work, uid };
+        let state_home = base.join("state");
+        let place = Self { base, work, state_home, uid };
         place.chown();
         place
     }
@@ -55,7 +58,7 @@ impl Place {
             .args(args)
             .current_dir(&self.work)
             .env("HOME", self.base.join("home"))
-            .env("XDG_STATE_HOME", self.base.join("state"))
+            .env("XDG_STATE_HOME", &self.state_home)
             .env("XDG_CACHE_HOME", self.base.join("cache"))
             .env("RUST_LOG", "info,taskhost=debug")
             .kill_on_drop(true);
@@ -419,4 +422,69 @@ async fn a_plugin_a_tree_replaced_is_never_served() {
 async fn a_plugin_a_tree_replaced_is_never_served_by_an_unprivileged_server() {
     let Some(uid) = unprivileged() else { return };
     swapped_plugin("trust-plugin-nobody", Some(uid)).await;
+}
+
+/// taskhost's own directories inside the workspace. The compile cache and
+/// taskhost's configuration directory stay hidden: no tree reads, lists or
+/// writes them. A state directory there (trust records, the cache's key) is
+/// refused outright, naming the fix: hidden or not, a tree can move a
+/// directory above it away and put its own records in its place (measured
+/// with the view of this branch: `mv .state .state.old && mkdir -p
+/// .state/taskhost` worked from a tree, as root and as 65534).
+async fn own_directories_in_the_workspace(tag: &str, uid: Option<u32>) {
+    let place = Place::new(tag, uid);
+    let (cache, config) = (place.work.join(".cache"), place.work.join(".config/taskhost"));
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("taskhost.toml"), "# the user's own\n").unwrap();
+    place.chown();
+    let mut command = place.taskhost(&["serve"]);
+    command.env("XDG_CACHE_HOME", &cache).env("XDG_CONFIG_HOME", place.work.join(".config"));
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(common::log_file(&place.base));
+    let mut child = command.spawn().unwrap();
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let served = Served { client: ().serve((stdout, stdin)).await.expect("serves"), child };
+    assert_eq!(served.bash("echo compiled").await, "compiled\n[status: completed, exit code: 0]");
+    let entries = std::fs::read_dir(cache.join("taskhost/components")).unwrap().count();
+    assert!(entries > 0, "the compile cache holds entries");
+    let tried = served
+        .bash(
+            "r() { if eval \"$2\" >/dev/null 2>&1; then echo \"$1:yes\"; else echo \"$1:no\"; fi; }\n\
+             r list_cache \"ls .cache/taskhost/components | grep -q .\"\n\
+             r plant_cache \"echo x > .cache/taskhost/components/x.cwasm\"\n\
+             r read_config \"grep -q own .config/taskhost/taskhost.toml\"\n\
+             r write_config \"echo x >> .config/taskhost/taskhost.toml\"",
+        )
+        .await;
+    served.stop().await;
+    for attempt in ["list_cache", "plant_cache", "read_config", "write_config"] {
+        assert!(tried.contains(&format!("{attempt}:no")), "{attempt}: {tried}");
+    }
+    assert_eq!(std::fs::read_to_string(config.join("taskhost.toml")).unwrap(), "# the user's own\n");
+    assert!(!cache.join("taskhost/components/x.cwasm").exists());
+
+    let mut inside = Place::new(&format!("{tag}-state"), uid);
+    inside.state_home = inside.work.join(".state");
+    let refused = inside.serve_refused(&[]).await;
+    let state = inside.state_home.join("taskhost").display().to_string();
+    assert!(
+        refused.contains(&format!("taskhost's state directory {state} lies in {}", inside.work.display()))
+            && refused.contains("set XDG_STATE_HOME (or [state] dir) to a directory outside"),
+        "{refused}"
+    );
+    let file = inside.work.join("taskhost.toml");
+    std::fs::write(&file, "").unwrap();
+    inside.chown();
+    let refused = inside.serve_refused(&[]).await;
+    assert!(refused.contains("the trust records' directory"), "{refused}");
+}
+
+#[tokio::test]
+async fn taskhosts_own_directories_in_the_workspace_are_hidden_or_refused() {
+    own_directories_in_the_workspace("trust-own-dirs", None).await;
+}
+
+#[tokio::test]
+async fn taskhosts_own_directories_in_the_workspace_are_hidden_or_refused_by_an_unprivileged_server() {
+    let Some(uid) = unprivileged() else { return };
+    own_directories_in_the_workspace("trust-own-dirs-nobody", Some(uid)).await;
 }
