@@ -285,10 +285,9 @@ async fn a_configuration_outside_the_workspace_loads_and_the_state_directory_is_
 /// another plugin's compiled code under `bash`'s key, and the digest an
 /// unkeyed format would have. The next server refuses it, recompiles, and
 /// serves bash.
-#[tokio::test]
-async fn a_forged_compile_cache_entry_is_recompiled_not_run() {
+async fn forged_cache_entry(tag: &str, uid: Option<u32>) {
     use sha2::Digest as _;
-    let place = Place::new("trust-cache-forgery", None);
+    let place = Place::new(tag, uid);
     let file = place.base.join("both.toml");
     std::fs::write(
         &file,
@@ -328,6 +327,8 @@ async fn a_forged_compile_cache_entry_is_recompiled_not_run() {
     forged.extend_from_slice(&digest.finalize());
     forged.extend_from_slice(&ticker_code);
     std::fs::write(&bash, &forged).unwrap();
+    // Written as the server's user would (else it is refused for its owner).
+    place.chown();
 
     let served = place.serve(&config).await;
     assert_eq!(served.bash("echo still-bash").await, "still-bash\n[status: completed, exit code: 0]");
@@ -339,6 +340,17 @@ async fn a_forged_compile_cache_entry_is_recompiled_not_run() {
     assert!(refused.contains("MAC does not match") && refused.contains(&key), "{refused}");
     let stored = std::fs::read(&bash).expect("recompiled and stored again");
     assert_ne!(stored, forged, "the forged entry is gone");
+}
+
+#[tokio::test]
+async fn a_forged_compile_cache_entry_is_recompiled_not_run() {
+    forged_cache_entry("trust-cache-forgery", None).await;
+}
+
+#[tokio::test]
+async fn a_forged_compile_cache_entry_is_recompiled_not_run_by_an_unprivileged_server() {
+    let Some(uid) = unprivileged() else { return };
+    forged_cache_entry("trust-cache-forgery-nobody", Some(uid)).await;
 }
 
 /// A configuration (trusted, with its plugin) serves `beats` from a `.wasm`
