@@ -52,7 +52,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
-use futures::FutureExt;
 // Ids are generated here, never chosen by a caller for insertion, so a fast
 // non-keyed hash is safe and keeps starts cheap.
 use rustc_hash::FxHashMap as HashMap;

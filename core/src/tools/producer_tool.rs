@@ -222,10 +222,8 @@ impl ProducerTool {
         let prepared = crate::producer::PreparedRun { label: label.clone(), producer_info: producer_info.clone(), run };
         // A foreground run is contained like a background one: a panic in
         // the producer fails the call (or the task), never the caller.
-        let hooks = AssertUnwindSafe((prepared.run)())
-            .catch_unwind()
+        let hooks = crate::panics::contained((prepared.run)())
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: name.clone(), message: format!("{error:#}") })?;
         let control = hooks.control;
         let mut done = AssertUnwindSafe(hooks.done)
@@ -274,10 +272,7 @@ impl ProducerTool {
             }
         };
         tracing::info!(tool = %name, reason = %stopped_because, "stopping a foreground task");
-        let cancelled = AssertUnwindSafe(control.cancel(Some(&stopped_because)))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let cancelled = crate::panics::contained(control.cancel(Some(&stopped_because))).await;
         if let Err(error) = cancelled {
             control.abandon();
             return Err(ToolError::Failed {
@@ -330,14 +325,12 @@ async fn foreground_result(
     let outcome = outcome.unwrap_or_else(|error| TaskOutcome::failed(format!("producer error: {error:#}")));
     let mut text = String::new();
     if control.streams_output() {
-        match AssertUnwindSafe(control.read_output()).catch_unwind().await {
-            Ok(Ok(output)) => text.push_str(&output),
-            Ok(Err(error)) => match error.downcast::<ReadEndedTask>() {
+        match crate::panics::contained(control.read_output()).await {
+            Ok(output) => text.push_str(&output),
+            Err(error) => match error.downcast::<ReadEndedTask>() {
                 Ok(ended) => text.push_str(&ended.text),
                 Err(error) => text.push_str(&format!("[reading the output failed: {error:#}]\n")),
             },
-            Err(panic) => text
-                .push_str(&format!("[reading the output failed: the producer panicked: {}]\n", panic_message(panic))),
         }
     }
     if let Some(output) = &outcome.output {
@@ -461,10 +454,8 @@ impl Tool for ProducerTool {
         }
         // The caller's session owns the spill files of the run's processes.
         let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
-        let prepared = AssertUnwindSafe(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
-            .catch_unwind()
+        let prepared = crate::panics::contained(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {
             return self.run_foreground(prepared, &descriptor.kind, context).await;

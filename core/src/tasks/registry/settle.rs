@@ -233,10 +233,7 @@ impl TaskRegistry {
             record.status = TaskStatus::Stopping;
             (record.control.clone(), record.settled_signal())
         };
-        let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let cancelled = crate::panics::contained(control.cancel(Some(reason))).await;
         if let Err(error) = cancelled {
             tracing::error!(task = %id, error = %format!("{error:#}"), "teardown cancel failed; the work may be orphaned");
             self.force_fail(

@@ -29,19 +29,10 @@ impl TaskRegistry {
             span.in_scope(|| tracing::debug!(%error, "start refused in preflight"));
         })?;
 
-        let started = AssertUnwindSafe(run()).catch_unwind().instrument(span.clone()).await;
-        let hooks = match started {
-            Ok(Ok(hooks)) => hooks,
-            Ok(Err(source)) => {
-                return Err(TaskError::Producer { context: format!("starting {kind} task failed"), source });
-            }
-            Err(panic) => {
-                return Err(TaskError::Producer {
-                    context: format!("starting {kind} task failed"),
-                    source: anyhow::anyhow!("the producer panicked: {}", panic_message(panic)),
-                });
-            }
-        };
+        let hooks = crate::panics::contained(run())
+            .instrument(span.clone())
+            .await
+            .map_err(|source| TaskError::Producer { context: format!("starting {kind} task failed"), source })?;
 
         let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         span.record("task", id.as_str());
