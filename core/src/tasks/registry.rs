@@ -133,6 +133,7 @@ impl WeakTaskRegistry {
 pub type TaskDoneListener = Arc<dyn Fn(&TaskDone) + Send + Sync>;
 
 /// What a task-done listener receives.
+#[non_exhaustive]
 pub struct TaskDone {
     /// The terminal snapshot.
     pub snapshot: TaskSnapshot,

@@ -73,12 +73,7 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         producer.clone(),
-        ProducerToolOptions {
-            name: "bash".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("bash").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", format!("session-{test}")).unwrap();
@@ -340,12 +335,7 @@ async fn no_leak_after_a_trapping_plugin() {
     let host = Host::new(&TasksSettings::default()).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions {
-            name: "misbehave".into(),
-            background: true,
-            foreground_timeout: BOUND,
-            promote_after: None,
-        },
+        ProducerToolOptions::new("misbehave").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap").unwrap();
@@ -377,12 +367,7 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1_000, ..TasksSettings::default() }).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions {
-            name: "misbehave".into(),
-            background: true,
-            foreground_timeout: BOUND,
-            promote_after: None,
-        },
+        ProducerToolOptions::new("misbehave").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap-loop").unwrap();
@@ -418,7 +403,7 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
     host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND, promote_after: None },
+        ProducerToolOptions::new("bash").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-history").unwrap();

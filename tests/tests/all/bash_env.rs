@@ -71,12 +71,7 @@ async fn only_allowed_host_variables_reach_a_command_and_config_entries_win() {
             .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant) });
         host.add_producer(
             Arc::new(producer),
-            ProducerToolOptions {
-                name: tool.into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(30),
-                promote_after: None,
-            },
+            ProducerToolOptions::new(tool).with_foreground_timeout(Duration::from_secs(30)).with_promote_after(None),
         )
         .expect("tool name is valid");
     }

@@ -217,14 +217,11 @@ async fn assert_kill(example: &Example) {
     let prepared =
         producer.prepare(json!({"count": 100000, "interval_ms": 10}), RunMode::Background).await.expect("prepare");
     let id = registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_owner(Some(agent.clone()))
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .expect("start");
 

@@ -57,12 +57,7 @@ fn host() -> (Host, Agent) {
 }
 
 fn options() -> ProducerToolOptions {
-    ProducerToolOptions {
-        name: "ticker".into(),
-        background: true,
-        foreground_timeout: Duration::from_secs(60),
-        promote_after: None,
-    }
+    ProducerToolOptions::new("ticker").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None)
 }
 
 fn ticks(count: u32) -> String {

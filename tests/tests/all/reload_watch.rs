@@ -69,12 +69,9 @@ impl Setup {
         let file = dir.join("ticker.wasm");
         std::fs::write(&file, build("initial")).expect("write");
         let v1 = engine.load_file(&file).await.expect("load");
-        let options_ = ProducerToolOptions {
-            name: "ticker".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        };
+        let options_ = ProducerToolOptions::new("ticker")
+            .with_foreground_timeout(Duration::from_secs(60))
+            .with_promote_after(None);
         let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options_).await.expect("serve");
         let events = plugin.subscribe();
         let watch = taskhost::reload::watch(plugin.clone(), &file, options).expect("watch");

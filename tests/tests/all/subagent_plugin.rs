@@ -300,12 +300,7 @@ async fn a_plugin_without_the_grant_gets_a_clear_error() {
     let ungranted = WasmProducer::new(version, json!({})).await.unwrap();
     host.add_producer(
         Arc::new(ungranted),
-        ProducerToolOptions {
-            name: "ungranted".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(5),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("ungranted").with_foreground_timeout(Duration::from_secs(5)).with_promote_after(None),
     )
     .expect("tool name is valid");
     let parent = host.create_agent("parent", "parent-session").unwrap();

@@ -57,12 +57,8 @@ async fn fixture(test: &str) -> Fixture {
     let ticker = WasmProducer::new(ticker, json!({})).await.expect("describe ticker");
     let host = Host::new(&TasksSettings::default()).unwrap();
     for (producer, name) in [(bash, "bash"), (ticker, "ticker")] {
-        let options = ProducerToolOptions {
-            name: name.into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        };
+        let options =
+            ProducerToolOptions::new(name).with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
         host.add_producer(Arc::new(producer), options).expect("tool name is valid");
     }
     let alice = CallContext::for_agent(&host.create_agent("alice", format!("s-alice-{test}")).unwrap());

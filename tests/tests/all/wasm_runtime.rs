@@ -68,14 +68,11 @@ async fn load(engine: &PluginEngine, path: &str) -> Arc<PluginVersion> {
 async fn start(fx: &Fixture, producer: &WasmProducer, args: Value) -> Result<taskhost::ids::TaskId, String> {
     let prepared = producer.prepare(args, RunMode::Background).await.map_err(|e| format!("{e:#}"))?;
     fx.registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(fx.agent.clone()),
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_owner(Some(fx.agent.clone()))
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .map_err(|e| e.to_string())
 }
