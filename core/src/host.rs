@@ -32,7 +32,7 @@ impl Host {
         let agents = AgentRegistry::new();
         let registry = TaskRegistry::new(agents.clone(), settings.registry());
         let toolbox = Toolbox::new();
-        let control = ControlTools::attach(&registry, settings.control_tools()).map_err(anyhow::Error::msg)?;
+        let control = ControlTools::attach(&registry, settings.control_tools())?;
         control.install(&toolbox);
         Ok(Self { agents, registry, toolbox, _control: control })
     }

@@ -481,10 +481,25 @@ pub enum TaskError {
     InputToFinished { id: TaskId, status_line: String },
     #[error("the wait for task {0} was aborted")]
     WaitAborted(TaskId),
-    #[error("{context}: {source:#}")]
-    Producer {
-        context: String,
-        #[source]
-        source: anyhow::Error,
-    },
+    /// The producer refused or failed. The message is `context: cause`,
+    /// the cause with its whole chain, printed once: the cause is part of
+    /// this message, not a separate `source()`, so a reader that walks the
+    /// chain (`{:#}` of an `anyhow::Error`) does not print it twice.
+    #[error("{context}: {cause:#}")]
+    Producer { context: String, cause: anyhow::Error },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_error_prints_its_cause_once_however_it_is_shown() {
+        let cause = anyhow::anyhow!("its stdin is already closed").context("the pipe");
+        let error = TaskError::Producer { context: "sending input to task bash-1 failed".to_string(), cause };
+        let expected = "sending input to task bash-1 failed: the pipe: its stdin is already closed";
+        assert_eq!(error.to_string(), expected, "what the model reads");
+        assert!(std::error::Error::source(&error).is_none());
+        assert_eq!(format!("{:#}", anyhow::Error::from(error)), expected, "an anyhow chain, as logs print it");
+    }
 }

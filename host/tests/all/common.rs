@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::ServiceExt;
@@ -18,16 +17,20 @@ pub use taskhost_process::testing::procfs;
 pub const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
 
 /// A fresh private directory (the server's working directory and config home).
+/// Its name is `taskhost-<tag>-` and a random part (`tempfile`: made
+/// atomically, never an earlier run's or another user's directory); it is
+/// kept after the test, for its logs, and its mode is 0755 so a server run
+/// as another user (`taskhost_as`) can reach what the test puts in it.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "taskhost-{tag}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("taskhost-{tag}-"))
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir()
+        .unwrap_or_else(|error| {
+            panic!("cannot make a temporary directory in {}: {error}", std::env::temp_dir().display())
+        });
+    dir.keep()
 }
 
 /// A new `<dir>/stderr.log` for the server's logs.

@@ -80,7 +80,7 @@ impl TaskRegistry {
                 self.deliver_held_notice(held);
                 Err(TaskError::Producer {
                     context: format!("cancelling task {id} failed; it is still running"),
-                    source,
+                    cause: source,
                 })
             }
         }
@@ -243,6 +243,6 @@ impl TaskRegistry {
         };
         crate::panics::contained(control.write_input(data, close))
             .await
-            .map_err(|source| TaskError::Producer { context: format!("sending input to task {id} failed"), source })
+            .map_err(|cause| TaskError::Producer { context: format!("sending input to task {id} failed"), cause })
     }
 }

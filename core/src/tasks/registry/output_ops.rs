@@ -270,7 +270,7 @@ impl TaskRegistry {
                 Err(source) => {
                     return Err(TaskError::Producer {
                         context: format!("reading the output of task {id} failed"),
-                        source,
+                        cause: source,
                     });
                 }
             },

@@ -32,7 +32,7 @@ impl TaskRegistry {
         let hooks = crate::panics::contained(run())
             .instrument(span.clone())
             .await
-            .map_err(|source| TaskError::Producer { context: format!("starting {kind} task failed"), source })?;
+            .map_err(|cause| TaskError::Producer { context: format!("starting {kind} task failed"), cause })?;
 
         let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         span.record("task", id.as_str());
