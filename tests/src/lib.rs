@@ -67,3 +67,17 @@ fn leb128(out: &mut Vec<u8>, mut value: u64) {
         out.push(byte | 0x80);
     }
 }
+
+/// `PATH` with the bin directory of the Python virtual environment
+/// `.ci/setup` makes (`target/venv`: the MCP client, Selenium,
+/// componentize-py) first, when it exists, so the tests' `python3` and
+/// `componentize-py` are the pinned ones without a system-wide install.
+pub fn tool_path() -> std::ffi::OsString {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin");
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if venv.is_dir() {
+        dirs.push(venv);
+    }
+    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    std::env::join_paths(dirs).expect("PATH entries hold no ':'")
+}

@@ -16,6 +16,20 @@ pub use taskhost_process::testing::procfs;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
 
+/// `PATH` with the bin directory of the Python virtual environment
+/// `.ci/setup` makes (`target/venv`: the MCP client, Selenium,
+/// componentize-py) first, when it exists, so the tests' `python3` and
+/// `componentize-py` are the pinned ones without a system-wide install.
+pub fn tool_path() -> std::ffi::OsString {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin");
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if venv.is_dir() {
+        dirs.push(venv);
+    }
+    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    std::env::join_paths(dirs).expect("PATH entries hold no ':'")
+}
+
 /// A fresh private directory (the server's working directory and config home).
 /// Its name is `taskhost-<tag>-` and a random part (`tempfile`: made
 /// atomically, never an earlier run's or another user's directory); it is
