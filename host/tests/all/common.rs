@@ -30,6 +30,24 @@ pub fn tool_path() -> std::ffi::OsString {
     std::env::join_paths(dirs).expect("PATH entries hold no ':'")
 }
 
+/// The variable that lets a machine without a test's prerequisite pass that
+/// test: a comma-separated list of the gaps accepted (`root`, `landlock`),
+/// or `all`. Unset (CI), a missing prerequisite fails the test with the fix.
+pub const ACCEPT_GAPS: &str = "TASKHOST_TEST_ACCEPT_GAPS";
+
+/// Whether the test may skip itself because `gap` is missing: `true` only
+/// when [`ACCEPT_GAPS`] names it (the test then returns, saying so on
+/// stderr); otherwise the test fails with `fix`. A missing prerequisite is
+/// never a silent pass.
+pub fn gap_accepted(gap: &str, missing: &str, fix: &str) -> bool {
+    let accepted = std::env::var(ACCEPT_GAPS).unwrap_or_default();
+    if accepted.split(',').map(str::trim).any(|name| name == gap || name == "all") {
+        eprintln!("skipped, as {ACCEPT_GAPS} accepts the gap {gap:?}: {missing}");
+        return true;
+    }
+    panic!("{missing}; {fix} (or accept the gap: {ACCEPT_GAPS}={gap})");
+}
+
 /// A fresh private directory (the server's working directory and config home).
 /// Its name is `taskhost-<tag>-` and a random part (`tempfile`: made
 /// atomically, never an earlier run's or another user's directory); it is

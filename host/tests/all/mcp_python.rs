@@ -16,11 +16,10 @@ const TOKEN: &str = "python-token-0123456789abcdef";
 /// README's test command installs it through `.ci/setup`): a missing client
 /// is never a silent pass.
 fn require_python_client() {
-    let output =
-        Command::new("python3")
-            .env("PATH", common::tool_path())
-            .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
-            .output();
+    let output = Command::new("python3")
+        .env("PATH", common::tool_path())
+        .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
+        .output();
     let why = match output {
         Ok(output) if output.status.success() => {
             let version = String::from_utf8_lossy(&output.stdout).trim().to_string();

@@ -89,7 +89,11 @@ impl Example {
             // next process then finds both up to date.
             let lock = std::fs::File::create(work_dir().join(format!("{}.lock", self.name))).expect("lock file");
             lock.lock().expect("lock the example's build");
-            let build = Command::new(&script).env("PATH", taskhost_tests::tool_path()).arg(&out).output().expect("run build.sh");
+            let build = Command::new(&script)
+                .env("PATH", taskhost_tests::tool_path())
+                .arg(&out)
+                .output()
+                .expect("run build.sh");
             match build.status.code() {
                 Some(0) => {}
                 Some(127) => panic!(
