@@ -1,12 +1,11 @@
 //! Starting a task: the preflight that reserves a slot, the producer's
 //! runner run once, and the commit that issues the id and spawns the watcher.
 //!
-//! Invariants: every failable check comes before the runner; the commit
-//! cannot fail; a failed start allocates no id.
+//! Invariants: `start` runs every failable check first (surface fence, kind,
+//! exact live owner, owner-cleanup attach, per-owner cap), then the
+//! producer's runner exactly once, then commits under the lock; the commit
+//! cannot fail. A failed start allocates no id.
 
-use super::guards::{Reservation, release_start};
-use super::settle::{WatchedTask, Watcher};
-use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, bucket_mut, unix_nanos};
 use super::*;
 
 impl TaskRegistry {
