@@ -21,6 +21,7 @@
 //!   told of is never dropped. Dropping a record drops its producer handle
 //!   (and with it its output and spill files).
 
+use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
 
 impl TaskRegistry {

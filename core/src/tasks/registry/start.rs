@@ -6,6 +6,9 @@
 //! producer's runner exactly once, then commits under the lock; the commit
 //! cannot fail. A failed start allocates no id.
 
+use super::guards::{Reservation, release_start};
+use super::settle::{WatchedTask, Watcher};
+use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, bucket_mut, unix_nanos};
 use super::*;
 
 impl TaskRegistry {
