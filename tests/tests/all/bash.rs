@@ -14,7 +14,7 @@ use taskhost::Host;
 use taskhost::agents::Agent;
 use taskhost::ids::TaskId;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::settings::TasksSettings;
@@ -37,12 +37,7 @@ struct Fixture {
 }
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bash-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine")
+    taskhost_tests::engine(|_| {})
 }
 
 fn grant() -> ProcessGrant {

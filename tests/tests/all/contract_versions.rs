@@ -28,11 +28,7 @@ struct Fixture {
 
 async fn fixture(test: &str) -> Fixture {
     taskhost_tests::logs::init();
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-contract-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
     let grant = Arc::new(ProcessGrant {
         programs: vec!["bash".into()],

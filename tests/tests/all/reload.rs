@@ -18,7 +18,7 @@ use serde_json::json;
 use taskhost::Host;
 use taskhost::agents::Agent;
 use taskhost::ids::TaskId;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, PluginVersion, ServingVersion};
+use taskhost::plugin::{PluginEngine, PluginVersion, ServingVersion};
 use taskhost::reload::{ReloadEvent, ReloadablePlugin};
 use taskhost::settings::TasksSettings;
 use taskhost::tasks::{TaskDone, TaskStatus};
@@ -33,15 +33,10 @@ const STARTERS: usize = 4;
 const STEPS: usize = 7;
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        max_live_stores: 2048,
-        // Generous: two busy cores and a debug host.
-        call_deadline_ms: 5000,
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-reload-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
+    taskhost_tests::engine(|config| {
+        config.max_live_stores = 2048;
+        config.call_deadline_ms = 5000;
     })
-    .expect("engine")
 }
 
 fn host() -> (Host, Agent) {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
@@ -36,11 +36,7 @@ struct Fixture {
 async fn fixture(test: &str) -> Fixture {
     taskhost_tests::logs::init();
     let mark = ProcessMark::new(&format!("task-input-{test}"));
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-input-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
     let grant = ProcessGrant {
         programs: vec!["bash".into()],
