@@ -90,17 +90,7 @@ async fn run() {
     );
     let _surface = registry.attach_surface("bench");
     let task = ScriptedTask::new(true);
-    let id = registry
-        .start(TaskStart {
-            kind: "stream".into(),
-            label: "64 MiB".into(),
-            owner: None,
-            producer_info: None,
-            options: Default::default(),
-            run: task.runner(),
-        })
-        .await
-        .unwrap();
+    let id = registry.start(TaskStart::new("stream", "64 MiB", task.runner())).await.unwrap();
     let t = Instant::now();
     let mut delivered = 0usize;
     let mut skipped_reads = 0;

@@ -92,16 +92,9 @@ fn timer_start(interval: Duration) -> TaskStart {
                 _ = timer.0.notified() => Ok(TaskOutcome::killed(None)),
             }
         };
-        Ok(TaskHooks { control, done: Box::pin(done) })
+        Ok(TaskHooks::new(control, Box::pin(done)))
     });
-    TaskStart {
-        kind: "timer".into(),
-        label: "timer".into(),
-        owner: None,
-        producer_info: None,
-        options: Default::default(),
-        run,
-    }
+    TaskStart::new("timer", "timer", run)
 }
 
 /// Starts `n` timer tasks settling after `interval_ms`; returns starts/s.

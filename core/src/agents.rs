@@ -30,6 +30,7 @@ pub struct CleanupKey(u64);
 
 /// One message in an agent's session log.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SessionMessage {
     pub at: SystemTime,
     pub text: String,

@@ -6,7 +6,6 @@
 //! task outlives the host.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::agents::{Agent, AgentError, AgentRegistry};
 use crate::ids::{AgentId, SessionId};
@@ -14,9 +13,7 @@ use crate::producer::Producer;
 use crate::settings::TasksSettings;
 use crate::tasks::TaskRegistry;
 use crate::tools::control::ControlTools;
-use crate::tools::producer_tool::{
-    DEFAULT_FOREGROUND_TIMEOUT_MS, DEFAULT_PROMOTE_AFTER_MS, ProducerTool, ProducerToolOptions,
-};
+use crate::tools::producer_tool::{ProducerTool, ProducerToolOptions};
 use crate::tools::{CallContext, ToolDefinition, ToolError, ToolNameError, ToolOutput, Toolbox};
 
 /// A running taskhost.
@@ -35,7 +32,7 @@ impl Host {
         let agents = AgentRegistry::new();
         let registry = TaskRegistry::new(agents.clone(), settings.registry());
         let toolbox = Toolbox::new();
-        let control = ControlTools::attach(&registry, settings.control_tools()).map_err(anyhow::Error::msg)?;
+        let control = ControlTools::attach(&registry, settings.control_tools())?;
         control.install(&toolbox);
         Ok(Self { agents, registry, toolbox, _control: control })
     }
@@ -67,15 +64,7 @@ impl Host {
     /// Serves a producer under `name` with background runs on and the default
     /// foreground timeout.
     pub fn add_producer_named(&self, name: &str, producer: Arc<dyn Producer>) -> Result<(), ToolNameError> {
-        self.add_producer(
-            producer,
-            ProducerToolOptions {
-                name: name.to_string(),
-                background: true,
-                foreground_timeout: Duration::from_millis(DEFAULT_FOREGROUND_TIMEOUT_MS),
-                promote_after: Some(Duration::from_millis(DEFAULT_PROMOTE_AFTER_MS)),
-            },
-        )
+        self.add_producer(producer, ProducerToolOptions::new(name))
     }
 
     pub fn tool_definitions(&self) -> Vec<ToolDefinition> {

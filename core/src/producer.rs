@@ -16,6 +16,7 @@ use crate::tasks::{TaskHooks, TaskRunner};
 
 /// What the model sees of a producer's tool.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Descriptor {
     /// Task kind and id prefix.
     pub kind: String,
@@ -29,6 +30,29 @@ pub struct Descriptor {
     /// ([`crate::tasks::TaskControl::write_input`]); the host then offers
     /// `interactive` on background starts and serves `task_input`.
     pub takes_input: bool,
+}
+
+impl Descriptor {
+    /// A final-output kind that takes no input; see the `with_*` methods.
+    pub fn new(kind: impl Into<String>, description: impl Into<String>, parameters: serde_json::Value) -> Self {
+        Self {
+            kind: kind.into(),
+            description: description.into(),
+            parameters,
+            streams_output: false,
+            takes_input: false,
+        }
+    }
+
+    pub fn with_streams_output(mut self, streams_output: bool) -> Self {
+        self.streams_output = streams_output;
+        self
+    }
+
+    pub fn with_takes_input(mut self, takes_input: bool) -> Self {
+        self.takes_input = takes_input;
+        self
+    }
 }
 
 /// Whether a call waits for its task (foreground) or returns its id (background).
@@ -50,6 +74,7 @@ impl RunMode {
 }
 
 /// An invocation that passed the producer's own checks and is ready to start.
+#[non_exhaustive]
 pub struct PreparedRun {
     /// The task's one-line model-facing label.
     pub label: String,
@@ -57,6 +82,17 @@ pub struct PreparedRun {
     pub producer_info: Option<String>,
     /// Starts the work. Dropping a `PreparedRun` without calling it starts nothing.
     pub run: TaskRunner,
+}
+
+impl PreparedRun {
+    pub fn new(label: impl Into<String>, run: TaskRunner) -> Self {
+        Self { label: label.into(), producer_info: None, run }
+    }
+
+    pub fn with_producer_info(mut self, producer_info: Option<String>) -> Self {
+        self.producer_info = producer_info;
+        self
+    }
 }
 
 /// A kind of background work.

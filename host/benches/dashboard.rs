@@ -11,7 +11,7 @@
 //! model's `task_list` tool call over MCP (streamable HTTP, rmcp's client),
 //! which lists the same 1 000 tasks as text.
 //!
-//! Prints a Markdown section for BENCHMARKS.md.
+//! Prints a Markdown section for docs/benchmarks-log.md.
 
 use std::time::{Duration, Instant};
 

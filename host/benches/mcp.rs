@@ -18,7 +18,7 @@
 //! runs another `taskhost` binary (e.g. main's build, for a before/after in
 //! one session) wherever this bench spawns `taskhost` for stdio.
 //!
-//! Prints a Markdown section for BENCHMARKS.md. Numbers vary with the
+//! Prints a Markdown section for docs/benchmarks-log.md. Numbers vary with the
 //! machine; the ratios are measured in one run.
 
 use std::process::Stdio;

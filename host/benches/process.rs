@@ -3,7 +3,7 @@
 //! Run: `cargo bench -p taskhost --bench process` (add `-- --quick` for a
 //! short run: the same 500 rounds of the start
 //! measurements, so their p99 rests on 500 samples). Prints one table;
-//! BENCHMARKS.md quotes it.
+//! docs/benchmarks-log.md quotes it.
 //!
 //! 1. Start latency: `bash -c true` from the spawn call until a handle is
 //!    returned (the moment a task id can be registered), through

@@ -175,12 +175,8 @@ async fn bench() -> anyhow::Result<()> {
     let agent = host.create_agent("bench", "bench")?;
     let file = dir.join("ticker.wasm");
     std::fs::write(&file, rebuilt("initial"))?;
-    let options = ProducerToolOptions {
-        name: "ticker".into(),
-        background: true,
-        foreground_timeout: Duration::from_secs(60),
-        promote_after: None,
-    };
+    let options =
+        ProducerToolOptions::new("ticker").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
     let plugin = ReloadablePlugin::serve(&host, &engine, engine.load_file(&file).await?, json!({}), options).await?;
 
     // 1. File change → serving, through the watcher: each way of landing

@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p taskhost --bench stream` (add `-- --quick` for
 //! 256 MiB per stream instead of 1 GiB; `-- --only registry` (or `raw`,
 //! `capability`) runs one way alone, for a profiler). Prints one table;
-//! BENCHMARKS.md quotes it.
+//! docs/benchmarks-log.md quotes it.
 //!
 //! Each round streams `head -c <size> /dev/zero` three ways, in a shuffled
 //! order, and the table gives the median of the rounds:

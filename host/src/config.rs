@@ -196,13 +196,12 @@ fn default_promote_after_ms() -> u64 {
 impl ProducerConfig {
     /// How the host serves this entry's tool.
     pub fn tool_options(&self) -> taskhost_core::tools::producer_tool::ProducerToolOptions {
-        taskhost_core::tools::producer_tool::ProducerToolOptions {
-            name: self.tool.clone(),
-            background: self.background,
-            foreground_timeout: Duration::from_millis(self.foreground_timeout_ms),
-            promote_after: (self.background && self.promote_after_ms > 0)
-                .then(|| Duration::from_millis(self.promote_after_ms)),
-        }
+        taskhost_core::tools::producer_tool::ProducerToolOptions::new(&self.tool)
+            .with_background(self.background)
+            .with_foreground_timeout(Duration::from_millis(self.foreground_timeout_ms))
+            .with_promote_after(
+                (self.background && self.promote_after_ms > 0).then(|| Duration::from_millis(self.promote_after_ms)),
+            )
     }
 
     /// The instance configuration as JSON, the form producers receive.

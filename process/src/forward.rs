@@ -228,27 +228,47 @@ impl Forwarding {
     }
 }
 
-/// How many trailing bytes are the start of a character not complete yet.
+/// How many trailing bytes are the start of a character not complete yet
+/// (0 to 3): the bytes std's UTF-8 check reports as an unexpected end
+/// ([`std::str::Utf8Error::error_len`] is `None`). Only the last four bytes
+/// are looked at: an unfinished character has at most three, and invalid
+/// bytes before it (a continuation cut off from its lead) are skipped.
 fn incomplete_tail(bytes: &[u8]) -> usize {
-    for back in 1..=bytes.len().min(3) {
-        let byte = bytes[bytes.len() - back];
-        if byte & 0b1100_0000 == 0b1000_0000 {
-            continue; // a continuation byte: the lead is further back
+    let mut rest = &bytes[bytes.len().saturating_sub(4)..];
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(_) => return 0,
+            Err(error) => match error.error_len() {
+                None => return rest.len() - error.valid_up_to(),
+                Some(invalid) => rest = &rest[error.valid_up_to() + invalid..],
+            },
         }
-        let needed = match byte {
-            0xC0..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF7 => 4,
-            _ => 1, // ASCII or an invalid lead: nothing to wait for
-        };
-        return if needed > back { back } else { 0 };
     }
-    0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unfinished_character_is_held_back_and_nothing_else() {
+        let check = "✓".as_bytes(); // three bytes
+        let emoji = "🦀".as_bytes(); // four bytes
+        assert_eq!(incomplete_tail(b""), 0);
+        assert_eq!(incomplete_tail(b"plain"), 0);
+        assert_eq!(incomplete_tail(&[b"a ", &check[..1]].concat()), 1);
+        assert_eq!(incomplete_tail(&[b"a ", &check[..2]].concat()), 2);
+        assert_eq!(incomplete_tail(&[b"a ", check].concat()), 0);
+        assert_eq!(incomplete_tail(&[b"ab", &emoji[..3]].concat()), 3);
+        assert_eq!(incomplete_tail(emoji), 0);
+        // Invalid bytes are not waited for: an overlong lead, a stray
+        // continuation, a lead whose next byte cannot follow it.
+        assert_eq!(incomplete_tail(b"x\xC0"), 0);
+        assert_eq!(incomplete_tail(b"x\x80"), 0);
+        assert_eq!(incomplete_tail(b"x\xE0\x41"), 0);
+        // A cut-off continuation before an unfinished character.
+        assert_eq!(incomplete_tail(&[&emoji[1..], &check[..2]].concat()), 2);
+    }
 
     #[test]
     fn streams_interleave_under_headers_and_characters_are_never_split() {

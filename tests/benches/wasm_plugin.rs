@@ -49,14 +49,10 @@ async fn start(registry: &TaskRegistry, producer: &dyn Producer, args: serde_jso
     let began = Instant::now();
     let prepared = producer.prepare(args, RunMode::Background).await.expect("prepare");
     registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: None,
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .expect("start");
     began.elapsed()

@@ -67,3 +67,30 @@ fn leb128(out: &mut Vec<u8>, mut value: u64) {
         out.push(byte | 0x80);
     }
 }
+
+/// `PATH` with the bin directory of the Python virtual environment
+/// `.ci/setup` makes (`target/venv`: the MCP client, Selenium,
+/// componentize-py) first, when it exists, so the tests' `python3` and
+/// `componentize-py` are the pinned ones without a system-wide install.
+pub fn tool_path() -> std::ffi::OsString {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin");
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if venv.is_dir() {
+        dirs.push(venv);
+    }
+    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    std::env::join_paths(dirs).expect("PATH entries hold no ':'")
+}
+
+/// The plugin engine of a test: `PluginRuntimeConfig::default()` as `edit`
+/// changes it, with a compile cache of its own in a new private directory
+/// (`tempfile`: a random name, mode 0700; never an earlier run's). Tests run
+/// one a process under nextest, so a cache per engine loses nothing.
+pub fn engine(edit: impl FnOnce(&mut taskhost::plugin::PluginRuntimeConfig)) -> taskhost::plugin::PluginEngine {
+    logs::init();
+    let mut config = taskhost::plugin::PluginRuntimeConfig::default();
+    edit(&mut config);
+    let cache = tempfile::Builder::new().prefix("taskhost-test-cache-").tempdir().expect("a temporary directory");
+    config.cache_dir = Some(cache.keep());
+    taskhost::plugin::PluginEngine::new(config).expect("engine")
+}

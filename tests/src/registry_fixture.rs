@@ -35,14 +35,11 @@ impl OwnedRegistry {
     /// Starts a prepared run of `producer` as the owner's task.
     pub async fn start(&self, producer: &dyn Producer, prepared: PreparedRun) -> TaskId {
         self.registry
-            .start(TaskStart {
-                kind: producer.descriptor().kind.clone(),
-                label: prepared.label,
-                owner: Some(self.agent.clone()),
-                producer_info: prepared.producer_info,
-                options: Default::default(),
-                run: prepared.run,
-            })
+            .start(
+                TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                    .with_owner(Some(self.agent.clone()))
+                    .with_producer_info(prepared.producer_info),
+            )
             .await
             .expect("start")
     }

@@ -65,7 +65,7 @@ impl ScriptedTask {
                 changed.await;
             }
         };
-        TaskHooks { control: self.clone(), done: Box::pin(done) }
+        TaskHooks::new(self.clone(), Box::pin(done))
     }
 
     /// A runner that starts this task, for [`crate::tasks::TaskStart::run`].
@@ -223,10 +223,9 @@ impl Producer for Arc<ScriptedProducer> {
     async fn prepare(&self, args: serde_json::Value, _mode: RunMode) -> anyhow::Result<PreparedRun> {
         let label = args.get("label").and_then(|l| l.as_str()).unwrap_or("scripted").to_string();
         let producer = self.clone();
-        Ok(PreparedRun {
+        Ok(PreparedRun::new(
             label,
-            producer_info: None,
-            run: runner(async move {
+            runner(async move {
                 producer.runs.fetch_add(1, Ordering::SeqCst);
                 if let Some(message) = producer.fail_runs_with.lock().expect("scripted producer poisoned").clone() {
                     anyhow::bail!(message);
@@ -235,6 +234,6 @@ impl Producer for Arc<ScriptedProducer> {
                 producer.started.lock().expect("scripted producer poisoned").push(task.clone());
                 Ok(task.hooks())
             }),
-        })
+        ))
     }
 }

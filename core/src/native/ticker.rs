@@ -65,11 +65,8 @@ impl TickerProducer {
 }
 
 fn descriptor() -> Descriptor {
-    Descriptor {
-        kind: KIND.to_string(),
-        description: "Emits a numbered line every interval_ms milliseconds, count times. A reference producer for taskhost plugin authors."
-            .to_string(),
-        parameters: json!({
+    Descriptor::new(KIND.to_string(), "Emits a numbered line every interval_ms milliseconds, count times. A reference producer for taskhost plugin authors."
+            .to_string(), json!({
             "type": "object",
             "properties": {
                 "count": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 3, "description": "How many lines to emit."},
@@ -77,10 +74,7 @@ fn descriptor() -> Descriptor {
                 "message": {"type": "string", "default": "tick", "description": "The text of each line, before its number."}
             },
             "additionalProperties": false
-        }),
-        streams_output: true,
-        takes_input: false,
-    }
+        })).with_streams_output(true)
 }
 
 #[async_trait::async_trait]
@@ -94,11 +88,10 @@ impl Producer for TickerProducer {
             serde_json::from_value(args).map_err(|e| anyhow::anyhow!("invalid ticker arguments: {e}"))?;
         let message = args.message.unwrap_or_else(|| self.default_message.clone());
         let label = format!("{} ticks every {} ms", args.count, args.interval_ms);
-        Ok(PreparedRun {
+        Ok(PreparedRun::new(
             label,
-            producer_info: None,
-            run: runner(async move { Ok(start(args.count, Duration::from_millis(args.interval_ms), message)) }),
-        })
+            runner(async move { Ok(start(args.count, Duration::from_millis(args.interval_ms), message)) }),
+        ))
     }
 }
 
@@ -167,7 +160,7 @@ fn start(count: u64, interval: Duration, message: String) -> TaskHooks {
             }
         }
     };
-    TaskHooks { control: ticker, done: Box::pin(done) }
+    TaskHooks::new(ticker, Box::pin(done))
 }
 
 #[async_trait::async_trait]

@@ -15,6 +15,7 @@ pub const TAIL_LIMIT: usize = 64 * 1024;
 /// What a peek returns: the output between `start` and `end` (byte offsets
 /// in everything the task produced), never consumed.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct OutputPeek {
     pub text: String,
     pub start: u64,

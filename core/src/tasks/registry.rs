@@ -16,43 +16,16 @@
 //! only a finished task has is made at settlement. A start takes the lock
 //! twice (preflight, commit) and spawns that one task.
 //!
-//! Invariants:
-//! - `start` runs every failable check first (surface fence, kind, exact live
-//!   owner, owner-cleanup attach, per-owner cap), then the producer's runner
-//!   exactly once, then commits under the lock; the commit cannot fail. A
-//!   failed start allocates no id.
-//! - Settlement is first-wins: the first outcome (or force-fail) is final;
-//!   later outcomes are logged and dropped, and listeners fire once per task.
-//! - Every read, kill, wait and get passes the owner fence: an owned task is
-//!   reachable only by a caller of the same session; unowned tasks are open.
-//! - Who was told of a task's end is one [`state::Reporting`] per record:
-//!   untold, held for the waits and kills pending at settlement, noticed
-//!   (its completion notice injected), or reported (by a kill, a terminal
-//!   read, a wait, or nobody left to tell). A pending reporter that goes away
-//!   without delivering hands the notice back, so a notice is never
-//!   suppressed on behalf of nobody. An aborted wait never reports: it fails,
-//!   and the notice stays due.
-//! - A completion notice and an explicit report of the same end are mutually
-//!   exclusive: the notice is injected under the registry lock only while the
-//!   task is unreported, and a later report retracts it from the owner's
-//!   unread messages, so it never accompanies the read that reported the end.
-//! - Owner cleanup cancels the owner's live tasks, awaits their quiescence
-//!   (bounded by the teardown timeout, then force-fails with a possible-orphan
-//!   detail), waits for starts still in flight, and drops the owner's records.
-//!   Its settlements count as reported (nobody is left to tell); settlements
-//!   caused by registry disposal are silent (no listener runs).
-//! - Each owner (and the unowned bucket) keeps at most
-//!   `max_finished_tasks_per_owner` finished records: the oldest reported ones
-//!   go first, then the oldest whose notice was delivered; a finished task
-//!   whose end nobody was told of yet is never dropped. Dropping a record
-//!   drops its producer handle (and with it its output and spill files).
+//! Each file states the invariants of its concern: the start's in [`start`],
+//! settlement, notices, teardown and the history bound in [`settle`], the
+//! owner fence and the reporting state in [`state`], the reads' in
+//! [`output_ops`].
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
-use futures::FutureExt;
 // Ids are generated here, never chosen by a caller for insertion, so a fast
 // non-keyed hash is safe and keeps starts cheap.
 use rustc_hash::FxHashMap as HashMap;
@@ -134,6 +107,7 @@ impl WeakTaskRegistry {
 pub type TaskDoneListener = Arc<dyn Fn(&TaskDone) + Send + Sync>;
 
 /// What a task-done listener receives.
+#[non_exhaustive]
 pub struct TaskDone {
     /// The terminal snapshot.
     pub snapshot: TaskSnapshot,

@@ -68,6 +68,7 @@ impl From<TerminalStatus> for TaskStatus {
 
 /// The terminal report of a producer.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TaskOutcome {
     pub status: TerminalStatus,
     /// Rendered into status lines: `exit code: 3`, `max-tokens`.
@@ -77,6 +78,12 @@ pub struct TaskOutcome {
 }
 
 impl TaskOutcome {
+    /// An outcome of any status; [`Self::completed`], [`Self::killed`] and
+    /// [`Self::failed`] say it shorter.
+    pub fn new(status: TerminalStatus, detail: Option<String>) -> Self {
+        Self { status, detail, output: None }
+    }
+
     pub fn completed(detail: impl Into<Option<String>>) -> Self {
         Self { status: TerminalStatus::Completed, detail: detail.into(), output: None }
     }
@@ -180,12 +187,38 @@ pub struct NotifyOn {
     pub stalled: Option<std::time::Duration>,
 }
 
+impl NotifyOn {
+    /// Notify when an output line matches `pattern`.
+    pub fn with_pattern(mut self, pattern: regex::Regex) -> Self {
+        self.pattern = Some(pattern);
+        self
+    }
+
+    /// Notify when no output came for `after`.
+    pub fn with_stalled(mut self, after: std::time::Duration) -> Self {
+        self.stalled = Some(after);
+        self
+    }
+}
+
 /// How a background start wants its task served, beyond the producer's
 /// own arguments.
 #[derive(Clone, Debug, Default)]
 pub struct TaskOptions {
     pub input: TaskInput,
     pub notify_on: Option<NotifyOn>,
+}
+
+impl TaskOptions {
+    pub fn with_input(mut self, input: TaskInput) -> Self {
+        self.input = input;
+        self
+    }
+
+    pub fn with_notify_on(mut self, notify_on: impl Into<Option<NotifyOn>>) -> Self {
+        self.notify_on = notify_on.into();
+        self
+    }
 }
 
 /// The error a [`TaskControl::read_output`] returns when the read itself
@@ -195,10 +228,17 @@ pub struct TaskOptions {
 /// that caused the end is the one told of it.
 #[derive(Debug, thiserror::Error)]
 #[error("the read ended the task [{}]", TaskSnapshot::status_line_of(outcome.status.into(), outcome.detail.as_deref()))]
+#[non_exhaustive]
 pub struct ReadEndedTask {
     /// Output read before the end (may be empty).
     pub text: String,
     pub outcome: TaskOutcome,
+}
+
+impl ReadEndedTask {
+    pub fn new(text: impl Into<String>, outcome: TaskOutcome) -> Self {
+        Self { text: text.into(), outcome }
+    }
 }
 
 /// A producer's "new output may be readable" signal. Cheap to clone.
@@ -256,6 +296,7 @@ pub enum TaskEvent {
 }
 
 /// What a producer's `run` returns.
+#[non_exhaustive]
 pub struct TaskHooks {
     pub control: std::sync::Arc<dyn TaskControl>,
     /// Settles with the outcome at QUIESCENCE, after the task released its
@@ -264,12 +305,22 @@ pub struct TaskHooks {
     pub done: BoxFuture<'static, anyhow::Result<TaskOutcome>>,
 }
 
+impl TaskHooks {
+    pub fn new(
+        control: std::sync::Arc<dyn TaskControl>,
+        done: BoxFuture<'static, anyhow::Result<TaskOutcome>>,
+    ) -> Self {
+        Self { control, done }
+    }
+}
+
 /// Starts the work once every preflight check passed. Called exactly once.
 /// An error propagates to the caller and nothing is registered; the producer
 /// owns the cleanup of its own failed start.
 pub type TaskRunner = Box<dyn FnOnce() -> BoxFuture<'static, anyhow::Result<TaskHooks>> + Send>;
 
 /// A producer's request to register background work.
+#[non_exhaustive]
 pub struct TaskStart {
     /// Producer kind, also the id prefix. See [`crate::ids::is_valid_kind`].
     pub kind: String,
@@ -286,9 +337,41 @@ pub struct TaskStart {
     pub run: TaskRunner,
 }
 
+impl TaskStart {
+    /// An unowned start with no producer info and default options; add
+    /// what applies with the `with_*` methods.
+    pub fn new(kind: impl Into<String>, label: impl Into<String>, run: TaskRunner) -> Self {
+        Self {
+            kind: kind.into(),
+            label: label.into(),
+            owner: None,
+            producer_info: None,
+            options: TaskOptions::default(),
+            run,
+        }
+    }
+
+    /// The agent that owns the task (`None`: unowned).
+    pub fn with_owner(mut self, owner: Option<Agent>) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    pub fn with_producer_info(mut self, producer_info: Option<String>) -> Self {
+        self.producer_info = producer_info;
+        self
+    }
+
+    pub fn with_options(mut self, options: TaskOptions) -> Self {
+        self.options = options;
+        self
+    }
+}
+
 /// A read-only projection of a task record, never live state. Serializes
 /// with times as milliseconds since the Unix epoch.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct TaskSnapshot {
     pub id: TaskId,
     pub kind: String,
@@ -338,6 +421,7 @@ fn unix_ms_opt<S: serde::Serializer>(at: &Option<SystemTime>, serializer: S) -> 
 
 /// The result of [`crate::tasks::TaskRegistry::read`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct TaskRead {
     /// Stream kinds: the consuming delta. Final kinds: empty while live, then
     /// the final output, idempotently.
@@ -397,10 +481,25 @@ pub enum TaskError {
     InputToFinished { id: TaskId, status_line: String },
     #[error("the wait for task {0} was aborted")]
     WaitAborted(TaskId),
-    #[error("{context}: {source:#}")]
-    Producer {
-        context: String,
-        #[source]
-        source: anyhow::Error,
-    },
+    /// The producer refused or failed. The message is `context: cause`,
+    /// the cause with its whole chain, printed once: the cause is part of
+    /// this message, not a separate `source()`, so a reader that walks the
+    /// chain (`{:#}` of an `anyhow::Error`) does not print it twice.
+    #[error("{context}: {cause:#}")]
+    Producer { context: String, cause: anyhow::Error },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_error_prints_its_cause_once_however_it_is_shown() {
+        let cause = anyhow::anyhow!("its stdin is already closed").context("the pipe");
+        let error = TaskError::Producer { context: "sending input to task bash-1 failed".to_string(), cause };
+        let expected = "sending input to task bash-1 failed: the pipe: its stdin is already closed";
+        assert_eq!(error.to_string(), expected, "what the model reads");
+        assert!(std::error::Error::source(&error).is_none());
+        assert_eq!(format!("{:#}", anyhow::Error::from(error)), expected, "an anyhow chain, as logs print it");
+    }
 }

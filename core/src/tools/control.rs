@@ -42,14 +42,24 @@ impl Default for ControlToolsConfig {
     }
 }
 
+/// Why a [`ControlToolsConfig`] is refused; the message says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlToolsConfigError {
+    #[error(
+        "wait_timeout_ms ({wait_timeout_ms}) is larger than max_wait_timeout_ms ({max_wait_timeout_ms}); lower it or raise the cap"
+    )]
+    WaitOverCap { wait_timeout_ms: u64, max_wait_timeout_ms: u64 },
+}
+
 impl ControlToolsConfig {
     /// Rejects a default wait longer than the cap.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ControlToolsConfigError> {
         if self.wait_timeout_ms > self.max_wait_timeout_ms {
-            return Err(format!(
-                "wait_timeout_ms ({}) is larger than max_wait_timeout_ms ({}); lower it or raise the cap",
-                self.wait_timeout_ms, self.max_wait_timeout_ms
-            ));
+            return Err(ControlToolsConfigError::WaitOverCap {
+                wait_timeout_ms: self.wait_timeout_ms,
+                max_wait_timeout_ms: self.max_wait_timeout_ms,
+            });
         }
         Ok(())
     }
@@ -64,7 +74,7 @@ pub struct ControlTools {
 }
 
 impl ControlTools {
-    pub fn attach(registry: &TaskRegistry, config: ControlToolsConfig) -> Result<Arc<Self>, String> {
+    pub fn attach(registry: &TaskRegistry, config: ControlToolsConfig) -> Result<Arc<Self>, ControlToolsConfigError> {
         config.validate()?;
         Ok(Arc::new(Self {
             registry: registry.clone(),

@@ -19,6 +19,7 @@ use crate::tasks::TaskError;
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ToolDefinition {
     pub name: String,
     pub description: String,
@@ -29,6 +30,7 @@ pub struct ToolDefinition {
 /// A tool's answer. `is_error` marks results the model should read as a
 /// failed call (a foreground task that did not complete).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ToolOutput {
     pub text: String,
     pub is_error: bool,
@@ -101,6 +103,12 @@ pub struct CallContext {
 impl CallContext {
     pub fn for_agent(agent: &Agent) -> Self {
         Self { caller: Some(agent.clone()), cancel: CancellationToken::new() }
+    }
+
+    /// The same call, cancelled by `cancel`.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
     }
 }
 

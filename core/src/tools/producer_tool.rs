@@ -55,6 +55,7 @@ pub const DEFAULT_PROMOTE_AFTER_MS: u64 = 30_000;
 
 /// Per-instance settings of a producer tool.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ProducerToolOptions {
     /// The model-facing tool name.
     pub name: String,
@@ -66,6 +67,34 @@ pub struct ProducerToolOptions {
     /// task of the caller (when its cap has room) and the call returns the
     /// output so far. `None`: never; only meaningful with `background`.
     pub promote_after: Option<Duration>,
+}
+
+impl ProducerToolOptions {
+    /// `name` with background runs offered, the default foreground timeout
+    /// and promotion delay.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            background: true,
+            foreground_timeout: Duration::from_millis(DEFAULT_FOREGROUND_TIMEOUT_MS),
+            promote_after: Some(Duration::from_millis(DEFAULT_PROMOTE_AFTER_MS)),
+        }
+    }
+
+    pub fn with_background(mut self, background: bool) -> Self {
+        self.background = background;
+        self
+    }
+
+    pub fn with_foreground_timeout(mut self, timeout: Duration) -> Self {
+        self.foreground_timeout = timeout;
+        self
+    }
+
+    pub fn with_promote_after(mut self, after: Option<Duration>) -> Self {
+        self.promote_after = after;
+        self
+    }
 }
 
 /// A producer served as a tool.
@@ -219,13 +248,11 @@ impl ProducerTool {
     ) -> Result<ToolOutput, ToolError> {
         let name = &self.options.name;
         let crate::producer::PreparedRun { label, producer_info, run } = prepared;
-        let prepared = crate::producer::PreparedRun { label: label.clone(), producer_info: producer_info.clone(), run };
+        let prepared = crate::producer::PreparedRun::new(label.clone(), run).with_producer_info(producer_info.clone());
         // A foreground run is contained like a background one: a panic in
         // the producer fails the call (or the task), never the caller.
-        let hooks = AssertUnwindSafe((prepared.run)())
-            .catch_unwind()
+        let hooks = crate::panics::contained((prepared.run)())
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: name.clone(), message: format!("{error:#}") })?;
         let control = hooks.control;
         let mut done = AssertUnwindSafe(hooks.done)
@@ -249,15 +276,8 @@ impl ProducerTool {
                 _ = context.cancel.cancelled() => break "the call was cancelled".to_string(),
                 _ = async { promotion.as_mut().expect("guarded").await }, if promotion.is_some() => {
                     promotion = None;
-                    let hooks = TaskHooks { control: control.clone(), done };
-                    let start = TaskStart {
-                        kind: kind.to_string(),
-                        label: label.clone(),
-                        owner: context.caller.clone(),
-                        producer_info: producer_info.clone(),
-                        options: TaskOptions::default(),
-                        run: Box::new(|| Box::pin(async { unreachable!("an adopted task is already running") })),
-                    };
+                    let hooks = TaskHooks::new(control.clone(), done);
+                    let start = TaskStart::new(kind.to_string(), label.clone(), Box::new(|| Box::pin(async { unreachable!("an adopted task is already running") }))).with_owner(context.caller.clone()).with_producer_info(producer_info.clone());
                     match self.registry.adopt(start, hooks) {
                         Ok(id) => {
                             let after = promote_after.expect("promotion was armed");
@@ -274,10 +294,7 @@ impl ProducerTool {
             }
         };
         tracing::info!(tool = %name, reason = %stopped_because, "stopping a foreground task");
-        let cancelled = AssertUnwindSafe(control.cancel(Some(&stopped_because)))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let cancelled = crate::panics::contained(control.cancel(Some(&stopped_because))).await;
         if let Err(error) = cancelled {
             control.abandon();
             return Err(ToolError::Failed {
@@ -330,14 +347,12 @@ async fn foreground_result(
     let outcome = outcome.unwrap_or_else(|error| TaskOutcome::failed(format!("producer error: {error:#}")));
     let mut text = String::new();
     if control.streams_output() {
-        match AssertUnwindSafe(control.read_output()).catch_unwind().await {
-            Ok(Ok(output)) => text.push_str(&output),
-            Ok(Err(error)) => match error.downcast::<ReadEndedTask>() {
+        match crate::panics::contained(control.read_output()).await {
+            Ok(output) => text.push_str(&output),
+            Err(error) => match error.downcast::<ReadEndedTask>() {
                 Ok(ended) => text.push_str(&ended.text),
                 Err(error) => text.push_str(&format!("[reading the output failed: {error:#}]\n")),
             },
-            Err(panic) => text
-                .push_str(&format!("[reading the output failed: the producer panicked: {}]\n", panic_message(panic))),
         }
     }
     if let Some(output) = &outcome.output {
@@ -461,10 +476,8 @@ impl Tool for ProducerTool {
         }
         // The caller's session owns the spill files of the run's processes.
         let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
-        let prepared = AssertUnwindSafe(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
-            .catch_unwind()
+        let prepared = crate::panics::contained(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
             .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {
             return self.run_foreground(prepared, &descriptor.kind, context).await;
@@ -473,14 +486,12 @@ impl Tool for ProducerTool {
         // to the task: only task_kill and owner disposal stop it.
         let id = self
             .registry
-            .start(TaskStart {
-                kind: descriptor.kind.clone(),
-                label: prepared.label,
-                owner: context.caller.clone(),
-                producer_info: prepared.producer_info,
-                options,
-                run: prepared.run,
-            })
+            .start(
+                TaskStart::new(descriptor.kind.clone(), prepared.label, prepared.run)
+                    .with_owner(context.caller.clone())
+                    .with_producer_info(prepared.producer_info)
+                    .with_options(options),
+            )
             .await?;
         Ok(ToolOutput::ok(self.producer.start_reply(&descriptor, &id)))
     }

@@ -31,12 +31,9 @@ fn fixture_with(settings: TasksSettings, promote_after: Option<Duration>) -> Fix
     for (name, producer) in [("job", &streams), ("answer", &results)] {
         host.add_producer(
             Arc::new(producer.clone()),
-            ProducerToolOptions {
-                name: name.into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(600),
-                promote_after,
-            },
+            ProducerToolOptions::new(name)
+                .with_foreground_timeout(Duration::from_secs(600))
+                .with_promote_after(promote_after),
         )
         .unwrap();
     }

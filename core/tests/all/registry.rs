@@ -31,31 +31,22 @@ fn fixture() -> Fixture {
 }
 
 fn spec(kind: &str, owner: Option<&Agent>, task: &Arc<ScriptedTask>) -> TaskStart {
-    TaskStart {
-        kind: kind.into(),
-        label: format!("{kind} work"),
-        owner: owner.cloned(),
-        producer_info: None,
-        options: Default::default(),
-        run: task.runner(),
-    }
+    TaskStart::new(kind, format!("{kind} work"), task.runner()).with_owner(owner.cloned())
 }
 
 /// A start whose runner counts how often it ran.
 fn counted_spec(kind: &str, owner: Option<&Agent>, runs: &Arc<AtomicUsize>) -> TaskStart {
     let runs = runs.clone();
     let task = ScriptedTask::new(true);
-    TaskStart {
-        kind: kind.into(),
-        label: "counted".into(),
-        owner: owner.cloned(),
-        producer_info: None,
-        options: Default::default(),
-        run: Box::new(move || {
+    TaskStart::new(
+        kind,
+        "counted",
+        Box::new(move || {
             runs.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move { Ok(task.hooks()) })
         }),
-    }
+    )
+    .with_owner(owner.cloned())
 }
 
 /// Awaits the task's settlement through the event stream (never polls) and
@@ -405,14 +396,7 @@ async fn start_atomicity() {
     assert!(matches!(f.registry.start(counted_spec("Bad Kind", None, &runs)).await, Err(TaskError::InvalidKind(_))));
 
     // A runner that fails registers nothing and allocates no id.
-    let failing = TaskStart {
-        kind: "bash".into(),
-        label: "x".into(),
-        owner: None,
-        producer_info: None,
-        options: Default::default(),
-        run: Box::new(|| Box::pin(async { anyhow::bail!("spawn failed") })),
-    };
+    let failing = TaskStart::new("bash", "x", Box::new(|| Box::pin(async { anyhow::bail!("spawn failed") })));
     let error = f.registry.start(failing).await.unwrap_err();
     assert!(error.to_string().contains("spawn failed"), "{error}");
     assert!(f.registry.list(None).is_empty());
@@ -573,13 +557,10 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
     let agent = f.agents.create("a", "s-a").unwrap();
     let task = ScriptedTask::new(true);
     let release = Arc::new(tokio::sync::Notify::new());
-    let start = TaskStart {
-        kind: "bash".into(),
-        label: "slow start".into(),
-        owner: Some(agent.clone()),
-        producer_info: None,
-        options: Default::default(),
-        run: Box::new({
+    let start = TaskStart::new(
+        "bash",
+        "slow start",
+        Box::new({
             let (task, release) = (task.clone(), release.clone());
             move || {
                 Box::pin(async move {
@@ -588,7 +569,8 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
                 })
             }
         }),
-    };
+    )
+    .with_owner(Some(agent.clone()));
     let starting = tokio::spawn({
         let registry = f.registry.clone();
         async move { registry.start(start).await }
@@ -612,13 +594,10 @@ async fn a_start_in_flight_during_owner_disposal_is_cancelled_and_awaited() {
 
 /// A producer whose every step can be told to panic with a message.
 fn panicking_start(kind: &str, owner: Option<&Agent>, in_run: bool) -> TaskStart {
-    TaskStart {
-        kind: kind.into(),
-        label: "panics".into(),
-        owner: owner.cloned(),
-        producer_info: None,
-        options: Default::default(),
-        run: Box::new(move || {
+    TaskStart::new(
+        kind,
+        "panics",
+        Box::new(move || {
             Box::pin(async move {
                 let code = 7;
                 if in_run {
@@ -628,10 +607,11 @@ fn panicking_start(kind: &str, owner: Option<&Agent>, in_run: bool) -> TaskStart
                     tokio::task::yield_now().await;
                     panic!("done blew up {code}")
                 };
-                Ok(TaskHooks { control: ScriptedTask::new(true), done: Box::pin(done) })
+                Ok(TaskHooks::new(ScriptedTask::new(true), Box::pin(done)))
             })
         }),
-    }
+    )
+    .with_owner(owner.cloned())
 }
 
 #[tokio::test(start_paused = true)]
@@ -827,14 +807,7 @@ async fn the_event_stream_tells_starts_output_and_settlements() {
         ticker.prepare(serde_json::json!({"count": 2, "interval_ms": 1}), RunMode::Background).await.unwrap();
     let id = f
         .registry
-        .start(TaskStart {
-            kind: "ticker".into(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: None,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(TaskStart::new("ticker", prepared.label, prepared.run).with_owner(Some(agent.clone())))
         .await
         .unwrap();
     let mut kinds = Vec::new();

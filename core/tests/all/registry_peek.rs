@@ -30,14 +30,7 @@ fn fixture() -> Fixture {
 }
 
 fn spec(owner: &Agent, task: &Arc<ScriptedTask>) -> TaskStart {
-    TaskStart {
-        kind: "scripted".into(),
-        label: "peeked work".into(),
-        owner: Some(owner.clone()),
-        producer_info: None,
-        options: Default::default(),
-        run: task.runner(),
-    }
+    TaskStart::new("scripted", "peeked work", task.runner()).with_owner(Some(owner.clone()))
 }
 
 #[tokio::test]

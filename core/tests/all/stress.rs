@@ -93,14 +93,9 @@ async fn run(seed: u64) {
                             if rng.below(4) == 0 {
                                 task.set_cancel_mode(CancelMode::Accept);
                             }
-                            let start = TaskStart {
-                                kind: ["bash", "subagent", "job"][rng.below(3)].into(),
-                                label: "stress".into(),
-                                owner: Some(owner.clone()),
-                                producer_info: None,
-                                options: Default::default(),
-                                run: task.runner(),
-                            };
+                            let start =
+                                TaskStart::new(["bash", "subagent", "job"][rng.below(3)], "stress", task.runner())
+                                    .with_owner(Some(owner.clone()));
                             if let Ok(id) = registry.start(start).await {
                                 observed.lock().unwrap().owner_of.insert(id.clone(), owner.session().to_string());
                                 all_ids.lock().unwrap().push(id);

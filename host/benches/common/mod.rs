@@ -36,12 +36,7 @@ pub fn bash_tool(producer: Arc<WasmProducer>) -> Host {
     tools
         .add_producer(
             producer,
-            ProducerToolOptions {
-                name: "bash".into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(60),
-                promote_after: None,
-            },
+            ProducerToolOptions::new("bash").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None),
         )
         .expect("tool name is valid");
     tools

@@ -96,12 +96,8 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     println!("the lines after `|` are the exact tool results the model would read.");
 
     let v1 = engine.load_bytes("ticker", ticker.wasm).await?;
-    let options = ProducerToolOptions {
-        name: "ticker".into(),
-        background: true,
-        foreground_timeout: Duration::from_secs(60),
-        promote_after: None,
-    };
+    let options =
+        ProducerToolOptions::new("ticker").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
     let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options).await?;
     demo.say(&format!(
         "Loaded the built-in `ticker` plugin ({} bytes of wasm, {} in {:.0} ms) as the tool `ticker`, version {}.",
@@ -273,7 +269,7 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
         .context("the default bash is a wasm plugin")?;
     // As served, but promoting a long foreground call after 1 s instead of
     // 30 s, so the demo can show it.
-    let options = ProducerToolOptions { promote_after: Some(Duration::from_secs(1)), ..entry.tool_options() };
+    let options = entry.tool_options().with_promote_after(Some(Duration::from_secs(1)));
     demo.host.add_producer(wasm.producer, options)?;
     demo.say(&format!(
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",

@@ -20,7 +20,8 @@
 //!   by [`taskhost_core::tasks::TaskRegistry::subscribe`] and the plugins' reload
 //!   events; nothing polls the registry. The stream starts with a
 //!   `snapshot` of the viewer's tasks and sends a new one when the
-//!   broadcast receiver lagged. A comment line every [`PING`] lets a dead
+//!   broadcast receiver lagged. A keep-alive comment after [`PING`] without
+//!   an event (axum's `KeepAlive`) lets a dead
 //!   client be noticed. Streams end when the server shuts down.
 //! - Every dashboard request passes the `Host` check of `allowed_hosts`; an
 //!   `Origin`, when sent, must be this server's own origin
@@ -39,10 +40,10 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -533,13 +534,13 @@ async fn kill(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>, h
 }
 
 /// One server-sent event.
-fn sse(event: &str, data: &Value) -> Bytes {
+fn sse(event: &str, data: &Value) -> Event {
     sse_text(event, &data.to_string())
 }
 
 /// One server-sent event whose data is one line of JSON.
-fn sse_text(event: &str, json: &str) -> Bytes {
-    Bytes::from(format!("event: {event}\ndata: {json}\n\n"))
+fn sse_text(event: &str, json: &str) -> Event {
+    Event::default().event(event).data(json)
 }
 
 /// `GET /dashboard/api/events`: a `snapshot` and `plugins` first, then
@@ -580,7 +581,6 @@ async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> 
             sse_text("snapshot", &tasks_body(&dashboard.visible_tasks(&viewer))),
             sse("plugins", &dashboard.plugins_json()),
         ],
-        ping: tokio::time::interval_at(tokio::time::Instant::now() + PING, PING),
         stop: dashboard.shutdown.clone(),
         dashboard,
         viewer,
@@ -591,13 +591,11 @@ async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> 
         let next = pump.next().await?;
         Some((Ok::<_, Infallible>(next), pump))
     });
+    // axum frames the events and sets `text/event-stream`; the keep-alive
+    // comment is sent only after PING without an event.
     (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-store"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        Body::from_stream(stream),
+        [(header::CACHE_CONTROL, "no-store"), (header::HeaderName::from_static("x-accel-buffering"), "no")],
+        Sse::new(stream).keep_alive(KeepAlive::new().interval(PING).text("ping")),
     )
         .into_response()
 }
@@ -607,8 +605,7 @@ async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> 
 struct EventPump {
     tasks: broadcast::Receiver<TaskEvent>,
     reloads: broadcast::Receiver<()>,
-    queue: Vec<Bytes>,
-    ping: tokio::time::Interval,
+    queue: Vec<Event>,
     stop: CancellationToken,
     dashboard: Arc<Dashboard>,
     viewer: Viewer,
@@ -618,7 +615,7 @@ struct EventPump {
 
 impl EventPump {
     /// The next chunk to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<Bytes> {
+    async fn next(&mut self) -> Option<Event> {
         loop {
             if !self.queue.is_empty() {
                 return Some(self.queue.remove(0));
@@ -641,7 +638,6 @@ impl EventPump {
                     }
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },
-                _ = self.ping.tick() => return Some(Bytes::from_static(b": ping\n\n")),
             }
         }
     }

@@ -175,7 +175,7 @@ impl McpServer {
                 let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
                 // The request's token is cancelled on notifications/cancelled,
                 // on a closed HTTP stream and when the connection ends.
-                let call = CallContext { caller: Some(owner.clone()), cancel: context.ct.clone() };
+                let call = CallContext::for_agent(owner).with_cancel(context.ct.clone());
                 let progress = context.meta.get_progress_token().map(|token| (token, context.peer.clone()));
                 let interval = Duration::from_millis(self.settings().progress_interval_ms);
                 let started = Instant::now();

@@ -115,17 +115,15 @@ impl std::fmt::Display for ContractVersion {
     }
 }
 
-/// Whether `version` is semver-compatible with the `major.minor` `series`
-/// (for 0.x, the minor must match; for 1.0 and later, the major).
+/// Whether `version` (a semantic version; pre-releases count) is
+/// semver-compatible with the `major.minor` `series`: for 0.x the minor
+/// must match, for 1.0 and later the major. A version that is not semver is
+/// in no series.
 pub(crate) fn in_series(version: &str, series: &str) -> bool {
-    let mut have = version.split(['.', '-', '+']);
-    let mut want = series.split('.');
-    let (Some(major), Some(minor)) = (have.next(), have.next()) else { return false };
-    let (Some(want_major), Some(want_minor)) = (want.next(), want.next()) else { return false };
-    if major != want_major {
+    let (Ok(have), Ok(want)) = (semver::Version::parse(version), semver::Version::parse(&format!("{series}.0"))) else {
         return false;
-    }
-    major != "0" || minor == want_minor
+    };
+    have.major == want.major && (have.major != 0 || have.minor == want.minor)
 }
 
 /// Checks the header: WebAssembly at all, and a component, not a core module.

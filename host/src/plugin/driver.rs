@@ -147,7 +147,7 @@ pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
             Err(_) => Err(anyhow!("the driver of a plugin {plugin} task stopped without an outcome")),
         }
     });
-    TaskHooks { control: Arc::new(control), done }
+    TaskHooks::new(Arc::new(control), done)
 }
 
 struct WasmTaskControl {
@@ -180,7 +180,7 @@ impl Shared {
     fn ended_read(&self) -> ReadReply {
         let text = self.take_pulled();
         match self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            Some(outcome) => ReadReply::Ended(ReadEndedTask { text, outcome }),
+            Some(outcome) => ReadReply::Ended(ReadEndedTask::new(text, outcome)),
             None => ReadReply::Output(text),
         }
     }

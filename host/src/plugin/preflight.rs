@@ -324,6 +324,8 @@ mod tests {
         assert!(in_series("0.2.12", "0.2"));
         assert!(!in_series("0.3.0", "0.2"));
         assert!(!in_series("garbage", "0.2"));
+        assert!(!in_series("0.2", "0.2"), "not a semantic version");
+        assert!(in_series("1.4.0", "1.0") && !in_series("2.0.0", "1.0"));
     }
 
     #[test]

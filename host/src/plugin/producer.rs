@@ -301,13 +301,13 @@ pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Res
             "plugin description over its limit; truncated"
         );
     }
-    Ok(Descriptor {
-        kind: described.kind,
-        description: bounds::cap(described.description, bounds::MAX_DESCRIPTION_BYTES, "description"),
+    Ok(Descriptor::new(
+        described.kind,
+        bounds::cap(described.description, bounds::MAX_DESCRIPTION_BYTES, "description"),
         parameters,
-        streams_output: described.streams_output,
-        takes_input: described.takes_input,
-    })
+    )
+    .with_streams_output(described.streams_output)
+    .with_takes_input(described.takes_input))
 }
 
 fn preview(text: &str) -> String {
@@ -416,16 +416,16 @@ impl Producer for WasmProducer {
             let hooks = driver::spawn(parts, span);
             let counted = LiveGuard::new(live, seq);
             let done = hooks.done;
-            Ok(taskhost_core::tasks::TaskHooks {
-                control: hooks.control,
-                done: Box::pin(async move {
+            Ok(taskhost_core::tasks::TaskHooks::new(
+                hooks.control,
+                Box::pin(async move {
                     let outcome = done.await;
                     drop(counted);
                     outcome
                 }),
-            })
+            ))
         });
-        Ok(PreparedRun { label, producer_info: Some(info), run })
+        Ok(PreparedRun::new(label, run).with_producer_info(Some(info)))
     }
 }
 
@@ -578,13 +578,13 @@ pub fn descriptor_to_json(descriptor: &Descriptor) -> Vec<u8> {
 /// one a `describe` could have returned (then the cache is not used).
 pub fn descriptor_from_json(json: &[u8]) -> Option<Descriptor> {
     let value: serde_json::Value = serde_json::from_slice(json).ok()?;
-    let descriptor = Descriptor {
-        kind: value.get("kind")?.as_str()?.to_string(),
-        description: value.get("description")?.as_str()?.to_string(),
-        parameters: value.get("parameters")?.clone(),
-        streams_output: value.get("streams_output")?.as_bool()?,
-        takes_input: value.get("takes_input")?.as_bool()?,
-    };
+    let descriptor = Descriptor::new(
+        value.get("kind")?.as_str()?,
+        value.get("description")?.as_str()?,
+        value.get("parameters")?.clone(),
+    )
+    .with_streams_output(value.get("streams_output")?.as_bool()?)
+    .with_takes_input(value.get("takes_input")?.as_bool()?);
     let sane = taskhost_core::ids::is_valid_kind(&descriptor.kind)
         && !descriptor.description.trim().is_empty()
         && descriptor.description.len() <= bounds::MAX_DESCRIPTION_BYTES

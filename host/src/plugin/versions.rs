@@ -237,9 +237,8 @@ impl Guest {
 }
 
 fn outcome(status: TerminalStatus, detail: Option<String>, output: Option<String>) -> TaskOutcome {
-    TaskOutcome {
-        status,
-        detail: detail.map(|d| bounds::cap(d, bounds::MAX_DETAIL_BYTES, "outcome detail")),
-        output: output.map(|o| bounds::cap(o, bounds::MAX_CHUNK_BYTES, "final output")),
-    }
+    let mut outcome =
+        TaskOutcome::new(status, detail.map(|d| bounds::cap(d, bounds::MAX_DETAIL_BYTES, "outcome detail")));
+    outcome.output = output.map(|o| bounds::cap(o, bounds::MAX_CHUNK_BYTES, "final output"));
+    outcome
 }

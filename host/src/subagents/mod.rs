@@ -136,7 +136,7 @@ impl ChildContext {
         let Some(toolbox) = self.toolbox.upgrade() else {
             return Err(ToolError::Failed { tool: name.to_string(), message: "the host is gone".into() });
         };
-        let context = CallContext { caller: Some(self.agent.clone()), cancel: self.cancel.child_token() };
+        let context = CallContext::for_agent(&self.agent).with_cancel(self.cancel.child_token());
         toolbox.call(name, args, &context).await
     }
 }

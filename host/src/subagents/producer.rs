@@ -116,13 +116,7 @@ impl SubagentProducer {
                 subagents.profiles().join(", ")
             );
         }
-        let descriptor = Arc::new(Descriptor {
-            kind: "subagent".into(),
-            description: tool_description(&config),
-            parameters: parameters(),
-            streams_output: false,
-            takes_input: false,
-        });
+        let descriptor = Arc::new(Descriptor::new("subagent", tool_description(&config), parameters()));
         Ok(Self { subagents, config, descriptor })
     }
 }
@@ -138,10 +132,9 @@ impl Producer for SubagentProducer {
         let label = args.description.split_whitespace().collect::<Vec<_>>().join(" ");
         let subagents = self.subagents.clone();
         let profile = self.config.profile.clone();
-        Ok(PreparedRun {
+        Ok(PreparedRun::new(
             label,
-            producer_info: None,
-            run: runner(async move {
+            runner(async move {
                 let run =
                     subagents.start(StartRequest { description: args.description, prompt: args.prompt, profile })?;
                 let control = Arc::new(NativeSubagentTask { run: RunGuard(run.clone()) });
@@ -150,9 +143,9 @@ impl Producer for SubagentProducer {
                     run.dispose().await;
                     Ok(outcome_of(&result))
                 };
-                Ok(TaskHooks { control, done: Box::pin(done) })
+                Ok(TaskHooks::new(control, Box::pin(done)))
             }),
-        })
+        ))
     }
 }
 

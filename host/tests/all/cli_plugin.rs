@@ -459,7 +459,7 @@ fn new_rust_skeleton_builds_and_passes_check() {
 
 /// Runs `program args` in `dir`; a missing program fails with what to run.
 fn run_tool(dir: &Path, program: &str, args: &[&str]) -> Output {
-    match Command::new(program).args(args).current_dir(dir).output() {
+    match Command::new(program).env("PATH", common::tool_path()).args(args).current_dir(dir).output() {
         Ok(output) => output,
         Err(err) => panic!("cannot run {program} ({err}): install the plugin toolchains with .ci/setup"),
     }

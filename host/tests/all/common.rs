@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::ServiceExt;
@@ -17,17 +16,53 @@ pub use taskhost_process::testing::procfs;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_taskhost");
 
+/// `PATH` with the bin directory of the Python virtual environment
+/// `.ci/setup` makes (`target/venv`: the MCP client, Selenium,
+/// componentize-py) first, when it exists, so the tests' `python3` and
+/// `componentize-py` are the pinned ones without a system-wide install.
+pub fn tool_path() -> std::ffi::OsString {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin");
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if venv.is_dir() {
+        dirs.push(venv);
+    }
+    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    std::env::join_paths(dirs).expect("PATH entries hold no ':'")
+}
+
+/// The variable that lets a machine without a test's prerequisite pass that
+/// test: a comma-separated list of the gaps accepted (`root`, `landlock`),
+/// or `all`. Unset (CI), a missing prerequisite fails the test with the fix.
+pub const ACCEPT_GAPS: &str = "TASKHOST_TEST_ACCEPT_GAPS";
+
+/// Whether the test may skip itself because `gap` is missing: `true` only
+/// when [`ACCEPT_GAPS`] names it (the test then returns, saying so on
+/// stderr); otherwise the test fails with `fix`. A missing prerequisite is
+/// never a silent pass.
+pub fn gap_accepted(gap: &str, missing: &str, fix: &str) -> bool {
+    let accepted = std::env::var(ACCEPT_GAPS).unwrap_or_default();
+    if accepted.split(',').map(str::trim).any(|name| name == gap || name == "all") {
+        eprintln!("skipped, as {ACCEPT_GAPS} accepts the gap {gap:?}: {missing}");
+        return true;
+    }
+    panic!("{missing}; {fix} (or accept the gap: {ACCEPT_GAPS}={gap})");
+}
+
 /// A fresh private directory (the server's working directory and config home).
+/// Its name is `taskhost-<tag>-` and a random part (`tempfile`: made
+/// atomically, never an earlier run's or another user's directory); it is
+/// kept after the test, for its logs, and its mode is 0755 so a server run
+/// as another user (`taskhost_as`) can reach what the test puts in it.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "taskhost-{tag}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("taskhost-{tag}-"))
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir()
+        .unwrap_or_else(|error| {
+            panic!("cannot make a temporary directory in {}: {error}", std::env::temp_dir().display())
+        });
+    dir.keep()
 }
 
 /// A new `<dir>/stderr.log` for the server's logs.

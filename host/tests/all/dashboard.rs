@@ -104,13 +104,14 @@ fn require_browser() {
     let missing: Vec<&str> =
         ["/usr/bin/chromium", "/usr/bin/chromedriver"].into_iter().filter(|p| !Path::new(p).exists()).collect();
     let selenium = std::process::Command::new("python3")
+        .env("PATH", common::tool_path())
         .args(["-c", "import selenium"])
         .status()
         .is_ok_and(|status| status.success());
     assert!(
         missing.is_empty() && selenium,
         "the dashboard browser test needs chromium, chromium-driver (Debian packages) and Selenium (PyPI); \
-         missing: {missing:?}{}. Run .ci/setup (as root) to install them.",
+         missing: {missing:?}{}. Run `bash .ci/setup` to install them (the Debian packages need root: `apt-get install chromium chromium-driver`).",
         if selenium { "" } else { ", python3 module selenium" }
     );
 }
@@ -191,6 +192,7 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
         "screenshots": screenshots,
     });
     let browser = tokio::process::Command::new("python3")
+        .env("PATH", common::tool_path())
         .arg(&script)
         .arg(arguments.to_string())
         .env("SE_OFFLINE", "true")

@@ -16,8 +16,10 @@ const TOKEN: &str = "python-token-0123456789abcdef";
 /// README's test command installs it through `.ci/setup`): a missing client
 /// is never a silent pass.
 fn require_python_client() {
-    let output =
-        Command::new("python3").args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"]).output();
+    let output = Command::new("python3")
+        .env("PATH", common::tool_path())
+        .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
+        .output();
     let why = match output {
         Ok(output) if output.status.success() => {
             let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
@@ -34,7 +36,7 @@ fn run_script(mode: &str, http: Option<&str>) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/mcp_scenario.py");
     let work = common::temp_dir(&format!("python-{mode}"));
     let mut command = Command::new("python3");
-    command.arg(&script).arg(common::BIN).arg(mode).arg(&work);
+    command.env("PATH", common::tool_path()).arg(&script).arg(common::BIN).arg(mode).arg(&work);
     if let Some(url) = http {
         command.arg(url).arg(TOKEN);
     }

@@ -137,7 +137,7 @@ pub fn set_enabled(on: bool) {
 /// Whether a start waits for the zygote's acknowledgement, or returns once
 /// the plan is queued on the zygote's socket (the default: the wait cost
 /// 1.2 ms at the median on a loaded 2-core machine, where the zygote must
-/// first be scheduled; BENCHMARKS.md, run I). Without the wait, a zygote
+/// first be scheduled; docs/benchmarks-log.md, run I). Without the wait, a zygote
 /// killed between getting ready and reading its plan ends that tree as
 /// killed by the signal (as an exec'd keeper killed right after its `exec`
 /// does) instead of falling back to the exec'd keeper; a zygote that died

@@ -8,6 +8,8 @@
 //! - `pid`: its process id; then it waits for `session/cancel`;
 //! - `hang`: nothing until `session/cancel`, then `cancelled`;
 //! - `deaf`: never answers, ignores `session/cancel`;
+//! - `<prompt>; ready <socket>`: as `<prompt>`, then, once a `pid` or `deaf`
+//!   reply is parked, a connection to the Unix socket (the test's event);
 //! - `crash`: exits with status 3 mid-prompt.
 
 use std::sync::{Arc, Mutex};
@@ -64,6 +66,18 @@ async fn main() -> Result<(), agent_client_protocol::Error> {
                     .collect();
                 let session = request.session_id.clone();
                 eprintln!("scripted agent got prompt: {prompt}");
+                // `<prompt>; ready <socket>`: once the prompt is handled (a
+                // reply parked), connect to the test's socket, the event the
+                // test waits on instead of sleeping.
+                let (prompt, ready) = match prompt.split_once("; ready ") {
+                    Some((prompt, socket)) => (prompt.to_string(), Some(socket.trim().to_string())),
+                    None => (prompt, None),
+                };
+                let signal_ready = || {
+                    if let Some(socket) = &ready {
+                        let _ = std::os::unix::net::UnixStream::connect(socket);
+                    }
+                };
                 if prompt.contains("hello") {
                     cx.send_notification(chunk(&session, "Hello, "))?;
                     cx.send_notification(chunk(&session, "world."))?;
@@ -81,12 +95,14 @@ async fn main() -> Result<(), agent_client_protocol::Error> {
                 } else if prompt.contains("pid") {
                     cx.send_notification(chunk(&session, &std::process::id().to_string()))?;
                     cancellable.lock().unwrap().push(responder);
+                    signal_ready();
                     Ok(())
                 } else if prompt.contains("hang") {
                     cancellable.lock().unwrap().push(responder);
                     Ok(())
                 } else if prompt.contains("deaf") {
                     deaf.lock().unwrap().push(responder);
+                    signal_ready();
                     Ok(())
                 } else if prompt.contains("crash") {
                     std::process::exit(3);

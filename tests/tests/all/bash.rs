@@ -14,7 +14,7 @@ use taskhost::Host;
 use taskhost::agents::Agent;
 use taskhost::ids::TaskId;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::settings::TasksSettings;
@@ -37,12 +37,7 @@ struct Fixture {
 }
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bash-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine")
+    taskhost_tests::engine(|_| {})
 }
 
 fn grant() -> ProcessGrant {
@@ -73,12 +68,7 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         producer.clone(),
-        ProducerToolOptions {
-            name: "bash".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("bash").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", format!("session-{test}")).unwrap();
@@ -340,12 +330,7 @@ async fn no_leak_after_a_trapping_plugin() {
     let host = Host::new(&TasksSettings::default()).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions {
-            name: "misbehave".into(),
-            background: true,
-            foreground_timeout: BOUND,
-            promote_after: None,
-        },
+        ProducerToolOptions::new("misbehave").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap").unwrap();
@@ -377,12 +362,7 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1_000, ..TasksSettings::default() }).unwrap();
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions {
-            name: "misbehave".into(),
-            background: true,
-            foreground_timeout: BOUND,
-            promote_after: None,
-        },
+        ProducerToolOptions::new("misbehave").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-trap-loop").unwrap();
@@ -418,7 +398,7 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
     host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
     host.add_producer(
         Arc::new(producer),
-        ProducerToolOptions { name: "bash".into(), background: true, foreground_timeout: BOUND, promote_after: None },
+        ProducerToolOptions::new("bash").with_foreground_timeout(BOUND).with_promote_after(None),
     )
     .expect("tool name is valid");
     let agent = host.create_agent("agent", "session-history").unwrap();

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::Host;
+use taskhost::plugin::WasmProducer;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use taskhost::process::{EnvPolicy, ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
@@ -46,11 +46,7 @@ async fn only_allowed_host_variables_reach_a_command_and_config_entries_win() {
             std::env::set_var(name, value);
         }
     }
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bash-env-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .unwrap();
+    let engine = taskhost_tests::engine(|_| {});
     let version = engine.load_file(taskhost::builtin::BASH_PATH).await.unwrap();
     let processes = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
     let host = Host::new(&TasksSettings::default()).unwrap();
@@ -71,12 +67,7 @@ async fn only_allowed_host_variables_reach_a_command_and_config_entries_win() {
             .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant) });
         host.add_producer(
             Arc::new(producer),
-            ProducerToolOptions {
-                name: tool.into(),
-                background: true,
-                foreground_timeout: Duration::from_secs(30),
-                promote_after: None,
-            },
+            ProducerToolOptions::new(tool).with_foreground_timeout(Duration::from_secs(30)).with_promote_after(None),
         )
         .expect("tool name is valid");
     }

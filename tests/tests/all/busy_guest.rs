@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::WasmProducer;
 use taskhost::tasks::TaskStatus;
 use taskhost_tests::fixtures;
 use taskhost_tests::registry_fixture::OwnedRegistry;
@@ -54,12 +54,9 @@ fn a_task_that_is_always_ready_but_never_done_does_not_spin_a_core() {
 
 async fn busy_task_backs_off(cpu_ticks: &dyn Fn() -> u64) {
     taskhost_tests::logs::init();
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-busy-cache-{}", std::process::id()))),
-        pooling: false,
-        ..PluginRuntimeConfig::default()
-    })
-    .unwrap();
+    let engine = taskhost_tests::engine(|config| {
+        config.pooling = false;
+    });
     let version = engine.load_file(fixtures::MISBEHAVE_PATH).await.unwrap();
     let producer = WasmProducer::new(version, json!({})).await.unwrap();
     let owned = OwnedRegistry::new();

@@ -28,11 +28,7 @@ struct Fixture {
 
 async fn fixture(test: &str) -> Fixture {
     taskhost_tests::logs::init();
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-contract-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
     let grant = Arc::new(ProcessGrant {
         programs: vec!["bash".into()],
@@ -48,12 +44,8 @@ async fn fixture(test: &str) -> Fixture {
     ] {
         let version = engine.load_file(path).await.unwrap_or_else(|e| panic!("load {name}: {e:#}"));
         let producer = WasmProducer::new(version, json!({})).await.expect("describe").with_process(capability.clone());
-        let options = ProducerToolOptions {
-            name: name.into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        };
+        let options =
+            ProducerToolOptions::new(name).with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
         host.add_producer(Arc::new(producer), options).expect("tool name is valid");
     }
     let context = CallContext::for_agent(&host.create_agent("a", format!("s-contract-{test}")).unwrap());
@@ -233,12 +225,8 @@ async fn a_0_2_0_plugin_is_served_by_the_0_2_1_host() {
         .await
         .expect("describe")
         .with_process(ProcessCapability { host: processes, grant });
-    let options = ProducerToolOptions {
-        name: "older".into(),
-        background: true,
-        foreground_timeout: Duration::from_secs(60),
-        promote_after: None,
-    };
+    let options =
+        ProducerToolOptions::new("older").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
     fx.host.add_producer(Arc::new(producer), options).expect("tool name is valid");
     let definitions = fx.host.tool_definitions();
     let older = definitions.iter().find(|d| d.name == "older").expect("older tool");

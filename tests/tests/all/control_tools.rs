@@ -36,12 +36,10 @@ async fn tool_definitions_and_schemas() {
     // Disabled background: omitted from the schema, refused when forced.
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({})).unwrap()),
-        ProducerToolOptions {
-            name: "ticker".into(),
-            background: false,
-            foreground_timeout: Duration::from_secs(5),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("ticker")
+            .with_background(false)
+            .with_foreground_timeout(Duration::from_secs(5))
+            .with_promote_after(None),
     )
     .expect("tool name is valid");
     let ticker = host.tool_definitions().into_iter().find(|d| d.name == "ticker").unwrap();
@@ -231,12 +229,7 @@ async fn foreground_runs_return_output_and_honour_timeouts() {
 
     host.add_producer(
         Arc::new(TickerProducer::new(&json!({"default_message": "beat"})).unwrap()),
-        ProducerToolOptions {
-            name: "slow".into(),
-            background: true,
-            foreground_timeout: Duration::from_millis(50),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("slow").with_foreground_timeout(Duration::from_millis(50)).with_promote_after(None),
     )
     .expect("tool name is valid");
     let out = host.call_tool("slow", json!({"count": 100, "interval_ms": 20}), &context).await.unwrap();
@@ -294,13 +287,14 @@ struct Panicky;
 #[taskhost::async_trait::async_trait]
 impl taskhost::producer::Producer for Panicky {
     fn descriptor(&self) -> Arc<taskhost::producer::Descriptor> {
-        Arc::new(taskhost::producer::Descriptor {
-            kind: "panicky".into(),
-            description: "Panics on request.".into(),
-            parameters: json!({"type": "object", "properties": {"in": {"type": "string"}}}),
-            streams_output: true,
-            takes_input: false,
-        })
+        Arc::new(
+            taskhost::producer::Descriptor::new(
+                "panicky",
+                "Panics on request.",
+                json!({"type": "object", "properties": {"in": {"type": "string"}}}),
+            )
+            .with_streams_output(true),
+        )
     }
 
     async fn prepare(
@@ -313,10 +307,9 @@ impl taskhost::producer::Producer for Panicky {
         if place == "prepare" {
             panic!("prepare blew up {code}");
         }
-        Ok(taskhost::producer::PreparedRun {
-            label: "panicky".into(),
-            producer_info: None,
-            run: taskhost::producer::runner(async move {
+        Ok(taskhost::producer::PreparedRun::new(
+            "panicky",
+            taskhost::producer::runner(async move {
                 if place == "run" {
                     panic!("run blew up {code}");
                 }
@@ -325,9 +318,9 @@ impl taskhost::producer::Producer for Panicky {
                     tokio::task::yield_now().await;
                     panic!("done blew up {code}")
                 };
-                Ok(taskhost::tasks::TaskHooks { control: task, done: Box::pin(done) })
+                Ok(taskhost::tasks::TaskHooks::new(task, Box::pin(done)))
             }),
-        })
+        ))
     }
 }
 

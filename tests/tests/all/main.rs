@@ -10,6 +10,7 @@ mod busy_guest;
 mod compile_cache;
 mod contract_versions;
 mod control_tools;
+mod docs_config;
 mod grant_programs;
 mod plugin_bounds;
 mod plugin_errors;

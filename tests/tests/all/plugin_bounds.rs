@@ -9,7 +9,7 @@ use serde_json::json;
 use taskhost::plugin::bounds::{
     MAX_CHUNK_BYTES, MAX_DESCRIPTION_BYTES, MAX_DETAIL_BYTES, MAX_LOG_LINE_BYTES, MAX_SCHEMA_BYTES,
 };
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::producer::Producer as _;
 use taskhost::tasks::TaskStatus;
 use taskhost_tests::fixtures;
@@ -19,13 +19,9 @@ use taskhost_tests::registry_fixture::OwnedRegistry;
 const NOTICE: usize = 200;
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-bounds-cache-{}", std::process::id()))),
-        pooling: false,
-        ..PluginRuntimeConfig::default()
+    taskhost_tests::engine(|config| {
+        config.pooling = false;
     })
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,14 +67,11 @@ async fn a_blocking_export_is_told_the_deadline_and_the_fix() {
     let _surface = registry.attach_surface("test");
     let prepared = producer.prepare(json!({"fault": "block", "in": "done"}), RunMode::Background).await.unwrap();
     let id = registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_owner(Some(agent.clone()))
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .expect("start");
     let snapshot = registry.wait(&id, BOUND, Some(&agent), None).await.expect("wait");

@@ -89,7 +89,11 @@ impl Example {
             // next process then finds both up to date.
             let lock = std::fs::File::create(work_dir().join(format!("{}.lock", self.name))).expect("lock file");
             lock.lock().expect("lock the example's build");
-            let build = Command::new(&script).arg(&out).output().expect("run build.sh");
+            let build = Command::new(&script)
+                .env("PATH", taskhost_tests::tool_path())
+                .arg(&out)
+                .output()
+                .expect("run build.sh");
             match build.status.code() {
                 Some(0) => {}
                 Some(127) => panic!(
@@ -217,14 +221,11 @@ async fn assert_kill(example: &Example) {
     let prepared =
         producer.prepare(json!({"count": 100000, "interval_ms": 10}), RunMode::Background).await.expect("prepare");
     let id = registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(agent.clone()),
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_owner(Some(agent.clone()))
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .expect("start");
 

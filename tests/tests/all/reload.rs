@@ -10,7 +10,7 @@
 //! tasks settled no old version is kept alive by anything.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -18,10 +18,10 @@ use serde_json::json;
 use taskhost::Host;
 use taskhost::agents::Agent;
 use taskhost::ids::TaskId;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, PluginVersion, ServingVersion};
+use taskhost::plugin::{PluginEngine, PluginVersion, ServingVersion};
 use taskhost::reload::{ReloadEvent, ReloadablePlugin};
 use taskhost::settings::TasksSettings;
-use taskhost::tasks::TaskStatus;
+use taskhost::tasks::{TaskDone, TaskStatus};
 use taskhost::tools::producer_tool::ProducerToolOptions;
 use taskhost::tools::{CallContext, ToolError};
 use taskhost_tests::{TICKER_WASM, fixtures, rebuilt, truncated};
@@ -33,15 +33,10 @@ const STARTERS: usize = 4;
 const STEPS: usize = 7;
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        max_live_stores: 2048,
-        // Generous: two busy cores and a debug host.
-        call_deadline_ms: 5000,
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-reload-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
+    taskhost_tests::engine(|config| {
+        config.max_live_stores = 2048;
+        config.call_deadline_ms = 5000;
     })
-    .expect("engine")
 }
 
 fn host() -> (Host, Agent) {
@@ -57,12 +52,7 @@ fn host() -> (Host, Agent) {
 }
 
 fn options() -> ProducerToolOptions {
-    ProducerToolOptions {
-        name: "ticker".into(),
-        background: true,
-        foreground_timeout: Duration::from_secs(60),
-        promote_after: None,
-    }
+    ProducerToolOptions::new("ticker").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None)
 }
 
 fn ticks(count: u32) -> String {
@@ -95,6 +85,8 @@ async fn stream_to_end(host: Host, agent: Agent, id: TaskId) -> (String, TaskSta
             return (text, read.snapshot.status);
         }
         assert!(Instant::now() < deadline, "{id} never settled; read {text:?}");
+        // The pace of a reader streaming a running task: the workload under
+        // test (reads racing reloads), not a wait for a state.
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
 }
@@ -115,10 +107,30 @@ async fn reload_under_load_loses_nothing_and_a_broken_build_keeps_the_old_versio
     // are left alone until their notice arrives, then read once.
     let streamed = Arc::new(Mutex::new(Vec::new()));
     let quiet = Arc::new(Mutex::new(Vec::<TaskId>::new()));
+    // Starts so far, and a wake-up per start: the load is awaited, not
+    // slept on.
+    let started = Arc::new((AtomicUsize::new(0), tokio::sync::Notify::new()));
+    // Settled tasks, told by a listener registered after the host's notice
+    // listener: once an id is here, its notice is in the owner's session.
+    let settled = Arc::new((Mutex::new(BTreeSet::<String>::new()), tokio::sync::Notify::new()));
+    let _settled_listener = host.registry().on_task_done(Arc::new({
+        let settled = settled.clone();
+        move |done: &TaskDone| {
+            settled.0.lock().unwrap().insert(done.snapshot.id.to_string());
+            settled.1.notify_waiters();
+        }
+    }));
     let mut starters = Vec::new();
     for s in 0..STARTERS {
-        let (host, agent, stop, failures, streamed, quiet) =
-            (host.clone(), agent.clone(), stop.clone(), failures.clone(), streamed.clone(), quiet.clone());
+        let (host, agent, stop, failures, streamed, quiet, started) = (
+            host.clone(),
+            agent.clone(),
+            stop.clone(),
+            failures.clone(),
+            streamed.clone(),
+            quiet.clone(),
+            started.clone(),
+        );
         starters.push(tokio::spawn(async move {
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
@@ -130,14 +142,28 @@ async fn reload_under_load_loses_nothing_and_a_broken_build_keeps_the_old_versio
                     Ok(id) => quiet.lock().unwrap().push(id),
                     Err(error) => failures.lock().unwrap().push(error.to_string()),
                 }
+                started.0.fetch_add(1, Ordering::Relaxed);
+                started.1.notify_waiters();
                 n += 1;
+                // The load's pace (a workload, not a wait for a state).
                 tokio::time::sleep(Duration::from_millis(15)).await;
             }
         }));
     }
 
-    // Let load build up, then reload repeatedly while it runs.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Let load build up (100 starts; each task runs 1.8 s), then reload
+    // repeatedly while it runs.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let next = started.1.notified();
+            if started.0.load(Ordering::Relaxed) >= 100 {
+                break;
+            }
+            next.await;
+        }
+    })
+    .await
+    .expect("100 starts within 60 s");
     let mut expected_seq = 1;
     let mut broken_reported = 0;
     let mut peak_live = 0;
@@ -175,6 +201,7 @@ async fn reload_under_load_loses_nothing_and_a_broken_build_keeps_the_old_versio
         }
         // Whatever happened, some version serves, and a failure changed nothing.
         assert_eq!(plugin.serving().seq, expected_seq);
+        // The reloads' pace, while the load runs (a workload, not a wait).
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -206,8 +233,19 @@ async fn reload_under_load_loses_nothing_and_a_broken_build_keeps_the_old_versio
         streamed_ids.insert(id.to_string());
     }
     // Every quiet task: exactly one notice, then its whole output in one read.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let notices = loop {
+    // Waits until every quiet task settled (its notice is then in place).
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let next = settled.1.notified();
+            if quiet.iter().all(|id| settled.0.lock().unwrap().contains(id.as_str())) {
+                break;
+            }
+            next.await;
+        }
+    })
+    .await
+    .expect("every quiet task settled within 60 s");
+    let notices = {
         let mut notices = HashMap::<String, usize>::new();
         for message in agent.session_log() {
             let id = message.text.strip_prefix("background task ").and_then(|t| t.split(' ').next()).expect("notice");
@@ -220,11 +258,7 @@ async fn reload_under_load_loses_nothing_and_a_broken_build_keeps_the_old_versio
             );
             *notices.entry(id.to_string()).or_default() += 1;
         }
-        if quiet.iter().all(|id| notices.contains_key(id.as_str())) {
-            break notices;
-        }
-        assert!(Instant::now() < deadline, "notices missing");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        notices
     };
     for id in &quiet {
         assert_eq!(notices.get(id.as_str()), Some(&1), "{id}");

@@ -26,7 +26,6 @@ use std::time::Duration;
 use serde_json::json;
 use taskhost::Host;
 use taskhost::plugin::component::content_hash;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig};
 use taskhost::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::producer_tool::ProducerToolOptions;
@@ -59,22 +58,16 @@ impl Setup {
         let dir = std::env::temp_dir().join(format!("taskhost-reload-watch-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let engine = PluginEngine::new(PluginRuntimeConfig {
-            cache_dir: Some(std::env::temp_dir().join(format!("taskhost-reload-watch-cache-{}", std::process::id()))),
-            call_deadline_ms: 5000,
-            ..PluginRuntimeConfig::default()
-        })
-        .expect("engine");
+        let engine = taskhost_tests::engine(|config| {
+            config.call_deadline_ms = 5000;
+        });
         let host = Host::new(&TasksSettings::default()).expect("host");
         let file = dir.join("ticker.wasm");
         std::fs::write(&file, build("initial")).expect("write");
         let v1 = engine.load_file(&file).await.expect("load");
-        let options_ = ProducerToolOptions {
-            name: "ticker".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        };
+        let options_ = ProducerToolOptions::new("ticker")
+            .with_foreground_timeout(Duration::from_secs(60))
+            .with_promote_after(None);
         let plugin = ReloadablePlugin::serve(&host, &engine, v1, json!({}), options_).await.expect("serve");
         let events = plugin.subscribe();
         let watch = taskhost::reload::watch(plugin.clone(), &file, options).expect("watch");

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use taskhost::Host;
 use taskhost::config::Config;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::setup::host_from_config;
 use taskhost::subagents::Subagents;
@@ -70,12 +70,7 @@ replies = [
 );
 
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-subagent-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine")
+    taskhost_tests::engine(|_| {})
 }
 
 /// A host built by the real configuration path (`taskhost serve`'s), and an
@@ -300,12 +295,7 @@ async fn a_plugin_without_the_grant_gets_a_clear_error() {
     let ungranted = WasmProducer::new(version, json!({})).await.unwrap();
     host.add_producer(
         Arc::new(ungranted),
-        ProducerToolOptions {
-            name: "ungranted".into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(5),
-            promote_after: None,
-        },
+        ProducerToolOptions::new("ungranted").with_foreground_timeout(Duration::from_secs(5)).with_promote_after(None),
     )
     .expect("tool name is valid");
     let parent = host.create_agent("parent", "parent-session").unwrap();

@@ -232,16 +232,8 @@ async fn a_failed_start_preflight_never_starts_a_child() {
     let subagents = Subagents::for_host(&host, &config.subagents).unwrap();
     let native = taskhost::subagents::SubagentProducer::new(subagents, &json!({})).unwrap();
     let prepared = native.prepare(json!({"description": "d", "prompt": "say hi"}), RunMode::Background).await.unwrap();
-    let started = bare
-        .start(TaskStart {
-            kind: "subagent".into(),
-            label: prepared.label,
-            owner: Some(parent.clone()),
-            producer_info: None,
-            options: Default::default(),
-            run: prepared.run,
-        })
-        .await;
+    let started =
+        bare.start(TaskStart::new("subagent", prepared.label, prepared.run).with_owner(Some(parent.clone()))).await;
     assert!(matches!(started, Err(TaskError::NoControlSurface)), "{started:?}");
     assert!(child_agents(&host).is_empty(), "a child was created: {:?}", child_agents(&host));
     host.dispose().await;

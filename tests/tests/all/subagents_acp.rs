@@ -42,6 +42,21 @@ fn start(subagents: &Subagents, prompt: &str) -> SubagentRun {
     subagents.start(StartRequest { description: "acp child".into(), prompt: prompt.into(), profile: None }).unwrap()
 }
 
+/// Starts a run of `prompt` and returns once the agent has handled it (it
+/// connects to a socket the test listens on: an event, not a guess at how
+/// long the agent takes).
+async fn start_handled(subagents: &Subagents, prompt: &str) -> SubagentRun {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ready.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let run = start(subagents, &format!("{prompt}; ready {}", socket.display()));
+    tokio::time::timeout(Duration::from_secs(30), listener.accept())
+        .await
+        .unwrap_or_else(|_| panic!("the agent did not handle {prompt:?} within 30 s"))
+        .unwrap();
+    run
+}
+
 async fn result_of(run: &SubagentRun) -> RunResult {
     tokio::time::timeout(Duration::from_secs(30), run.wait_result()).await.expect("the run finished")
 }
@@ -84,8 +99,7 @@ async fn acp_stop_reasons_map_to_run_stop_reasons() {
 #[tokio::test]
 async fn cancel_sends_session_cancel_and_dispose_leaves_no_process() {
     let (host, subagents) = setup();
-    let run = start(&subagents, "tell your pid");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = start_handled(&subagents, "tell your pid").await;
     run.cancel(Some("parent moved on".into()));
     let result = result_of(&run).await;
     // The agent answered `cancelled` itself: its own text (the pid) and our
@@ -102,8 +116,7 @@ async fn cancel_sends_session_cancel_and_dispose_leaves_no_process() {
 #[tokio::test]
 async fn an_agent_that_ignores_cancel_is_dropped_after_the_grace() {
     let (host, subagents) = setup();
-    let run = start(&subagents, "play deaf");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let run = start_handled(&subagents, "play deaf").await;
     let started = Instant::now();
     run.cancel(None);
     let result = result_of(&run).await;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{PluginEngine, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
@@ -36,11 +36,7 @@ struct Fixture {
 async fn fixture(test: &str) -> Fixture {
     taskhost_tests::logs::init();
     let mark = ProcessMark::new(&format!("task-input-{test}"));
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(std::env::temp_dir().join(format!("taskhost-input-test-cache-{}", std::process::id()))),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let processes = ProcessHost::new(&ProcessHostConfig::default()).expect("process host");
     let grant = ProcessGrant {
         programs: vec!["bash".into()],
@@ -57,12 +53,8 @@ async fn fixture(test: &str) -> Fixture {
     let ticker = WasmProducer::new(ticker, json!({})).await.expect("describe ticker");
     let host = Host::new(&TasksSettings::default()).unwrap();
     for (producer, name) in [(bash, "bash"), (ticker, "ticker")] {
-        let options = ProducerToolOptions {
-            name: name.into(),
-            background: true,
-            foreground_timeout: Duration::from_secs(60),
-            promote_after: None,
-        };
+        let options =
+            ProducerToolOptions::new(name).with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None);
         host.add_producer(Arc::new(producer), options).expect("tool name is valid");
     }
     let alice = CallContext::for_agent(&host.create_agent("alice", format!("s-alice-{test}")).unwrap());

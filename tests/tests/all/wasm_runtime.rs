@@ -13,7 +13,7 @@ use taskhost::agents::{Agent, AgentRegistry};
 use taskhost::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, PluginVersion, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::tasks::{
-    RegistryConfig, SurfaceGuard, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
+    RegistryConfig, SurfaceGuard, TaskEvent, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
 };
 use taskhost_tests::{TICKER_PATH, fixtures, truncated};
 
@@ -68,31 +68,36 @@ async fn load(engine: &PluginEngine, path: &str) -> Arc<PluginVersion> {
 async fn start(fx: &Fixture, producer: &WasmProducer, args: Value) -> Result<taskhost::ids::TaskId, String> {
     let prepared = producer.prepare(args, RunMode::Background).await.map_err(|e| format!("{e:#}"))?;
     fx.registry
-        .start(TaskStart {
-            kind: producer.descriptor().kind.clone(),
-            label: prepared.label,
-            owner: Some(fx.agent.clone()),
-            producer_info: prepared.producer_info,
-            options: Default::default(),
-            run: prepared.run,
-        })
+        .start(
+            TaskStart::new(producer.descriptor().kind.clone(), prepared.label, prepared.run)
+                .with_owner(Some(fx.agent.clone()))
+                .with_producer_info(prepared.producer_info),
+        )
         .await
         .map_err(|e| e.to_string())
 }
 
-/// Reads until the task is terminal; returns everything read and the final snapshot.
+/// Waits for the task to settle, then reads what is left; returns the text
+/// and the final snapshot.
 async fn read_to_end(fx: &Fixture, id: &taskhost::ids::TaskId) -> (String, TaskSnapshot) {
-    let deadline = Instant::now() + BOUND;
-    let mut text = String::new();
-    loop {
-        let read = fx.registry.read(id, Some(&fx.agent)).await.expect("read");
-        text.push_str(&read.text);
-        if read.snapshot.status.is_terminal() {
-            return (text, read.snapshot);
+    wait_terminal(fx, id).await;
+    let read = fx.registry.read(id, Some(&fx.agent)).await.expect("read");
+    assert!(read.snapshot.status.is_terminal(), "{:?}", read.snapshot);
+    (read.text, read.snapshot)
+}
+
+/// Awaits the first `Output` event of `id` on a stream subscribed before it
+/// started: the task has written something.
+async fn first_output(events: &mut tokio::sync::broadcast::Receiver<TaskEvent>, id: &taskhost::ids::TaskId) {
+    let wait = async {
+        loop {
+            match events.recv().await.expect("event stream open") {
+                TaskEvent::Output { id: of, .. } if &of == id => return,
+                _ => {}
+            }
         }
-        assert!(Instant::now() < deadline, "task {id} did not settle within {BOUND:?}; read so far: {text:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    };
+    tokio::time::timeout(BOUND, wait).await.unwrap_or_else(|_| panic!("task {id} wrote nothing within {BOUND:?}"));
 }
 
 async fn wait_terminal(fx: &Fixture, id: &taskhost::ids::TaskId) -> TaskSnapshot {
@@ -216,8 +221,9 @@ async fn kill_cancels_the_guest_and_the_task_ends_killed() {
     let engine = engine();
     let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
     let fx = registry();
+    let mut events = fx.registry.subscribe();
     let id = start(&fx, &ticker, json!({"count": 1000, "interval_ms": 20})).await.expect("start");
-    tokio::time::sleep(Duration::from_millis(70)).await;
+    first_output(&mut events, &id).await;
     let first = fx.registry.read(&id, Some(&fx.agent)).await.expect("read").text;
     fx.registry.kill(&id, Some(&fx.agent), Some("test")).await.expect("kill");
     let (rest, snapshot) = read_to_end(&fx, &id).await;

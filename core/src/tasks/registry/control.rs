@@ -54,10 +54,7 @@ impl TaskRegistry {
         };
         let mut pending = PendingReporter { registry: self, id, armed: true };
         tracing::info!(task = %id, reason = reason.unwrap_or("-"), "kill requested");
-        let cancelled = AssertUnwindSafe(control.cancel(reason))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let cancelled = crate::panics::contained(control.cancel(reason)).await;
 
         let mut state = self.shared.lock();
         pending.armed = false;
@@ -83,7 +80,7 @@ impl TaskRegistry {
                 self.deliver_held_notice(held);
                 Err(TaskError::Producer {
                     context: format!("cancelling task {id} failed; it is still running"),
-                    source,
+                    cause: source,
                 })
             }
         }
@@ -244,10 +241,8 @@ impl TaskRegistry {
             }
             record.control.clone()
         };
-        AssertUnwindSafe(control.write_input(data, close))
-            .catch_unwind()
+        crate::panics::contained(control.write_input(data, close))
             .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))))
-            .map_err(|source| TaskError::Producer { context: format!("sending input to task {id} failed"), source })
+            .map_err(|cause| TaskError::Producer { context: format!("sending input to task {id} failed"), cause })
     }
 }

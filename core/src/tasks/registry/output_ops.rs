@@ -21,12 +21,10 @@
 //!   the stall). Neither goes to an unowned task, a finished one, or a gone
 //!   owner. Quoted output is capped and stripped of control characters.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use tokio::time::Instant;
 
 use super::settle::prune_history;
@@ -264,10 +262,7 @@ impl TaskRegistry {
         if control.take_pulled_output(&mut |text| self.record_output(id, output, text)) {
             return Ok(None);
         }
-        let pulled = AssertUnwindSafe(control.read_output())
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let pulled = crate::panics::contained(control.read_output()).await;
         let (text, ended) = match pulled {
             Ok(text) => (text, None),
             Err(error) => match error.downcast::<ReadEndedTask>() {
@@ -275,7 +270,7 @@ impl TaskRegistry {
                 Err(source) => {
                     return Err(TaskError::Producer {
                         context: format!("reading the output of task {id} failed"),
-                        source,
+                        cause: source,
                     });
                 }
             },

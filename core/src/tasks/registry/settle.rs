@@ -2,9 +2,24 @@
 //! fans out to, the history bound, the completion notice, and teardown
 //! (owner cleanup, registry disposal, force-fail).
 //!
-//! Invariants: the first outcome is final; listeners run once per task,
-//! outside the lock, before waiters wake; disposal is silent; a finished
-//! task whose end nobody was told of is never dropped from the history.
+//! Invariants:
+//! - Settlement is first-wins: the first outcome (or force-fail) is final;
+//!   later outcomes are logged and dropped, and listeners fire once per
+//!   task, outside the lock, before waiters and subscribers hear of it.
+//! - A completion notice and an explicit report of the same end are mutually
+//!   exclusive: the notice is injected under the registry lock only while
+//!   the task is untold, and a later report retracts it from the owner's
+//!   unread messages.
+//! - Owner cleanup cancels the owner's live tasks, awaits their quiescence
+//!   (bounded by the teardown timeout, then force-fails with a
+//!   possible-orphan detail), waits for starts still in flight, and drops the
+//!   owner's records; its settlements count as reported. Settlements caused
+//!   by registry disposal are silent (no listener runs).
+//! - Each owner (and the unowned bucket) keeps at most
+//!   `max_finished_tasks_per_owner` finished records: the oldest reported
+//!   go first, then the oldest noticed; a finished task whose end nobody was
+//!   told of is never dropped. Dropping a record drops its producer handle
+//!   (and with it its output and spill files).
 
 use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
@@ -233,10 +248,7 @@ impl TaskRegistry {
             record.status = TaskStatus::Stopping;
             (record.control.clone(), record.settled_signal())
         };
-        let cancelled = AssertUnwindSafe(control.cancel(Some(reason)))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the producer panicked: {}", panic_message(panic))));
+        let cancelled = crate::panics::contained(control.cancel(Some(reason))).await;
         if let Err(error) = cancelled {
             tracing::error!(task = %id, error = %format!("{error:#}"), "teardown cancel failed; the work may be orphaned");
             self.force_fail(

@@ -1,8 +1,10 @@
 //! Starting a task: the preflight that reserves a slot, the producer's
 //! runner run once, and the commit that issues the id and spawns the watcher.
 //!
-//! Invariants: every failable check comes before the runner; the commit
-//! cannot fail; a failed start allocates no id.
+//! Invariants: `start` runs every failable check first (surface fence, kind,
+//! exact live owner, owner-cleanup attach, per-owner cap), then the
+//! producer's runner exactly once, then commits under the lock; the commit
+//! cannot fail. A failed start allocates no id.
 
 use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
@@ -29,19 +31,10 @@ impl TaskRegistry {
             span.in_scope(|| tracing::debug!(%error, "start refused in preflight"));
         })?;
 
-        let started = AssertUnwindSafe(run()).catch_unwind().instrument(span.clone()).await;
-        let hooks = match started {
-            Ok(Ok(hooks)) => hooks,
-            Ok(Err(source)) => {
-                return Err(TaskError::Producer { context: format!("starting {kind} task failed"), source });
-            }
-            Err(panic) => {
-                return Err(TaskError::Producer {
-                    context: format!("starting {kind} task failed"),
-                    source: anyhow::anyhow!("the producer panicked: {}", panic_message(panic)),
-                });
-            }
-        };
+        let hooks = crate::panics::contained(run())
+            .instrument(span.clone())
+            .await
+            .map_err(|cause| TaskError::Producer { context: format!("starting {kind} task failed"), cause })?;
 
         let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
         span.record("task", id.as_str());

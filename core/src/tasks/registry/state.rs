@@ -1,10 +1,13 @@
 //! The registry's table: task records, owners' buckets and scopes, the
 //! owner fence, and the queries that read them (`get`, `list`, `list_all`).
 //!
-//! Invariants: a record is found only through the fence ([`fenced`]): an
-//! owned task is visible to a caller of the same session, an unowned one to
-//! everyone. A record stays small (every live task holds one): what only a
-//! finished task has is in [`Ended`].
+//! Invariants: every read, kill, wait and get passes the owner fence
+//! ([`fenced`]): an owned task is reachable only by a caller of the same
+//! session; unowned tasks are open. Who was told of a task's end is one
+//! [`Reporting`] per record (its transitions are documented there); a
+//! pending reporter that goes away without delivering hands the notice back,
+//! and an aborted wait never reports. A record stays small (every live task
+//! holds one): what only a finished task has is in [`Ended`].
 
 use super::*;
 
