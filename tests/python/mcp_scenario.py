@@ -36,14 +36,15 @@ def connection(binary: str, work: str, url: str | None, token: str | None):
     if url is not None:
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
         return streamable_http_client(url, http_client=http)
+    # Written and trusted (`taskhost trust`, in the test's own state
+    # directory, XDG_STATE_HOME) by the Rust side: it lies in the server's
+    # working directory, where a model's commands could have planted it.
     config = os.path.join(work, "python.toml")
-    with open(config, "w") as f:
-        f.write("[serve]\nprogress_interval_ms = 100\n")
     return StdioServerParameters(
         command=binary,
         args=["serve", "--config", config],
         cwd=work,
-        env={"RUST_LOG": "info,taskhost=debug"},
+        env={"RUST_LOG": "info,taskhost=debug", "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]},
     )
 
 

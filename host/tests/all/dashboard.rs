@@ -32,12 +32,20 @@ struct Server {
     origin: String,
     mcp: String,
     dir: std::path::PathBuf,
+    /// Where the ticker plugin's file is (outside the workspace).
+    plugins: std::path::PathBuf,
 }
 
 impl Server {
     async fn start(tag: &str) -> Self {
         let dir = temp_dir(tag);
-        std::fs::write(dir.join("ticker.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 1")).unwrap();
+        // The plugin lives outside the server's working directory (which its
+        // trees write), as an installed plugin does: a rebuild there reloads
+        // without `taskhost trust` (state_trust.rs tests the other case).
+        let plugins = std::path::PathBuf::from(format!("{}-plugins", dir.display()));
+        std::fs::create_dir_all(&plugins).unwrap();
+        std::fs::write(plugins.join("ticker.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 1"))
+            .unwrap();
         let config = format!(
             "[[serve.http.tokens]]\nname = \"alice\"\ntoken_env = \"TASKHOST_TEST_ALICE\"\n\n\
              [[serve.http.tokens]]\nname = \"bob\"\ntoken_env = \"TASKHOST_TEST_BOB\"\n\n\
@@ -45,7 +53,7 @@ impl Server {
              [[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\n\
              [producer.grants.process]\nprograms = [\"bash\"]\n\n\
              [[producer]]\ntool = \"ticker\"\nplugin = \"{}\"\n",
-            dir.join("ticker.wasm").display()
+            plugins.join("ticker.wasm").display()
         );
         let mut command = serve_command(&dir, Some(&config));
         command
@@ -56,7 +64,7 @@ impl Server {
             .env("XDG_CACHE_HOME", dir.join("cache"));
         let (child, mcp) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
         let origin = mcp.trim_end_matches("/mcp").to_string();
-        Self { child, origin, mcp, dir }
+        Self { child, origin, mcp, dir, plugins }
     }
 
     async fn client(&self, token: &str) -> Client {
@@ -180,7 +188,7 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
     // The browser.
     let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     std::fs::create_dir_all(&screenshots).unwrap();
-    std::fs::write(server.dir.join("ticker.v2.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 2"))
+    std::fs::write(server.plugins.join("ticker.v2.wasm"), common::rebuilt(taskhost::builtin::TICKER_WASM, "build 2"))
         .unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/dashboard_browser.py");
     let arguments = json!({
@@ -188,7 +196,7 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
         "tokens": {"alice": ALICE, "bob": BOB, "admin": ADMIN},
         "stream": stream, "go_file": go_file, "victim": victim, "quick": quick, "ticker": ticker,
         "bob_task": bob_task,
-        "plugin": server.dir.join("ticker.wasm"), "plugin_v2": server.dir.join("ticker.v2.wasm"),
+        "plugin": server.plugins.join("ticker.wasm"), "plugin_v2": server.plugins.join("ticker.v2.wasm"),
         "screenshots": screenshots,
     });
     let browser = tokio::process::Command::new("python3")

@@ -39,6 +39,13 @@ fn run_script(mode: &str, http: Option<&str>) {
     command.env("PATH", common::tool_path()).arg(&script).arg(common::BIN).arg(mode).arg(&work);
     if let Some(url) = http {
         command.arg(url).arg(TOKEN);
+    } else {
+        // The stdio server's configuration, in its working directory: trusted
+        // in the test's own state directory, which the script hands the server.
+        let config = work.join("python.toml");
+        std::fs::write(&config, "[serve]\nprogress_interval_ms = 100\n").unwrap();
+        common::trust(&work, &config);
+        command.env("XDG_STATE_HOME", common::state_home(&work));
     }
     let output = command.output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
