@@ -17,8 +17,8 @@ pub use output::{
 pub use peek::{OutputPeek, TAIL_LIMIT};
 
 pub use registry::{
-    DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT, ListenerGuard,
-    NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener, TaskRegistry,
-    WeakTaskRegistry, seconds,
+    AbortedWait, DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT,
+    ListenerGuard, NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener,
+    TaskRegistry, WeakTaskRegistry, seconds,
 };
 pub use types::*;

@@ -30,8 +30,13 @@
 //!   (its completion notice injected), or reported (by a kill, a terminal
 //!   read, a wait, or nobody left to tell). A pending reporter that goes away
 //!   without delivering hands the notice back, so a notice is never
-//!   suppressed on behalf of nobody. An aborted wait never reports: it fails,
-//!   and the notice stays due.
+//!   suppressed on behalf of nobody. A wait aborted before the settlement
+//!   (or in the same tick, before it ran) never reports: it fails, and the
+//!   notice stays due; one aborted after it delivers the snapshot unless its
+//!   caller drops the answers of aborted calls ([`AbortedWait`]).
+//! - Listeners hear each end once, with its final `reported`: at settlement,
+//!   or, for an end held for pending reporters, when one delivers it or the
+//!   last hands it back.
 //! - A completion notice and an explicit report of the same end are mutually
 //!   exclusive: the notice is injected under the registry lock only while the
 //!   task is unreported, and a later report retracts it from the owner's
@@ -73,6 +78,7 @@ mod settle;
 mod start;
 mod state;
 
+pub use control::AbortedWait;
 use guards::ListenerSlot;
 pub use guards::{ListenerGuard, SurfaceGuard};
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};

@@ -5,6 +5,11 @@
 //! attaches the surface fence and starts completion notices; dropping it
 //! detaches both. Their texts are the behaviour contract's (README,
 //! "Model-facing texts"), kept exact so transcripts compare.
+//!
+//! A call whose cancellation fired has its answer dropped (an MCP client
+//! drops the answer to a request it cancelled), so a cancelled wait
+//! (`task_output` with `wait`, `task_wait`) never reports an end: it fails,
+//! and the completion notice stays due ([`AbortedWait::Fail`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +21,8 @@ use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, Toolbox, p
 use crate::ids::TaskId;
 use crate::notices::deliver_completion_notices;
 use crate::tasks::{
-    DEFAULT_VIEW_LINES, KillResult, ListenerGuard, MAX_VIEW_LINES, SurfaceGuard, TaskRegistry, TaskSnapshot,
-    VIEW_LIMIT, ViewKind, ViewRequest,
+    AbortedWait, DEFAULT_VIEW_LINES, KillResult, ListenerGuard, MAX_VIEW_LINES, SurfaceGuard, TaskRegistry,
+    TaskSnapshot, VIEW_LIMIT, ViewKind, ViewRequest,
 };
 
 /// How long `task_output(wait: true)` waits when the call gives no `timeout_ms`.
@@ -257,7 +262,10 @@ impl Tool for TaskOutput {
         if args.wait {
             let timeout_ms =
                 args.timeout_ms.unwrap_or(tools.config.wait_timeout_ms).min(tools.config.max_wait_timeout_ms);
-            tools.registry.wait(&id, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+            // A cancelled call's answer is dropped (an MCP client drops the
+            // answer to a request it cancelled): its wait never reports.
+            let timeout = Duration::from_millis(timeout_ms);
+            tools.registry.wait_with(&id, timeout, caller, Some(&context.cancel), AbortedWait::Fail).await?;
         }
         if let Some(view) = view {
             let (text, snapshot) = tools.registry.view(&id, caller, &view).await?;
@@ -425,8 +433,9 @@ impl Tool for TaskWait {
         let config = &self.0.config;
         let timeout_ms = args.timeout_ms.unwrap_or(config.wait_timeout_ms).min(config.max_wait_timeout_ms);
         let caller = context.caller.as_ref();
+        let timeout = Duration::from_millis(timeout_ms);
         let (first, tasks) =
-            self.0.registry.wait_any(&ids, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+            self.0.registry.wait_any_with(&ids, timeout, caller, Some(&context.cancel), AbortedWait::Fail).await?;
         let mut lines = vec![match first {
             Some(id) => format!("{id} finished first"),
             None => format!("none finished within {timeout_ms} ms"),

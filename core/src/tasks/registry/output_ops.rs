@@ -158,10 +158,8 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            let newly_reported = record.status.is_terminal() && !record.reporting.is_reported();
-            if record.status.is_terminal() {
-                record.mark_reported();
-            }
+            let newly_reported = record.status.is_terminal() && record.reporting != state::Reporting::Reported;
+            let held = if record.status.is_terminal() { record.mark_reported() } else { None };
             let taken = (record.snapshot(), record.control.clone(), record.output_source());
             if newly_reported {
                 // This read is the report, so older finished tasks may now
@@ -170,6 +168,7 @@ impl TaskRegistry {
                 let bucket = record.bucket_key();
                 let dropped = prune_history(&mut state, &self.shared, bucket);
                 drop(state);
+                self.tell_listeners(held);
                 self.release_records(dropped);
             }
             taken

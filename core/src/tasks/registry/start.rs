@@ -227,7 +227,7 @@ impl TaskRegistry {
             control,
             output_log,
             watcher,
-            settled: None,
+            waits: None,
         }));
         if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)
