@@ -327,13 +327,8 @@ impl Tool for TaskKill {
     async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
         let args: TaskKillArgs = parse_arguments("task_kill", args)?;
         let id = task_id("task_kill", args.task_id)?;
-        let text = match self.0.registry.kill(&id, context.caller.as_ref(), args.reason.as_deref()).await? {
-            KillResult::Requested(_) => format!("requested cancellation of task {id}"),
-            KillResult::AlreadyTerminal(snapshot) => {
-                format!("task {id} had already finished {}", snapshot.status_line())
-            }
-        };
-        Ok(ToolOutput::ok(text))
+        let killed = self.0.registry.kill(&id, context.caller.as_ref(), args.reason.as_deref()).await?;
+        Ok(ToolOutput::ok(kill_reply(&id, &killed)))
     }
 }
 
@@ -442,6 +437,16 @@ impl Tool for TaskWait {
         }];
         lines.extend(tasks.iter().map(list_row));
         Ok(ToolOutput::ok(lines.join("\n")))
+    }
+}
+
+/// `task_kill`'s answer: `requested cancellation of task <id>`, or `task
+/// <id> had already finished [status: …]`. Other stops (the dashboard's)
+/// answer the same.
+pub fn kill_reply(id: &TaskId, result: &KillResult) -> String {
+    match result {
+        KillResult::Requested(_) => format!("requested cancellation of task {id}"),
+        KillResult::AlreadyTerminal(snapshot) => format!("task {id} had already finished {}", snapshot.status_line()),
     }
 }
 

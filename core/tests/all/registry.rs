@@ -501,6 +501,96 @@ async fn a_wait_for_any_aborted_after_a_settlement_delivers_it() {
     assert_eq!(*heard.lock().unwrap(), [(first, true), (second, false)]);
 }
 
+/// An end the model did not ask for (here: a kill from the dashboard) is
+/// not reported by whoever stopped it: its owner is told with exactly one
+/// notice that names the cause, and the cause is data on the task.
+#[tokio::test(start_paused = true)]
+async fn a_stop_the_owner_did_not_ask_for_is_told_once_with_its_cause() {
+    let f = fixture();
+    let (_listener, heard) = recording_listener(&f.registry);
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let task = ScriptedTask::new(true);
+    let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+    let cause = StopCause::Dashboard { viewer: "ops".into() };
+    let stopped = f.registry.stop(&id, cause.clone(), Some("killed from the dashboard by ops")).await.unwrap();
+    let KillResult::Requested(snapshot) = stopped else { panic!("{stopped:?}") };
+    assert!(!snapshot.reported, "the stop reports nothing");
+    assert_eq!(task.cancel_requests(), [Some("killed from the dashboard by ops".to_string())]);
+    let snapshot = settled(&f.registry, &id, Some(&agent)).await;
+    assert_eq!((snapshot.status, snapshot.reported), (TaskStatus::Killed, false));
+    assert_eq!(snapshot.stop_cause, Some(cause.clone()));
+    assert_eq!(
+        notices(&agent),
+        [format!(
+            "background task {id} (bash: bash work) was killed from the dashboard [status: killed]. \
+             Read its output with task_output."
+        )]
+    );
+    assert_eq!(*heard.lock().unwrap(), [(id.clone(), false)], "heard once");
+    // Stopping a finished task leaves it as it is: still unreported.
+    let again = f.registry.stop(&id, cause, None).await.unwrap();
+    assert!(matches!(again, KillResult::AlreadyTerminal(ref s) if !s.reported), "{again:?}");
+    assert_eq!(agent.take_unread().len(), 1, "the one notice, still due");
+
+    // Any cause: a time to live, a limit, an operator.
+    let cases = [
+        (StopCause::TimeToLive { ttl_ms: 600_000 }, "was stopped when its time to live (600 s) ran out"),
+        (StopCause::Limit { limit: "max_output_bytes".into() }, "was stopped by a server limit (max_output_bytes)"),
+        (StopCause::Operator { action: "shutdown".into() }, "was stopped by an operator (shutdown)"),
+    ];
+    for (cause, phrase) in cases {
+        let task = ScriptedTask::new(true);
+        let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        f.registry.stop(&id, cause, None).await.unwrap();
+        settled(&f.registry, &id, Some(&agent)).await;
+        let told = agent.take_unread();
+        assert_eq!(told.len(), 1, "{phrase}");
+        assert_eq!(
+            told[0].text,
+            format!(
+                "background task {id} (bash: bash work) {phrase} [status: killed]. Read its output with task_output."
+            )
+        );
+    }
+}
+
+/// What the model asked for or collected stays silent, whoever else asked
+/// for the stop: the owner's own kill after the dashboard's, a wait
+/// pending at the end, a read of the end.
+#[tokio::test(start_paused = true)]
+async fn a_stop_the_model_also_asked_for_or_collected_stays_silent() {
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    let dashboard = || StopCause::Dashboard { viewer: "ops".into() };
+    for collect in ["kill", "wait", "read"] {
+        let task = ScriptedTask::new(true);
+        task.set_cancel_mode(CancelMode::Accept);
+        let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
+        f.registry.stop(&id, dashboard(), None).await.unwrap();
+        let mut wait = Box::pin(f.registry.wait(&id, Duration::from_secs(10), Some(&agent), None));
+        if collect == "kill" {
+            f.registry.kill(&id, Some(&agent), None).await.unwrap();
+        }
+        if collect == "wait" {
+            assert!(futures::poll!(&mut wait).is_pending());
+        }
+        task.settle(TaskOutcome::killed("signal: SIGTERM".to_string()));
+        let snapshot = settled(&f.registry, &id, Some(&agent)).await;
+        match collect {
+            "wait" => assert!(wait.await.unwrap().reported),
+            "read" => assert!(f.registry.read(&id, Some(&agent)).await.unwrap().snapshot.reported),
+            _ => assert!(snapshot.reported),
+        }
+        assert_eq!(
+            f.registry.get(&id, Some(&agent)).unwrap().stop_cause,
+            Some(dashboard()),
+            "{collect}: the first cause stands"
+        );
+        settle_tick().await;
+        assert!(agent.take_unread().is_empty(), "{collect}: the model collected the end");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn listeners_are_contained_and_end_with_their_guard() {
     let f = fixture();

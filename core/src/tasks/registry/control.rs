@@ -52,28 +52,72 @@ impl TaskRegistry {
 
     /// Requests cancellation at the owner's request (the model's
     /// `task_kill`): the kill's answer reports the end, so no completion
-    /// notice follows. The producer's cancel runs first; if it fails, the
-    /// error reaches the caller and the task is left untouched. An
-    /// already-settled task is reported, not an error.
+    /// notice follows, and the task's [`StopCause`] is [`StopCause::Owner`].
+    /// The producer's cancel runs first; if it fails, the error reaches the
+    /// caller and the task is left untouched. An already-settled task is
+    /// reported, not an error.
     pub async fn kill(
         &self,
         id: &TaskId,
         caller: Option<&Agent>,
         reason: Option<&str>,
     ) -> Result<KillResult, TaskError> {
-        let control = {
+        self.request_stop(id, Some(caller), StopCause::Owner, reason).await
+    }
+
+    /// Stops a task for someone other than its owner's model: a dashboard
+    /// viewer, a time to live, a server limit, an operator. An operator's
+    /// power, like [`Self::list_all`]: there is no owner fence, so the caller
+    /// decides who may (the dashboard checks its viewer first).
+    ///
+    /// The stop does not report the end: the task records `cause` (the first
+    /// cause asked for stands), and once it settles its owner is told with
+    /// one completion notice naming the cause (`… was killed from the
+    /// dashboard [status: killed, …]`), unless the owner's model collects or
+    /// kills it first. A finished task is left as it is
+    /// ([`KillResult::AlreadyTerminal`], still unreported). A failing
+    /// producer cancel reaches the caller and leaves the task untouched.
+    /// [`StopCause::Owner`] is the owner's own kill, reported as
+    /// [`Self::kill`] reports it.
+    pub async fn stop(&self, id: &TaskId, cause: StopCause, reason: Option<&str>) -> Result<KillResult, TaskError> {
+        self.request_stop(id, None, cause, reason).await
+    }
+
+    /// A kill (`fence`: the caller to check) or a stop (no fence).
+    async fn request_stop(
+        &self,
+        id: &TaskId,
+        fence: Option<Option<&Agent>>,
+        cause: StopCause,
+        reason: Option<&str>,
+    ) -> Result<KillResult, TaskError> {
+        let reports = cause.is_owner();
+        let (control, recorded_cause) = {
             let mut state = self.shared.lock();
-            let record = fenced_mut(&mut state, id, caller)?;
+            let record = match fence {
+                Some(caller) => fenced_mut(&mut state, id, caller)?,
+                None => state.tasks.get_mut(id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?,
+            };
             if record.status.is_terminal() {
+                if !reports {
+                    return Ok(KillResult::AlreadyTerminal(record.snapshot()));
+                }
                 let snapshot = self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
                 return Ok(KillResult::AlreadyTerminal(snapshot));
             }
-            record.pending_reporters += 1;
-            record.control.clone()
+            if reports {
+                record.pending_reporters += 1;
+            }
+            tracing::info!(task = %id, cause = ?cause, reason = reason.unwrap_or("-"), "stop requested");
+            let recorded_cause = record.stop_cause.is_none();
+            if recorded_cause {
+                record.stop_cause = Some(Box::new(cause));
+            }
+            (record.control.clone(), recorded_cause)
         };
         let ids = std::slice::from_ref(id);
-        let mut pending = PendingReporter { registry: self, ids, wait: None, armed: true };
-        tracing::info!(task = %id, reason = reason.unwrap_or("-"), "kill requested");
+        // Only a reporting stop (the owner's kill) holds the end.
+        let mut pending = PendingReporter { registry: self, ids, wait: None, armed: reports };
         let cancelled = AssertUnwindSafe(control.cancel(reason))
             .catch_unwind()
             .await
@@ -84,10 +128,12 @@ impl TaskRegistry {
         let Some(record) = state.tasks.get_mut(id) else {
             return Err(TaskError::UnknownTask(id.clone()));
         };
-        record.pending_reporters -= 1;
+        if reports {
+            record.pending_reporters -= 1;
+        }
         match cancelled {
             Ok(()) => {
-                let held = record.mark_reported();
+                let held = if reports { record.mark_reported() } else { None };
                 if record.status == TaskStatus::Running {
                     record.status = TaskStatus::Stopping;
                 }
@@ -97,14 +143,18 @@ impl TaskRegistry {
                 Ok(KillResult::Requested(snapshot))
             }
             Err(_) if record.status.is_terminal() => {
-                let held = record.mark_reported();
+                let held = if reports { record.mark_reported() } else { None };
                 let snapshot = record.snapshot();
                 drop(state);
                 self.tell_listeners(held);
                 Ok(KillResult::AlreadyTerminal(snapshot))
             }
             Err(source) => {
-                let held = release_reporter(record);
+                // Untouched: nobody stopped it after all.
+                if recorded_cause {
+                    record.stop_cause = None;
+                }
+                let held = if reports { release_reporter(record) } else { None };
                 drop(state);
                 self.tell_listeners(held);
                 Err(TaskError::Producer {

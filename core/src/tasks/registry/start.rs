@@ -228,6 +228,7 @@ impl TaskRegistry {
             output_log,
             watcher,
             waits: None,
+            stop_cause: None,
         }));
         if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)

@@ -141,6 +141,8 @@ pub(super) struct Record {
     /// The settlement signal and the waits in progress; made on first
     /// demand, since most tasks are never waited on.
     pub(super) waits: Option<Box<Waits>>,
+    /// Who asked the task to stop (the first to ask), once anyone did.
+    pub(super) stop_cause: Option<Box<StopCause>>,
 }
 
 /// What waits on one task: the signal that fires after its settlement, and
@@ -251,6 +253,7 @@ impl Record {
             finished_at: self.finished_at(),
             reported: self.reporting.is_reported(),
             producer_info: self.producer_info.as_deref().map(str::to_string),
+            stop_cause: self.stop_cause.as_deref().cloned(),
         }
     }
 
