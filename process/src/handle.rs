@@ -115,8 +115,9 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 /// Which output stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Stream {
+    #[default]
     Stdout,
     Stderr,
 }
