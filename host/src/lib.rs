@@ -18,6 +18,8 @@
 //!   - [`builtin`]: the plugins built into the binary (embedded components).
 //!   - [`config`]: the configuration file.
 //!   - [`setup`]: a host from a configuration (which producers serve which tools).
+//!   - [`task_logs`]: where stream tasks' output log files go (each owner's
+//!     own spill directory).
 //!   - [`mcp`]: the MCP server (`taskhost serve`) over stdio and HTTP.
 //!   - [`cli`]: the `taskhost` command line (`serve`, `dev`, `demo`).
 //!   - [`http_client`]: the one way HTTP clients are built.
@@ -31,6 +33,7 @@ pub mod plugin;
 pub mod reload;
 pub mod setup;
 pub mod subagents;
+pub mod task_logs;
 
 pub use taskhost_core::{Host, agents, host, ids, native, notices, panics, producer, prompt, settings, tasks, tools};
 

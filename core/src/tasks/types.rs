@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 
 use crate::agents::Agent;
 use crate::ids::{SessionId, TaskId};
+use crate::tasks::SectionLabel;
 
 /// A task's lifecycle state. `Running` and `Stopping` are live; the other
 /// three are terminal and final.
@@ -132,6 +133,16 @@ pub trait TaskControl: Send + Sync + 'static {
     fn take_pulled_output(&self, into: &mut dyn FnMut(&str)) -> bool {
         let _ = into;
         false
+    }
+
+    /// As [`take_pulled_output`](Self::take_pulled_output), handing over
+    /// each part of the output with the label of the part it belongs to
+    /// (its label line is in the text where the part begins): a read that
+    /// begins inside a labelled part (`Some("[stderr]")`) starts with that
+    /// label line. The registry calls this one; the default hands everything
+    /// over unlabelled, through `take_pulled_output`.
+    fn take_pulled_sections(&self, into: &mut dyn FnMut(&str, SectionLabel)) -> bool {
+        self.take_pulled_output(&mut |text| into(text, None))
     }
 
     /// The registry gave up on this task (a teardown cancel failed or timed

@@ -117,6 +117,8 @@ struct TaskOutputArgs {
     view: Option<String>,
     lines: Option<u64>,
     grep: Option<String>,
+    from: Option<u64>,
+    to: Option<u64>,
 }
 
 /// The longest `grep` pattern, in bytes.
@@ -140,6 +142,12 @@ fn invalid(tool: &str, message: impl Into<String>) -> ToolError {
 
 /// The view a `task_output` call asks for, or `None` for the consuming read.
 fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError> {
+    if args.view.as_deref() == Some("lines") {
+        return lines_request(args).map(Some);
+    }
+    if args.from.is_some() || args.to.is_some() {
+        return Err(invalid("task_output", "from and to work with view \"lines\"; add it, or drop them"));
+    }
     let kind = match (args.view.as_deref(), &args.grep) {
         (None | Some("new"), None) => {
             if args.lines.is_some() {
@@ -163,7 +171,7 @@ fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError>
         (Some(other), _) => {
             return Err(invalid(
                 "task_output",
-                format!("unknown view {other:?}; use \"new\" (the default), \"tail\", \"head\" or \"all\""),
+                format!("unknown view {other:?}; use \"new\" (the default), \"tail\", \"head\", \"all\" or \"lines\""),
             ));
         }
     };
@@ -188,6 +196,29 @@ fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError>
         ),
     };
     Ok(Some(ViewRequest { kind, lines, grep }))
+}
+
+/// `view: "lines"`: `from` (required) to `to` (default: as far as the view
+/// holds), exactly as printed.
+fn lines_request(args: &TaskOutputArgs) -> Result<ViewRequest, ToolError> {
+    if args.lines.is_some() || args.grep.is_some() {
+        return Err(invalid(
+            "task_output",
+            "view \"lines\" takes from and to (line numbers), not lines or grep; drop them",
+        ));
+    }
+    let from = match args.from {
+        None => {
+            return Err(invalid("task_output", "view \"lines\" needs from: the first line to show (1 is the first)"));
+        }
+        Some(0) => return Err(invalid("task_output", "from must be at least 1 (line numbers start at 1)")),
+        Some(from) => from,
+    };
+    let to = args.to.unwrap_or(u64::MAX);
+    if to < from {
+        return Err(invalid("task_output", format!("to ({to}) is before from ({from}); lines run from, to")));
+    }
+    Ok(ViewRequest { kind: ViewKind::Lines { from, to }, lines: 0, grep: None })
 }
 
 #[derive(Deserialize)]
@@ -219,14 +250,19 @@ impl Tool for TaskOutput {
             name: "task_output".to_string(),
             description: format!(
                 "Read the output of a background task. For tasks that stream output (commands) it returns only what is new \
-                 since your previous read; for tasks with a final result (subagents) it returns the result once the task \
-                 finished. The last line is the task's status, e.g. [status: running] or [status: completed, exit code: 0]. \
-                 Non-blocking by default; pass wait: true to block until the task finishes or timeout_ms passes \
-                 (default {} ms, at most {} ms). A timed-out wait leaves the task running. \
+                 since your previous read, at most {} KiB: when more is new, it returns the latest and a first line \
+                 [<n> bytes of output skipped here (lines <a>-<b>); …] that says how to read the rest: view \"lines\" \
+                 with from <a> and to <b>, or the full output file it names, which your own commands can read. \
+                 A read that begins inside stderr starts with [stderr]. For tasks with a final result (subagents) it \
+                 returns the result once the task finished. The last line is the task's status, e.g. [status: running] or \
+                 [status: completed, exit code: 0]. Non-blocking by default; pass wait: true to block until the task \
+                 finishes or timeout_ms passes (default {} ms, at most {} ms). A timed-out wait leaves the task running. \
                  To look without consuming, pass view: \"tail\" or \"head\" (the last or first lines, default {}, at \
-                 most {}) or \"all\" (everything kept, up to {} KiB), optionally with grep: a regex that keeps only \
-                 matching lines, each prefixed with its line number. A view works on running and finished tasks and never \
-                 changes what the next plain read returns.",
+                 most {}), \"all\" (everything kept), or \"lines\" with from (and to): those lines exactly as printed \
+                 (numbered from 1); each view returns at most {} KiB and says where to continue. tail, head and all take \
+                 grep: a regex that keeps only matching lines, each prefixed with its line number. A view works on \
+                 running and finished tasks and never changes what the next plain read returns.",
+                self.0.registry.config().output.read_bytes / 1024,
                 self.0.config.wait_timeout_ms,
                 self.0.config.max_wait_timeout_ms,
                 DEFAULT_VIEW_LINES,
@@ -241,11 +277,13 @@ impl Tool for TaskOutput {
                     "timeout_ms": {"type": "integer", "minimum": 0, "description": "How long wait may block, in milliseconds."},
                     "view": {
                         "type": "string",
-                        "enum": ["new", "tail", "head", "all"],
-                        "description": "new (default): what is new since your previous read, consumed. tail, head, all: a view that consumes nothing."
+                        "enum": ["new", "tail", "head", "all", "lines"],
+                        "description": "new (default): what is new since your previous read, consumed. tail, head, all, lines: a view that consumes nothing."
                     },
                     "lines": {"type": "integer", "minimum": 1, "description": "Lines of a tail or head view (default 40)."},
-                    "grep": {"type": "string", "description": "A regex: the view keeps only matching lines, numbered. Alone it searches everything kept."}
+                    "grep": {"type": "string", "description": "A regex: the view keeps only matching lines, numbered. Alone it searches everything kept."},
+                    "from": {"type": "integer", "minimum": 1, "description": "view \"lines\": the first line to show (1 is the first line the task printed)."},
+                    "to": {"type": "integer", "minimum": 1, "description": "view \"lines\": the last line to show (default: as many as the view holds)."}
                 },
                 "required": ["task_id"],
                 "additionalProperties": false

@@ -157,6 +157,7 @@ impl TaskRegistry {
             }
             if let Some(output) = &record.output_log {
                 output.stop_stall_watcher();
+                self.shared.output_memory.finished(output);
             }
             let done = record.done_event();
             // A held end's listeners run when it is delivered or handed back.
@@ -187,6 +188,8 @@ impl TaskRegistry {
         // also sees the records (and their files) it aged out gone.
         let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
         self.release_records(dropped);
+        // A finished task's output is the first to leave memory.
+        self.enforce_output_memory();
         if let Some(settled) = settled {
             settled.cancel();
         }
