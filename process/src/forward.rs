@@ -57,6 +57,9 @@ pub struct OutputSink {
     /// raises the signal, so the host may take the text without asking the
     /// task for a read.
     forwarding: AtomicBool,
+    /// The task ended: no buffer is kept for the next take (a finished
+    /// task's record may stay for long, and thousands of them with it).
+    released: AtomicBool,
 }
 
 /// The text waiting in a sink, and where in it the output changes stream.
@@ -112,6 +115,7 @@ impl OutputSink {
             taken: Notify::new(),
             signal: OnceLock::new(),
             forwarding: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         })
     }
 
@@ -156,14 +160,17 @@ impl OutputSink {
         };
         self.taken.notify_waiters();
         let result = f(&lent, StreamSections { starts_in, switches: &switches });
-        lent.clear();
-        *lock(&self.spare) = lent;
+        if !self.released.load(Ordering::Acquire) {
+            lent.clear();
+            *lock(&self.spare) = lent;
+        }
         result
     }
 
-    /// Frees the buffers' memory (the task ended: what is left is taken
-    /// once more, at most).
+    /// Frees the buffers' memory, now and after every later take (the task
+    /// ended: what is left is taken once more, at most).
     pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
         *lock(&self.spare) = String::new();
         let mut pending = lock(&self.text);
         pending.text.shrink_to_fit();
