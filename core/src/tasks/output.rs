@@ -136,6 +136,9 @@ pub(crate) struct FileTarget {
     pub(crate) task: TaskId,
 }
 
+/// How far apart a log file's line marks are (see [`LogFile::Open`]).
+const LINE_MARK_EVERY: u64 = 256 * 1024;
+
 /// The label a part of the output carries: a read that begins inside a
 /// labelled part starts with its label line (`[stderr]`).
 pub type SectionLabel = Option<&'static str>;
@@ -152,6 +155,10 @@ enum LogFile {
         newlines: u64,
         /// It stopped growing (its cap or its budget): later output is not in it.
         full: bool,
+        /// Where some lines begin, one every [`LINE_MARK_EVERY`] bytes or so:
+        /// `(offset, line number)`, so a view of lines far into the file
+        /// reads from near them instead of from the start.
+        marks: Vec<(u64, u64)>,
     },
     /// Creating or writing it failed once; output beyond memory is lost.
     Failed,
@@ -372,7 +379,7 @@ impl OutputLog {
             return false;
         };
         self.file = match target.files.create(target.owner.as_ref(), &target.task) {
-            Ok(file) => LogFile::Open { file, len: 0, newlines: 0, full: false },
+            Ok(file) => LogFile::Open { file, len: 0, newlines: 0, full: false, marks: Vec::new() },
             Err(error) => {
                 tracing::warn!(task = %target.task, %error, "cannot create the task's output log file; keeping the last output in memory only");
                 LogFile::Failed
@@ -386,7 +393,7 @@ impl OutputLog {
 
     fn write_file(&mut self, bytes: &[u8]) {
         let cap = self.limits.spill_bytes;
-        let LogFile::Open { file, len, newlines, full } = &mut self.file else { return };
+        let LogFile::Open { file, len, newlines, full, marks } = &mut self.file else { return };
         if *full || bytes.is_empty() {
             return;
         }
@@ -406,8 +413,31 @@ impl OutputLog {
             *full = true;
             return;
         }
+        let written = &bytes[..take];
+        // A mark at the first line start past every LINE_MARK_EVERY bytes.
+        loop {
+            let next_mark = marks.last().map_or(0, |&(at, _)| at) + LINE_MARK_EVERY;
+            let from = next_mark.saturating_sub(*len) as usize;
+            let Some(newline) = written.get(from..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) else {
+                break;
+            };
+            let at = from + newline + 1;
+            marks.push((*len + at as u64, *newlines + bytecount_bytes(&written[..at]) + 1));
+        }
         *len += take as u64;
-        *newlines += bytecount_bytes(&bytes[..take]);
+        *newlines += bytecount_bytes(written);
+    }
+
+    /// Where to start reading the file for line `line`: the last mark at or
+    /// before it, else the file's start (`(offset, line number)`).
+    pub(crate) fn file_start_for(&self, line: u64) -> (u64, u64) {
+        match &self.file {
+            LogFile::Open { marks, .. } => {
+                let at = marks.partition_point(|&(_, number)| number <= line);
+                at.checked_sub(1).map_or((0, 1), |i| marks[i])
+            }
+            _ => (0, 1),
+        }
     }
 
     /// The file and how much of the log it holds, when there is one.

@@ -231,3 +231,34 @@ fn output_past_a_full_file_is_said_to_be_lost_once_out_of_memory() {
     let all = view(&log, ViewKind::All, 0, None);
     assert!(all.starts_with("line 1\n") && all.contains("were not kept here]"), "{all}");
 }
+
+/// A `lines` view far into a large file reads from a line mark near it, and
+/// shows exactly the lines asked for.
+#[test]
+fn a_lines_view_far_into_the_file_starts_near_its_line() {
+    let files = files("marks");
+    let mut log = log_with(limits(4096, 64 << 20, 4096), Some(&files));
+    let printed = numbered(1, 200_000);
+    for piece in printed.as_bytes().chunks(70_000) {
+        log.append(std::str::from_utf8(piece).unwrap(), None, None);
+    }
+    let (offset, line) = log.file_start_for(150_000);
+    assert!(line > 140_000 && line <= 150_000, "a mark near line 150000: line {line}");
+    assert_eq!(offset as usize, numbered(1, (line - 1) as usize).len(), "the mark is where line {line} starts");
+    assert_eq!(view(&log, ViewKind::Lines { from: 150_000, to: 150_001 }, 0, None), "line 150000\nline 150001");
+    assert_eq!(view(&log, ViewKind::Lines { from: 1, to: 1 }, 0, None), "line 1");
+}
+
+/// A log out of memory still serves a range of lines past its first mark.
+#[test]
+fn an_evicted_log_serves_lines_far_into_its_file() {
+    let files = files("evict-lines");
+    let mut log = log_with(limits(256 * 1024, 64 << 20, 64 * 1024), Some(&files));
+    let printed: String = (1..=4000).map(|n| format!("{n:099}\n")).collect();
+    for piece in printed.as_bytes().chunks(65_536) {
+        log.append(std::str::from_utf8(piece).unwrap(), None, None);
+    }
+    log.evict();
+    let expected: String = (3990..=4000).map(|n| format!("{n:099}\n")).collect();
+    assert_eq!(view(&log, ViewKind::Lines { from: 3990, to: 4000 }, 0, None), expected.trim_end());
+}

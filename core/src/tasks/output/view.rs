@@ -1,6 +1,10 @@
 //! The non-consuming views of a task's output (`task_output` with `view`):
 //! what they ask for and how their text is built, line by line.
 //!
+//! Also the log's side of a view ([`OutputLog::view`]): every kept line in
+//! order, from the file then the window; a `lines` view starts reading the
+//! file at the line mark nearest before its first line.
+//!
 //! Invariants: a view's text is at most [`VIEW_LIMIT`] bytes, cut with a
 //! line that says how to see the rest; each line of a `tail`, `head` or
 //! `all` view (and each line a pattern sees) is at most [`LINE_LIMIT`]
@@ -73,6 +77,14 @@ pub(crate) struct View<'a> {
 impl<'a> View<'a> {
     pub(crate) fn new(request: &'a ViewRequest) -> Self {
         Self { request, text: String::new(), ring: VecDeque::new(), shown: 0, last_shown: None, matched: 0, cut: false }
+    }
+
+    /// The first line this view may show, when it is not the first line.
+    pub(crate) fn first_line(&self) -> Option<u64> {
+        match self.request.kind {
+            ViewKind::Lines { from, .. } => Some(from),
+            _ => None,
+        }
     }
 
     /// Output that is not kept lies here (before line `next`).
@@ -260,13 +272,18 @@ impl OutputLog {
     /// Every kept line in order: the file's, then the window's after it,
     /// with a gap line where output was not kept. Lines are cut to `limit`.
     fn each_line(&self, view: &mut View, limit: usize) {
-        let mut number = 1u64;
+        // A range of lines starts reading the file near its first line.
+        let (start, first_number) = match view.first_line() {
+            Some(line) => self.file_start_for(line),
+            None => (0, 1),
+        };
+        let mut number = first_number;
         let mut covered = 0u64;
         if let Some((file, end, _)) = self.file_part() {
             let mut carry = String::new();
             let mut carry_cut = false;
             let mut buffer = vec![0u8; 1 << 20];
-            let mut offset = 0u64;
+            let mut offset = start;
             while offset < end {
                 let want = buffer.len().min((end - offset) as usize);
                 let Ok(n) = file.file().read_at(&mut buffer[..want], offset) else { break };
