@@ -517,12 +517,12 @@ enum Event {
 macro_rules! guest_call {
     ($parts:ident, $export:literal, |$store:ident, $guest:ident, $task:ident| $call:expr) => {{
         let deadline = $parts.deadline;
-        fault::arm(&mut $parts.store, deadline);
+        let clock = fault::arm(&mut $parts.store, deadline);
         let result = {
             let $store = &mut $parts.store;
             let $guest = &$parts.guest;
             let $task = $parts.task;
-            fault::bounded(deadline, $call).await
+            fault::bounded(&clock, $call).await
         };
         result.map_err(|err| {
             let fault = fault::classify(&$parts.store, deadline, $export, &err);
