@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use taskhost_core::agents::AgentRegistry;
 use taskhost_core::native::scripted::ScriptedTask;
-use taskhost_core::tasks::{OutputLimits, RegistryConfig, TaskOutcome, TaskRegistry, TaskStart, ViewKind, ViewRequest};
+use taskhost_core::tasks::{
+    DEFAULT_OUTPUT_MEMORY_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, OutputLimits, RegistryConfig, TaskOutcome, TaskRegistry,
+    TaskStart, ViewKind, ViewRequest,
+};
 
 const TOTAL: usize = 64 << 20;
 const CHUNK: usize = 64 * 1024;
@@ -80,11 +83,8 @@ async fn run() {
     let registry = TaskRegistry::new(
         AgentRegistry::new(),
         RegistryConfig {
-            output: OutputLimits {
-                spill_dir: Some(spill_parent.clone()),
-                read_bytes: 1 << 20,
-                ..OutputLimits::default()
-            },
+            output: OutputLimits::new(DEFAULT_OUTPUT_MEMORY_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, 1 << 20)
+                .with_spill_dir(Some(spill_parent.clone())),
             ..RegistryConfig::default()
         },
     );

@@ -9,14 +9,25 @@
 //! retracts it ([`TaskRegistry::inject_completion_notice`] holds the rule):
 //! the model never sees a redundant "finished" for work it collected or
 //! ended. Several control surfaces on one registry each listen, yet a task
-//! gets at most one notice.
+//! gets at most one notice. An end the model did not ask for (a kill from
+//! the dashboard, a time to live, a limit, an operator: a
+//! [`StopCause`](crate::tasks::StopCause)
+//! other than the owner) is not reported by whoever stopped it, so it gets
+//! its notice, which names the cause.
 
-use crate::tasks::{ListenerGuard, TaskDone, TaskRegistry, TaskSnapshot};
+use crate::tasks::{ListenerGuard, TaskDone, TaskRegistry, TaskSnapshot, TaskStatus};
 
-/// The notice text for a settled task.
+/// The notice text for a settled task: `… finished [status: …]`, or, for
+/// an end someone other than the owner caused (its
+/// [`StopCause`](crate::tasks::StopCause)), what
+/// ended it: `… was killed from the dashboard [status: killed, …]`.
 pub fn completion_notice(snapshot: &TaskSnapshot) -> String {
+    let ended = match &snapshot.stop_cause {
+        Some(cause) if snapshot.status != TaskStatus::Completed => cause.ended_phrase(),
+        _ => "finished".to_string(),
+    };
     format!(
-        "background task {} ({}: {}) finished {}. Read its output with task_output.",
+        "background task {} ({}: {}) {ended} {}. Read its output with task_output.",
         snapshot.id,
         snapshot.kind,
         snapshot.label,

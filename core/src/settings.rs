@@ -24,6 +24,10 @@ pub struct TasksSettings {
     pub max_finished_tasks_per_owner: usize,
     /// Output of a stream task kept in memory (its last bytes).
     pub output_memory_bytes: usize,
+    /// Output of every stream task kept in memory together; beyond it the
+    /// oldest finished tasks' output (then the oldest live ones') lives in
+    /// their log files only.
+    pub output_memory_total_bytes: usize,
     /// Output of a stream task kept in its spill file (its first bytes), 0
     /// for none.
     pub output_spill_bytes: u64,
@@ -42,6 +46,7 @@ impl Default for TasksSettings {
             max_wait_timeout_ms: control.max_wait_timeout_ms,
             max_finished_tasks_per_owner: registry.max_finished_tasks_per_owner,
             output_memory_bytes: registry.output.memory_bytes,
+            output_memory_total_bytes: registry.output.memory_total_bytes,
             output_spill_bytes: registry.output.spill_bytes,
             output_read_bytes: registry.output.read_bytes,
         }
@@ -54,13 +59,9 @@ impl TasksSettings {
             max_live_tasks_per_owner: self.max_live_tasks_per_owner,
             teardown_timeout: (self.teardown_timeout_ms > 0).then(|| Duration::from_millis(self.teardown_timeout_ms)),
             max_finished_tasks_per_owner: self.max_finished_tasks_per_owner,
-            output: OutputLimits {
-                memory_bytes: self.output_memory_bytes,
-                spill_bytes: self.output_spill_bytes,
-                read_bytes: self.output_read_bytes,
-                // The host sets it (a directory its sandboxed commands cannot see).
-                spill_dir: None,
-            },
+            // Where log files go, the host sets (each owner's own directory).
+            output: OutputLimits::new(self.output_memory_bytes, self.output_spill_bytes, self.output_read_bytes)
+                .with_memory_total_bytes(self.output_memory_total_bytes),
         }
     }
 
@@ -78,6 +79,12 @@ impl TasksSettings {
         anyhow::ensure!(
             (4096..=(64 << 20)).contains(&self.output_memory_bytes),
             "[tasks] output_memory_bytes must be from 4096 to 67108864 (the output kept in memory per task)"
+        );
+        anyhow::ensure!(
+            self.output_memory_total_bytes >= self.output_memory_bytes,
+            "[tasks] output_memory_total_bytes must be at least output_memory_bytes ({}): the output of every task \
+             kept in memory together holds at least one task's",
+            self.output_memory_bytes
         );
         anyhow::ensure!(
             (1024..=self.output_memory_bytes).contains(&self.output_read_bytes),

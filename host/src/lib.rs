@@ -20,6 +20,8 @@
 //!   - [`state`]: taskhost's own state directory (trust records, the
 //!     compile cache's key, the spill root).
 //!   - [`setup`]: a host from a configuration (which producers serve which tools).
+//!   - [`task_logs`]: where stream tasks' output log files go (each owner's
+//!     own spill directory).
 //!   - [`mcp`]: the MCP server (`taskhost serve`) over stdio and HTTP.
 //!   - [`cli`]: the `taskhost` command line (`serve`, `dev`, `demo`).
 //!   - [`http_client`]: the one way HTTP clients are built.
@@ -34,6 +36,7 @@ pub mod reload;
 pub mod setup;
 pub mod state;
 pub mod subagents;
+pub mod task_logs;
 
 pub use taskhost_core::{Host, agents, host, ids, native, notices, panics, producer, prompt, settings, tasks, tools};
 

@@ -481,13 +481,18 @@ pub async fn served_from_config_gated(
         let built = build_producer(&producer, base_dir, &mut runtime, &subagents).await.with_context(context)?;
         host.add_producer(built, producer.tool_options()).map_err(anyhow::Error::new)?;
     }
-    // Task output beyond memory spills where no sandboxed command can look:
-    // inside the process capability's hidden directory when there is one.
-    let output_parent = match runtime.process_host.as_ref() {
-        Some(process_host) => process_host.spill_dir().to_path_buf(),
-        None => runtime.spill_root().context("placing the task output directory")?,
-    };
-    host.registry().set_output_spill_dir(&output_parent).context("creating the task output directory")?;
+    // Task output logs go to each owner's own spill directory, which only
+    // that owner's commands see (read-only), charged to its disk budget;
+    // without process trees, to a private directory nothing else sees.
+    match runtime.process_host.as_ref() {
+        Some(process_host) => {
+            host.registry().set_output_files(crate::task_logs::OwnerLogFiles::new(process_host.clone()));
+        }
+        None => {
+            let parent = runtime.spill_root().context("placing the task output directory")?;
+            host.registry().set_output_spill_dir(&parent).context("creating the task output directory")?;
+        }
+    }
     Ok((host, plugins))
 }
 

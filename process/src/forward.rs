@@ -6,7 +6,9 @@
 //! host's output log: appended by the task's forwarded processes (their
 //! reader tasks, through a [`Forwarding`]) and by the host itself (text the
 //! task's plugin returned), taken whole by the host's drain, which the sink
-//! wakes through the signal it was given. A [`Forwarding`] is one process's
+//! wakes through the signal it was given. The sink also records where the
+//! text changes stream (as data: [`StreamSections`]), so the host's log
+//! knows which stream any later read begins in. A [`Forwarding`] is one process's
 //! formatter: it decodes each stream as UTF-8 (a character split across two
 //! reads waits for its end; invalid bytes become U+FFFD) and writes a
 //! `[stderr]` line where the output changes to stderr and a `[stdout]` line
@@ -32,6 +34,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
 
+use crate::Stream;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind these locks: a panic elsewhere leaves it usable.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -39,7 +43,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// One task's output on its way to the host's log.
 pub struct OutputSink {
-    text: Mutex<String>,
+    text: Mutex<Pending>,
     /// The buffer [`take_with`](Self::take_with) lends out and gets back
     /// cleared: taking costs no allocation once the two have grown.
     spare: Mutex<String>,
@@ -53,6 +57,46 @@ pub struct OutputSink {
     /// raises the signal, so the host may take the text without asking the
     /// task for a read.
     forwarding: AtomicBool,
+    /// The task ended: no buffer is kept for the next take (a finished
+    /// task's record may stay for long, and thousands of them with it).
+    released: AtomicBool,
+}
+
+/// The text waiting in a sink, and where in it the output changes stream.
+#[derive(Default)]
+struct Pending {
+    text: String,
+    /// Where a section of one stream begins in `text` (at its header line):
+    /// the byte offset and the stream.
+    switches: Vec<(usize, Stream)>,
+    /// The stream `text` begins in.
+    starts_in: Stream,
+}
+
+impl Pending {
+    /// The stream the text ends in (where the next text continues).
+    fn ends_in(&self) -> Stream {
+        self.switches.last().map_or(self.starts_in, |&(_, stream)| stream)
+    }
+}
+
+/// Which stream each part of taken text belongs to: it begins in
+/// `starts_in`, and a section of `stream` begins at each `(offset, stream)`
+/// (where its header line is).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamSections<'a> {
+    pub starts_in: Stream,
+    pub switches: &'a [(usize, Stream)],
+}
+
+impl StreamSections<'_> {
+    /// Splits `text` (the text these sections describe) into its parts, in
+    /// order: each with the stream it belongs to.
+    pub fn parts<'t>(&self, text: &'t str) -> impl Iterator<Item = (&'t str, Stream)> + use<'t, '_> {
+        let starts = std::iter::once((0, self.starts_in)).chain(self.switches.iter().copied());
+        let ends = self.switches.iter().map(|&(at, _)| at).chain(std::iter::once(text.len()));
+        starts.zip(ends).filter(|((from, _), to)| from < to).map(|((from, stream), to)| (&text[from..to], stream))
+    }
 }
 
 impl std::fmt::Debug for OutputSink {
@@ -65,12 +109,13 @@ impl OutputSink {
     /// A sink whose forwarded readers wait once `limit` bytes are waiting.
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(Self {
-            text: Mutex::new(String::new()),
+            text: Mutex::new(Pending::default()),
             spare: Mutex::new(String::new()),
             limit: limit.max(1),
             taken: Notify::new(),
             signal: OnceLock::new(),
             forwarding: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         })
     }
 
@@ -79,13 +124,18 @@ impl OutputSink {
         if text.is_empty() {
             return;
         }
-        lock(&self.text).push_str(text);
+        lock(&self.text).text.push_str(text);
         self.raise();
     }
 
     /// Takes everything waiting, and lets waiting readers go on.
     pub fn take(&self) -> String {
-        let text = std::mem::take(&mut *lock(&self.text));
+        let text = {
+            let mut pending = lock(&self.text);
+            pending.starts_in = pending.ends_in();
+            pending.switches.clear();
+            std::mem::take(&mut pending.text)
+        };
         self.taken.notify_waiters();
         text
     }
@@ -94,25 +144,42 @@ impl OutputSink {
     /// sink: appends go on meanwhile), then keeps the buffer for the next
     /// take. Lets waiting readers go on.
     pub fn take_with<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        self.take_sections_with(|text, _| f(text))
+    }
+
+    /// As [`take_with`](Self::take_with), lending also which stream each
+    /// part of the text belongs to (see [`StreamSections::parts`]).
+    pub fn take_sections_with<R>(&self, f: impl FnOnce(&str, StreamSections<'_>) -> R) -> R {
         let mut lent = std::mem::take(&mut *lock(&self.spare));
-        std::mem::swap(&mut lent, &mut *lock(&self.text));
+        let (starts_in, switches) = {
+            let mut pending = lock(&self.text);
+            std::mem::swap(&mut lent, &mut pending.text);
+            let starts_in = pending.starts_in;
+            pending.starts_in = pending.ends_in();
+            (starts_in, std::mem::take(&mut pending.switches))
+        };
         self.taken.notify_waiters();
-        let result = f(&lent);
-        lent.clear();
-        *lock(&self.spare) = lent;
+        let result = f(&lent, StreamSections { starts_in, switches: &switches });
+        if !self.released.load(Ordering::Acquire) {
+            lent.clear();
+            *lock(&self.spare) = lent;
+        }
         result
     }
 
-    /// Frees the buffers' memory (the task ended: what is left is taken
-    /// once more, at most).
+    /// Frees the buffers' memory, now and after every later take (the task
+    /// ended: what is left is taken once more, at most).
     pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
         *lock(&self.spare) = String::new();
-        lock(&self.text).shrink_to_fit();
+        let mut pending = lock(&self.text);
+        pending.text.shrink_to_fit();
+        pending.switches.shrink_to_fit();
     }
 
     /// Bytes waiting to be taken.
     pub fn len(&self) -> usize {
-        lock(&self.text).len()
+        lock(&self.text).text.len()
     }
 
     /// True when nothing waits to be taken.
@@ -213,15 +280,18 @@ impl Forwarding {
             Err(_) => String::from_utf8_lossy(complete),
         };
         {
-            let mut text = lock(&self.sink.text);
+            let mut pending = lock(&self.sink.text);
             if to_stderr != format.in_stderr {
                 if format.mid_line {
-                    text.push('\n');
+                    pending.text.push('\n');
                 }
-                text.push_str(if to_stderr { "[stderr]\n" } else { "[stdout]\n" });
+                let stream = if to_stderr { Stream::Stderr } else { Stream::Stdout };
+                let at = pending.text.len();
+                pending.switches.push((at, stream));
+                pending.text.push_str(if to_stderr { "[stderr]\n" } else { "[stdout]\n" });
                 format.in_stderr = to_stderr;
             }
-            text.push_str(&decoded);
+            pending.text.push_str(&decoded);
         }
         format.mid_line = !decoded.ends_with('\n');
         self.sink.raise();
@@ -284,7 +354,27 @@ mod tests {
         forwarding.push(true, b"err\n", false);
         forwarding.push(true, b"more err\n", false);
         forwarding.push(false, b"back\n", false);
-        assert_eq!(sink.take(), "✓\n[stderr]\nerr\nmore err\n[stdout]\nback\n");
+        forwarding.push(true, b"again", false);
+        let parts = sink.take_sections_with(|text, sections| {
+            sections.parts(text).map(|(part, stream)| (part.to_string(), stream)).collect::<Vec<_>>()
+        });
+        assert_eq!(
+            parts,
+            [
+                ("✓\n".to_string(), Stream::Stdout),
+                ("[stderr]\nerr\nmore err\n".to_string(), Stream::Stderr),
+                ("[stdout]\nback\n".to_string(), Stream::Stdout),
+                ("[stderr]\nagain".to_string(), Stream::Stderr),
+            ],
+            "each part with its stream, as data"
+        );
+        // The next take begins where the last one ended: in stderr.
+        forwarding.push(true, b" more\n", false);
+        sink.take_sections_with(|text, sections| {
+            assert_eq!(sections.parts(text).collect::<Vec<_>>(), [(" more\n", Stream::Stderr)]);
+        });
+        forwarding.push(false, b"out\n", false);
+        assert_eq!(sink.take(), "[stdout]\nout\n");
         // Invalid bytes become U+FFFD; a split character at the end is flushed.
         forwarding.push(false, b"a\xffb\xe2\x9c", false);
         forwarding.push(false, b"", true);

@@ -48,6 +48,12 @@ use super::stdin::{StdinError, StdinPipe};
 /// without PID namespaces).
 const OUTPUT_LINGER: Duration = Duration::from_millis(250);
 
+/// How long forwarded output that the host's log has no room for yet may
+/// wait after the leader exited: the host takes it within milliseconds
+/// normally, seconds on a saturated host (250 ms lost output there); only
+/// a sink nobody takes from any more waits this long.
+const FORWARD_LINGER: Duration = Duration::from_secs(30);
+
 /// A stream read within this window counts as actively read (see `PACE_WAIT`).
 const READER_ACTIVE: Duration = Duration::from_millis(100);
 /// How long a reader task waits for an active consumer to drain a stream
@@ -115,8 +121,9 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 /// Which output stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Stream {
+    #[default]
     Stdout,
     Stderr,
 }
@@ -610,11 +617,20 @@ async fn read_stream(
     let mut buf = vec![0u8; chunk.max(MAX_READ)];
     let mut want = chunk;
     let mut spill_ok = true;
+    let mut exited_too = exited.clone();
     let linger = async {
         let _ = exited.wait_for(|e| *e).await;
         tokio::time::sleep(OUTPUT_LINGER).await;
     };
     tokio::pin!(linger);
+    // Forwarded output waits for the host's log to take it as long as that
+    // may take on a loaded host (each wait ends at the next take), bounded
+    // only for a sink nobody takes from any more.
+    let forward_linger = async {
+        let _ = exited_too.wait_for(|e| *e).await;
+        tokio::time::sleep(FORWARD_LINGER).await;
+    };
+    tokio::pin!(forward_linger);
     loop {
         tokio::select! {
             biased;
@@ -629,8 +645,12 @@ async fn read_stream(
                     tokio::select! {
                         biased;
                         () = sink.room() => {}
-                        _ = &mut linger => {
-                            tracing::warn!(?stream, "the task's output was not taken after the process exited; stopped reading");
+                        _ = &mut forward_linger => {
+                            tracing::warn!(
+                                ?stream,
+                                linger_s = FORWARD_LINGER.as_secs(),
+                                "the task's output was not taken after the process exited; stopped reading"
+                            );
                             break;
                         }
                     }

@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
-pub use forward::OutputSink;
+pub use forward::{OutputSink, StreamSections};
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
 pub use limits::{Mechanism as LimitMechanism, TreeLimits};

@@ -50,6 +50,23 @@ impl OwnerSpill {
         self.used.load(Ordering::Acquire)
     }
 
+    /// The bytes its files may hold together.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Creates a new file `<name>.log` here (`<name>-<n>.log` when that
+    /// name is taken), mode 0600, opened for reading and appending, never
+    /// through a link. Its bytes count against the owner's cap as they are
+    /// reserved ([`SpillFile::reserve`]); dropping the returned guard (its
+    /// last holder) removes the file and gives them back. The host's task
+    /// output logs are made here, so they show where the owner's spill files
+    /// do (read-only to the owner's own trees) and share the owner's cap.
+    pub fn create_file(self: &Arc<Self>, name: &str) -> std::io::Result<(File, Arc<SpillFile>)> {
+        let (file, path) = create_new_file(&self.dir, name, true)?;
+        Ok((file, Arc::new(SpillFile { path, bytes: AtomicU64::new(0), owner: self.clone() })))
+    }
+
     /// Takes up to `want` bytes of the owner's cap; returns how many.
     fn reserve(&self, want: u64) -> u64 {
         let mut used = self.used.load(Ordering::Acquire);
@@ -86,6 +103,37 @@ impl SpillFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Takes up to `want` bytes of its owner's cap for this file (they go
+    /// back when the file is dropped); returns how many. Write no more.
+    pub fn reserve(&self, want: u64) -> u64 {
+        let take = self.owner.reserve(want);
+        self.bytes.fetch_add(take, Ordering::AcqRel);
+        take
+    }
+}
+
+/// Creates `<dir>/<name>.log` (or `<name>-<n>.log` when a name is taken by
+/// anything else): mode 0600, never through a link, never an existing file;
+/// for writing, or with `read_append` for reading and appending.
+fn create_new_file(dir: &Path, name: &str, read_append: bool) -> std::io::Result<(File, PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for attempt in 0..100u32 {
+        let file_name = if attempt == 0 { format!("{name}.log") } else { format!("{name}-{attempt}.log") };
+        let path = dir.join(file_name);
+        let mut options = std::fs::OpenOptions::new();
+        if read_append {
+            options.read(true).append(true);
+        } else {
+            options.write(true);
+        }
+        match options.create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path) {
+            Ok(file) => return Ok((file, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!("no free file name in {}", dir.display())))
 }
 
 impl Drop for SpillFile {
@@ -248,23 +296,7 @@ impl SpillWriter {
     /// Creates the file: never through a link, never an existing name (a
     /// name taken by anything else gets a suffix instead of failing).
     fn create(&self) -> std::io::Result<(File, PathBuf)> {
-        use std::os::unix::fs::OpenOptionsExt;
-        for attempt in 0..100u32 {
-            let name = if attempt == 0 { format!("{}.log", self.name) } else { format!("{}-{attempt}.log", self.name) };
-            let path = self.owner.dir.join(name);
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
-            {
-                Ok(file) => return Ok((file, path)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(std::io::Error::other(format!("no free spill file name in {}", self.owner.dir.display())))
+        create_new_file(&self.owner.dir, &self.name, false)
     }
 
     fn append(&mut self, data: &[u8]) -> std::io::Result<()> {
@@ -276,10 +308,9 @@ impl SpillWriter {
         };
         let room = self.spill_cap.saturating_sub(self.written);
         let want = (data.len() as u64).min(room);
-        let take = self.owner.reserve(want) as usize;
+        let take = guard.reserve(want) as usize;
         file.write_all(&data[..take])?;
         self.written += take as u64;
-        guard.bytes.fetch_add(take as u64, Ordering::AcqRel);
         if take < data.len() {
             self.capped = true;
             if (take as u64) < want {
@@ -351,6 +382,34 @@ mod tests {
         assert_eq!(owner.used(), 0, "the bytes go back to the owner's cap");
         drop(owner);
         assert!(!dir.exists(), "the owner's directory goes with its last holder");
+    }
+
+    /// The host's task logs: files of the owner's directory, readable and
+    /// appendable, charged to the owner's cap as they reserve, removed (and
+    /// the bytes given back) with their last holder.
+    #[test]
+    fn files_made_for_the_host_share_the_owner_cap() {
+        use std::io::Read;
+        let dir = std::env::temp_dir().join(format!("taskhost-output-log-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let owner = OwnerSpill::create(dir.clone(), 10).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("task-bash-1.log")).unwrap();
+        let (mut file, guard) = owner.create_file("task-bash-1").unwrap();
+        assert_eq!(guard.path(), dir.join("task-bash-1-1.log"), "never through a planted link");
+        assert_eq!(guard.reserve(6), 6);
+        file.write_all(b"123456").unwrap();
+        let mut read = String::new();
+        std::fs::File::open(guard.path()).unwrap().read_to_string(&mut read).unwrap();
+        assert_eq!(read, "123456");
+        let (_other, other) = owner.create_file("task-bash-2").unwrap();
+        assert_eq!(other.reserve(6), 4, "the owner's cap is shared: 10 bytes in all");
+        assert_eq!(owner.used(), 10);
+        let path = guard.path().to_path_buf();
+        drop((file, guard));
+        assert!(!path.exists());
+        assert_eq!(owner.used(), 4, "its bytes went back");
+        drop((other, owner));
+        assert!(!dir.exists());
     }
 
     #[test]

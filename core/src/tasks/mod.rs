@@ -11,14 +11,15 @@ mod registry;
 mod types;
 
 pub use output::{
-    DEFAULT_OUTPUT_MEMORY_BYTES, DEFAULT_OUTPUT_READ_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, DEFAULT_VIEW_LINES, LINE_LIMIT,
-    MAX_VIEW_LINES, OutputLimits, VIEW_LIMIT, ViewKind, ViewRequest,
+    DEFAULT_OUTPUT_MEMORY_BYTES, DEFAULT_OUTPUT_MEMORY_TOTAL_BYTES, DEFAULT_OUTPUT_READ_BYTES,
+    DEFAULT_OUTPUT_SPILL_BYTES, DEFAULT_VIEW_LINES, LINE_LIMIT, MAX_VIEW_LINES, OutputFile, OutputFiles, OutputLimits,
+    SectionLabel, VIEW_LIMIT, ViewKind, ViewRequest,
 };
 pub use peek::{OutputPeek, TAIL_LIMIT};
 
 pub use registry::{
-    DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT, ListenerGuard,
-    NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener, TaskRegistry,
-    WeakTaskRegistry, seconds,
+    AbortedWait, DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT,
+    ListenerGuard, NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener,
+    TaskRegistry, WeakTaskRegistry, seconds,
 };
 pub use types::*;

@@ -4,58 +4,76 @@
 //! Model: a producer hands each byte of output out once. The registry pulls
 //! it into the task's [`OutputLog`] as it appears (on the producer's output
 //! signal) and before every read, so the log holds everything the task
-//! printed, in order:
+//! printed, in order, addressed by byte offset from 0:
 //! - a memory window with the last [`OutputLimits::memory_bytes`] bytes (up
-//!   to twice that between compactions);
-//! - once the output outgrew the window, a spill file (in the registry's
-//!   private output directory, mode 0600) with the output from its first
-//!   byte, up to [`OutputLimits::spill_bytes`]. Output past both bounds is
-//!   not kept, and views say how much is missing.
+//!   to twice that between compactions), while the log is in memory;
+//! - a log file ([`files`]) with the output from its first byte, up to
+//!   [`OutputLimits::spill_bytes`] and whatever budget the file counts
+//!   against: made once the output outgrew the window, when a consuming
+//!   read skips output (so the read can name it), or when the log leaves
+//!   memory. The host makes it in the owner's own directory, which the
+//!   owner's commands see read-only.
+//! - Under the host-wide bound ([`OutputLimits::memory_total_bytes`], see
+//!   [`MemoryMeter`]) a log may leave memory for good ([`OutputLog::evict`]):
+//!   its window is freed and its output lives in the file only; reads, views
+//!   and peeks then read the file.
 //!
-//! The owner's consuming read ([`OutputLog::take_new`]) moves a cursor; the
-//! views ([`OutputLog::view`]) and the dashboard's peek never do.
+//! Output past both the window and the file is not kept; reads and views say
+//! how much is missing. The owner's consuming read ([`OutputLog::take_new`])
+//! moves a cursor; the views ([`view`]) and the dashboard's peek never do.
 //!
 //! Invariants:
 //! - Memory per task is bounded by twice the window plus one carried line
-//!   ([`LINE_LIMIT`]); views read the spill file in bounded chunks.
-//! - A consuming read returns at most [`OutputLimits::read_bytes`]; what it
-//!   skips stays in the log for the views and is announced in the read.
+//!   ([`LINE_LIMIT`]), and none once evicted; views read the file in bounded
+//!   chunks.
+//! - The file is a prefix of the log: its byte `n` is the log's byte `n`.
+//! - A consuming read returns at most [`OutputLimits::read_bytes`] of new
+//!   output; what it skips is named exactly (bytes, lines, and the file's
+//!   path when the file holds them) and stays readable through the `lines`
+//!   view. A read that begins inside a labelled section (stderr) starts with
+//!   the section's label line.
 //! - Line numbers count every line the task printed, from 1, whether or not
 //!   the line is still kept.
-//! - The spill file is removed when the log is dropped (the record left the
+//! - The file is removed when the log is dropped (the record left the
 //!   registry).
 
+mod files;
+mod reads;
+#[cfg(test)]
+mod tests;
+mod view;
+
 use std::collections::VecDeque;
-use std::fmt::Write as _;
-use std::fs::File;
-use std::io::Write as _;
-use std::ops::ControlFlow;
-use std::os::unix::fs::FileExt as _;
-use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Bytes of one line a view shows and a pattern is matched against.
-pub const LINE_LIMIT: usize = 4 * 1024;
+pub use files::{OutputFile, OutputFiles};
+pub(crate) use files::{PrivateOutputDir, create_private_dir};
+use view::push_capped;
+pub use view::{DEFAULT_VIEW_LINES, LINE_LIMIT, MAX_VIEW_LINES, VIEW_LIMIT, ViewKind, ViewRequest};
 
-/// Bytes one view returns at most.
-pub const VIEW_LIMIT: usize = 64 * 1024;
+use crate::ids::{SessionId, TaskId};
 
-/// `lines` of `tail` and `head` when the call gives none, and their cap.
-pub const DEFAULT_VIEW_LINES: usize = 40;
-pub const MAX_VIEW_LINES: usize = 2_000;
-
-/// How much output the host keeps per stream task.
+/// How much output the host keeps per stream task, and in all.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OutputLimits {
     /// The memory window: the last bytes of output, kept in memory.
     pub memory_bytes: usize,
-    /// The spill file: output from its first byte, once it outgrew memory.
+    /// The log file: output from its first byte, once it outgrew memory.
     /// 0 keeps nothing beyond the window.
     pub spill_bytes: u64,
     /// The most one consuming read returns (the rest is skipped, announced).
     pub read_bytes: usize,
-    /// Where spill files go: a private directory (mode 0700) is made in it.
-    /// `None` keeps output in memory only.
-    pub spill_dir: Option<PathBuf>,
+    /// Where log files go when no [`OutputFiles`] is set: a private
+    /// directory (mode 0700) is made in it. `None` keeps output in memory
+    /// only (until the host sets one).
+    pub spill_dir: Option<std::path::PathBuf>,
+    /// The output every stream task of the registry keeps in memory
+    /// together. Beyond it, the logs of the oldest finished tasks (then of
+    /// the oldest live ones) leave memory: their output lives in their log
+    /// files only (reads and views go on from the file).
+    pub memory_total_bytes: usize,
 }
 
 /// Default of [`OutputLimits::memory_bytes`].
@@ -64,6 +82,8 @@ pub const DEFAULT_OUTPUT_MEMORY_BYTES: usize = 256 * 1024;
 pub const DEFAULT_OUTPUT_SPILL_BYTES: u64 = 64 << 20;
 /// Default of [`OutputLimits::read_bytes`].
 pub const DEFAULT_OUTPUT_READ_BYTES: usize = 64 * 1024;
+/// Default of [`OutputLimits::memory_total_bytes`].
+pub const DEFAULT_OUTPUT_MEMORY_TOTAL_BYTES: usize = 64 << 20;
 
 impl Default for OutputLimits {
     fn default() -> Self {
@@ -72,82 +92,194 @@ impl Default for OutputLimits {
             spill_bytes: DEFAULT_OUTPUT_SPILL_BYTES,
             read_bytes: DEFAULT_OUTPUT_READ_BYTES,
             spill_dir: None,
+            memory_total_bytes: DEFAULT_OUTPUT_MEMORY_TOTAL_BYTES,
         }
     }
 }
 
-/// A non-consuming view of a task's output (`task_output` `view`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ViewKind {
-    /// The last `lines` lines (of the matching ones, with a pattern).
-    Tail,
-    /// The first `lines` lines.
-    Head,
-    /// Everything kept, up to [`VIEW_LIMIT`] bytes.
-    All,
+impl OutputLimits {
+    /// The defaults with another memory window, file cap and read cap.
+    pub fn new(memory_bytes: usize, spill_bytes: u64, read_bytes: usize) -> Self {
+        Self { memory_bytes, spill_bytes, read_bytes, ..Self::default() }
+    }
+
+    /// With another host-wide bound ([`Self::memory_total_bytes`]).
+    pub fn with_memory_total_bytes(mut self, bytes: usize) -> Self {
+        self.memory_total_bytes = bytes;
+        self
+    }
+
+    /// With a directory for the default log files ([`Self::spill_dir`]).
+    pub fn with_spill_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.spill_dir = dir;
+        self
+    }
 }
 
-/// What a view asks for.
-#[derive(Clone, Debug)]
-pub struct ViewRequest {
-    pub kind: ViewKind,
-    pub lines: usize,
-    /// Only lines matching it, each prefixed `<line number>: `.
-    pub grep: Option<regex::Regex>,
+/// The bytes of output every log of a registry holds in memory: each log
+/// adds and takes back what its window's buffer holds.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryMeter {
+    used: AtomicUsize,
 }
 
-enum Spill {
+impl MemoryMeter {
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// Where a log's file comes from, and whose it is.
+pub(crate) struct FileTarget {
+    pub(crate) files: Arc<dyn OutputFiles>,
+    pub(crate) owner: Option<SessionId>,
+    pub(crate) task: TaskId,
+}
+
+/// How far apart a log file's line marks are (see [`LogFile::Open`]).
+const LINE_MARK_EVERY: u64 = 256 * 1024;
+
+/// The label a part of the output carries: a read that begins inside a
+/// labelled part starts with its label line (`[stderr]`).
+pub type SectionLabel = Option<&'static str>;
+
+/// A log's file, once it was needed.
+enum LogFile {
     /// Not needed yet (the output fits the window), or not configured.
     None,
-    File {
-        file: File,
-        path: PathBuf,
+    Open {
+        file: Box<dyn OutputFile>,
+        /// Bytes written: the file holds the log's `[0, len)`.
         len: u64,
+        /// Newlines in those bytes.
+        newlines: u64,
+        /// It stopped growing (its cap or its budget): later output is not in it.
+        full: bool,
+        /// Where some lines begin, one every [`LINE_MARK_EVERY`] bytes or so:
+        /// `(offset, line number)`, so a view of lines far into the file
+        /// reads from near them instead of from the start.
+        marks: Vec<(u64, u64)>,
     },
     /// Creating or writing it failed once; output beyond memory is lost.
     Failed,
 }
 
+/// Where labelled parts of the output begin, as far back as a read may
+/// begin (a read begins at or after the later of the cursor and the read
+/// cap's reach).
+#[derive(Default)]
+struct Sections {
+    /// The label of the output before the first mark.
+    before: SectionLabel,
+    /// `(offset, label)`: a part with this label begins at this offset.
+    marks: VecDeque<(u64, SectionLabel)>,
+}
+
+impl Sections {
+    fn current(&self) -> SectionLabel {
+        self.marks.back().map_or(self.before, |&(_, label)| label)
+    }
+
+    /// Output labelled `label` is appended at `at`.
+    fn enter(&mut self, at: u64, label: SectionLabel) {
+        if label != self.current() {
+            self.marks.push_back((at, label));
+        }
+    }
+
+    /// Forgets marks no read can begin after any more (before `horizon`).
+    fn forget_before(&mut self, horizon: u64) {
+        while self.marks.len() > 1 && self.marks[1].0 <= horizon {
+            if let Some((_, label)) = self.marks.pop_front() {
+                self.before = label;
+            }
+        }
+        if let Some(&(at, label)) = self.marks.front()
+            && at < horizon
+        {
+            self.before = label;
+            self.marks.pop_front();
+        }
+    }
+
+    /// The label line a read beginning at `at` starts with: the label of the
+    /// part it begins in, unless it begins where that part (and its own
+    /// label line) begins.
+    fn label_line_at(&self, at: u64) -> SectionLabel {
+        let mut label = self.before;
+        for &(start, mark) in &self.marks {
+            if start > at {
+                break;
+            }
+            if start == at {
+                return None;
+            }
+            label = mark;
+        }
+        label
+    }
+}
+
 /// One task's output (see the module docs).
 pub(crate) struct OutputLog {
-    limits: std::sync::Arc<OutputLimits>,
-    /// Where this task's spill file would go.
-    spill_path: Option<PathBuf>,
+    limits: Arc<OutputLimits>,
+    /// Where its file would come from.
+    target: Option<FileTarget>,
     window: String,
     window_start: u64,
     /// Newlines before `window_start`.
     window_start_newlines: u64,
     total: u64,
     newlines: u64,
-    /// The consuming read's position.
+    /// The consuming read's position, and the newlines before it.
     cursor: u64,
-    spill: Spill,
+    cursor_newlines: u64,
+    file: LogFile,
     /// The line being printed, for patterns (its first [`LINE_LIMIT`] bytes).
     partial_line: String,
+    sections: Sections,
+    /// The log left memory for good: the window stays empty.
+    evicted: bool,
+    meter: Arc<MemoryMeter>,
+    /// What this log counts in `meter` now.
+    metered: usize,
 }
 
 impl Drop for OutputLog {
     fn drop(&mut self) {
-        if let Spill::File { path, .. } = &self.spill {
-            let _ = std::fs::remove_file(path);
-        }
+        self.meter.used.fetch_sub(self.metered, Ordering::AcqRel);
     }
 }
 
 impl OutputLog {
-    pub(crate) fn new(limits: std::sync::Arc<OutputLimits>, spill_path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(limits: Arc<OutputLimits>, meter: Arc<MemoryMeter>, target: Option<FileTarget>) -> Self {
         Self {
             limits,
-            spill_path,
+            target,
             window: String::new(),
             window_start: 0,
             window_start_newlines: 0,
             total: 0,
             newlines: 0,
             cursor: 0,
-            spill: Spill::None,
+            cursor_newlines: 0,
+            file: LogFile::None,
             partial_line: String::new(),
+            sections: Sections::default(),
+            evicted: false,
+            meter,
+            metered: 0,
         }
+    }
+
+    /// A log of text that exists whole already (a final-output kind's
+    /// output), for a view: in memory only, counted nowhere.
+    pub(crate) fn of_text(text: &str) -> Self {
+        let limits =
+            Arc::new(OutputLimits { memory_bytes: text.len().max(1), spill_bytes: 0, ..OutputLimits::default() });
+        let mut log = Self::new(limits, Arc::default(), None);
+        log.append(text, None, None);
+        log
     }
 
     /// Bytes the task printed so far.
@@ -155,9 +287,15 @@ impl OutputLog {
         self.total
     }
 
-    /// Appends output the producer handed out; calls `on_line` with every
-    /// line it completes (cut to [`LINE_LIMIT`]) while `on_line` is given.
-    pub(crate) fn append(&mut self, fresh: &str, mut on_line: Option<&mut dyn FnMut(&str)>) {
+    /// True once the log left memory for good ([`Self::evict`]).
+    pub(crate) fn is_evicted(&self) -> bool {
+        self.evicted
+    }
+
+    /// Appends output the producer handed out, which belongs to the part
+    /// labelled `label`; calls `on_line` with every line it completes (cut to
+    /// [`LINE_LIMIT`]) while `on_line` is given.
+    pub(crate) fn append(&mut self, fresh: &str, label: SectionLabel, mut on_line: Option<&mut dyn FnMut(&str)>) {
         if fresh.is_empty() {
             return;
         }
@@ -167,502 +305,181 @@ impl OutputLog {
                     Some(body) => (body, true),
                     None => (piece, false),
                 };
-                push_capped(&mut self.partial_line, body);
+                push_capped(&mut self.partial_line, body, LINE_LIMIT);
                 if ends {
                     on_line(&self.partial_line);
                     self.partial_line.clear();
                 }
             }
         }
-        self.spill_append(fresh);
+        self.sections.enter(self.total, label);
+        self.file_append(fresh);
+        let fresh_newlines = bytecount(fresh);
         self.total += fresh.len() as u64;
-        self.newlines += bytecount(fresh);
-        self.window.push_str(fresh);
-        // Compacted only at twice the limit, so a stream costs amortized
-        // O(1) per byte instead of a window-sized move per chunk.
-        if self.window.len() > 2 * self.limits.memory_bytes {
-            let mut cut = self.window.len() - self.limits.memory_bytes;
-            while !self.window.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.window_start_newlines += bytecount(&self.window[..cut]);
-            self.window.drain(..cut);
-            self.window_start += cut as u64;
-            // One large append must not leave every later window that big.
-            if self.window.capacity() > 4 * self.limits.memory_bytes {
-                self.window.shrink_to(2 * self.limits.memory_bytes);
-            }
-        }
-    }
-
-    /// Writes `fresh` to the spill file, creating it (with the window's
-    /// content, which then still starts at byte 0) when the output first
-    /// outgrows memory.
-    fn spill_append(&mut self, fresh: &str) {
-        let limit = self.limits.spill_bytes;
-        if matches!(self.spill, Spill::None) {
-            let outgrows = self.total + fresh.len() as u64 > self.limits.memory_bytes as u64;
-            let Some(path) = self.spill_path.as_ref().filter(|_| outgrows && limit > 0 && self.window_start == 0)
-            else {
-                return;
-            };
-            self.spill = match create_private_file(path) {
-                Ok(file) => Spill::File { file, path: path.clone(), len: 0 },
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "cannot create the task's output spill file; keeping the last output in memory only");
-                    Spill::Failed
+        self.newlines += fresh_newlines;
+        if self.evicted {
+            self.window_start = self.total;
+            self.window_start_newlines = self.newlines;
+        } else {
+            self.window.push_str(fresh);
+            // Compacted only at twice the limit, so a stream costs amortized
+            // O(1) per byte instead of a window-sized move per chunk.
+            if self.window.len() > 2 * self.limits.memory_bytes {
+                let mut cut = self.window.len() - self.limits.memory_bytes;
+                while !self.window.is_char_boundary(cut) {
+                    cut += 1;
                 }
-            };
-            let window = std::mem::take(&mut self.window);
-            self.write_spill(window.as_bytes());
-            self.window = window;
+                self.window_start_newlines += bytecount(&self.window[..cut]);
+                self.window.drain(..cut);
+                self.window_start += cut as u64;
+                // One large append must not leave every later window that big.
+                if self.window.capacity() > 4 * self.limits.memory_bytes {
+                    self.window.shrink_to(2 * self.limits.memory_bytes);
+                }
+            }
+            self.remeter();
         }
-        self.write_spill(fresh.as_bytes());
+        let horizon = self.cursor.max(self.total.saturating_sub(self.limits.read_bytes as u64));
+        self.sections.forget_before(horizon);
     }
 
-    fn write_spill(&mut self, bytes: &[u8]) {
-        let limit = self.limits.spill_bytes;
-        let Spill::File { file, len, path } = &mut self.spill else { return };
-        let room = limit.saturating_sub(*len) as usize;
-        let take = bytes.len().min(room);
+    /// Counts the window's buffer in the meter.
+    fn remeter(&mut self) {
+        let now = self.window.capacity();
+        if now != self.metered {
+            if now > self.metered {
+                self.meter.used.fetch_add(now - self.metered, Ordering::AcqRel);
+            } else {
+                self.meter.used.fetch_sub(self.metered - now, Ordering::AcqRel);
+            }
+            self.metered = now;
+        }
+    }
+
+    /// Writes `fresh` to the file, creating it once the output outgrows memory.
+    fn file_append(&mut self, fresh: &str) {
+        if matches!(self.file, LogFile::None) {
+            if self.total + fresh.len() as u64 <= self.limits.memory_bytes as u64 {
+                return;
+            }
+            self.open_file();
+        }
+        self.write_file(fresh.as_bytes());
+    }
+
+    /// Makes the file, with the window's content, while the window still
+    /// starts at byte 0 (else the file could not be a prefix of the log).
+    /// True when the file exists afterwards.
+    fn open_file(&mut self) -> bool {
+        if !matches!(self.file, LogFile::None) {
+            return matches!(self.file, LogFile::Open { .. });
+        }
+        let Some(target) = self.target.as_ref().filter(|_| self.limits.spill_bytes > 0 && self.window_start == 0)
+        else {
+            return false;
+        };
+        self.file = match target.files.create(target.owner.as_ref(), &target.task) {
+            Ok(file) => LogFile::Open { file, len: 0, newlines: 0, full: false, marks: Vec::new() },
+            Err(error) => {
+                tracing::warn!(task = %target.task, %error, "cannot create the task's output log file; keeping the last output in memory only");
+                LogFile::Failed
+            }
+        };
+        let window = std::mem::take(&mut self.window);
+        self.write_file(window.as_bytes());
+        self.window = window;
+        matches!(self.file, LogFile::Open { .. })
+    }
+
+    fn write_file(&mut self, bytes: &[u8]) {
+        let cap = self.limits.spill_bytes;
+        let LogFile::Open { file, len, newlines, full, marks } = &mut self.file else { return };
+        if *full || bytes.is_empty() {
+            return;
+        }
+        let want = (bytes.len() as u64).min(cap.saturating_sub(*len));
+        let take = file.reserve(want).min(want) as usize;
+        if take < bytes.len() {
+            *full = true;
+        }
         if take == 0 {
             return;
         }
         // Blocking, but into the page cache and bounded by `spill_bytes` per
         // task; a slow disk shows up as a slow read, never as lost order.
-        if let Err(error) = file.write_all(&bytes[..take]) {
-            tracing::warn!(path = %path.display(), %error, "writing the task's output spill file failed; later output is kept in memory only");
-            let _ = std::fs::remove_file(&*path);
-            self.spill = Spill::Failed;
+        if let Err(error) = std::io::Write::write_all(&mut file.file(), &bytes[..take]) {
+            tracing::warn!(path = %file.path().display(), %error, "writing the task's output log file failed; later output is kept in memory only");
+            // What was written stays readable (a prefix); nothing more goes in.
+            *full = true;
             return;
+        }
+        let written = &bytes[..take];
+        // A mark at the first line start past every LINE_MARK_EVERY bytes.
+        loop {
+            let next_mark = marks.last().map_or(0, |&(at, _)| at) + LINE_MARK_EVERY;
+            let from = next_mark.saturating_sub(*len) as usize;
+            let Some(newline) = written.get(from..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) else {
+                break;
+            };
+            let at = from + newline + 1;
+            marks.push((*len + at as u64, *newlines + bytecount_bytes(&written[..at]) + 1));
         }
         *len += take as u64;
+        *newlines += bytecount_bytes(written);
     }
 
-    /// The owner's consuming read: everything since the previous one, at
-    /// most `read_bytes` of it (the latest), with a note of what it skipped.
-    pub(crate) fn take_new(&mut self) -> String {
-        let unread = self.total - self.cursor;
-        if unread == 0 {
-            return String::new();
-        }
-        let from = self.cursor.max(self.window_start).max(self.total.saturating_sub(self.limits.read_bytes as u64));
-        let mut index = (from - self.window_start) as usize;
-        while !self.window.is_char_boundary(index) {
-            index += 1;
-        }
-        // A cut read starts at a whole line when one starts in it.
-        let cut = self.window_start + (index as u64) > self.cursor;
-        if cut
-            && index > 0
-            && self.window.as_bytes()[index - 1] != b'\n'
-            && let Some(newline) = self.window[index..].find('\n').filter(|&at| index + at + 1 < self.window.len())
-        {
-            index += newline + 1;
-        }
-        let skipped = self.window_start + index as u64 - self.cursor;
-        self.cursor = self.total;
-        let text = &self.window[index..];
-        if skipped == 0 {
-            return text.to_string();
-        }
-        format!(
-            "[{skipped} bytes of output skipped here; task_output with view \"head\", \"all\" or grep shows what is kept]\n{text}"
-        )
-    }
-
-    /// The output after byte offset `since` that the window still has, at
-    /// most `limit` bytes (the latest): `(text, start)`.
-    pub(crate) fn since(&self, since: u64, limit: usize) -> (&str, u64) {
-        let since = if since > self.total { 0 } else { since };
-        let from = since.max(self.window_start).max(self.total.saturating_sub(limit as u64));
-        let mut index = (from - self.window_start) as usize;
-        while !self.window.is_char_boundary(index) {
-            index += 1;
-        }
-        (&self.window[index..], self.window_start + index as u64)
-    }
-
-    /// A view of the whole kept output; never moves the cursor.
-    pub(crate) fn view(&self, request: &ViewRequest) -> String {
-        let mut view = View::new(request);
-        if request.kind == ViewKind::Tail && request.grep.is_none() && self.window_has_tail(request.lines) {
-            self.window_lines(&mut |number, line| view.line(number, line));
-        } else {
-            self.each_line(&mut view);
-        }
-        view.finish()
-    }
-
-    /// Whether the window alone holds the last `lines` whole lines.
-    fn window_has_tail(&self, lines: usize) -> bool {
-        if self.window_start == 0 {
-            return true;
-        }
-        let newlines = (self.newlines - self.window_start_newlines) as usize;
-        // The window's first line may be cut; the lines after it are whole.
-        newlines > lines
-    }
-
-    /// The lines of the window, the first one possibly cut at its start.
-    fn window_lines(&self, each: &mut dyn FnMut(u64, &str) -> ControlFlow<()>) {
-        for (number, line) in (self.window_start_newlines + 1..).zip(lines_of(&self.window)) {
-            if each(number, cap_line(line)).is_break() {
-                return;
+    /// Where to start reading the file for line `line`: the last mark at or
+    /// before it, else the file's start (`(offset, line number)`).
+    pub(crate) fn file_start_for(&self, line: u64) -> (u64, u64) {
+        match &self.file {
+            LogFile::Open { marks, .. } => {
+                let at = marks.partition_point(|&(_, number)| number <= line);
+                at.checked_sub(1).map_or((0, 1), |i| marks[i])
             }
+            _ => (0, 1),
         }
     }
 
-    /// Every kept line in order: the spill file's, then the window's after
-    /// it, with a gap line where output was not kept.
-    fn each_line(&self, view: &mut View) {
-        let mut number = 1u64;
-        let mut covered = 0u64;
-        if let Spill::File { file, len, .. } = &self.spill {
-            let mut carry = String::new();
-            let mut carry_cut = false;
-            let mut buffer = vec![0u8; 1 << 20];
-            let mut offset = 0u64;
-            let end = *len;
-            'file: while offset < end {
-                let want = buffer.len().min((end - offset) as usize);
-                let Ok(n) = file.read_at(&mut buffer[..want], offset) else { break };
-                if n == 0 {
-                    break;
-                }
-                offset += n as u64;
-                let mut chunk = &buffer[..n];
-                while let Some(at) = chunk.iter().position(|&b| b == b'\n') {
-                    let flow = if carry.is_empty() {
-                        // The common case: a whole line in this chunk, shown
-                        // without a copy when it is valid UTF-8.
-                        let line = &chunk[..at.min(LINE_LIMIT)];
-                        view.line(number, &String::from_utf8_lossy(line))
-                    } else {
-                        if !carry_cut {
-                            push_capped_bytes(&mut carry, &chunk[..at]);
-                        }
-                        view.line(number, &carry)
-                    };
-                    if flow.is_break() {
-                        return;
-                    }
-                    number += 1;
-                    carry.clear();
-                    carry_cut = false;
-                    chunk = &chunk[at + 1..];
-                }
-                if !carry_cut {
-                    push_capped_bytes(&mut carry, chunk);
-                    carry_cut = carry.len() >= LINE_LIMIT;
-                }
-                if offset >= end {
-                    break 'file;
-                }
-            }
-            covered = offset;
-            // A line the file ends inside continues in the window (or was cut).
-            if !carry.is_empty() && covered < self.window_start {
-                if view.line(number, &carry).is_break() {
-                    return;
-                }
-            } else if !carry.is_empty() {
-                // The window holds the rest of this line: show it whole there.
-                let rest_start = ((covered - self.window_start) as usize).min(self.window.len());
-                let rest = &self.window.as_bytes()[rest_start..];
-                let line_rest = rest.split(|&b| b == b'\n').next().unwrap_or(&[]);
-                if !carry_cut {
-                    push_capped_bytes(&mut carry, line_rest);
-                }
-                if view.line(number, &carry).is_break() {
-                    return;
-                }
-                covered += line_rest.len() as u64 + u64::from(rest.len() > line_rest.len());
-                number += 1;
-                if covered >= self.total {
-                    return;
-                }
-            }
-        }
-        if covered < self.window_start {
-            let missing = self.window_start - covered;
-            view.gap(missing);
-            self.window_lines(&mut |n, line| view.line(n, line));
-            return;
-        }
-        let start = (covered - self.window_start) as usize;
-        let mut index = start.min(self.window.len());
-        while !self.window.is_char_boundary(index) {
-            index += 1;
-        }
-        for line in lines_of(&self.window[index..]) {
-            if view.line(number, cap_line(line)).is_break() {
-                return;
-            }
-            number += 1;
-        }
-    }
-}
-
-/// Builds a view's text line by line.
-struct View<'a> {
-    request: &'a ViewRequest,
-    text: String,
-    /// Tail: the last lines seen, with their numbers.
-    ring: VecDeque<(u64, String)>,
-    shown: usize,
-    matched: usize,
-    cut: bool,
-    gap: Option<u64>,
-}
-
-impl<'a> View<'a> {
-    fn new(request: &'a ViewRequest) -> Self {
-        Self { request, text: String::new(), ring: VecDeque::new(), shown: 0, matched: 0, cut: false, gap: None }
-    }
-
-    fn gap(&mut self, missing: u64) {
-        self.gap = Some(missing);
-        if self.request.kind != ViewKind::Tail {
-            self.emit(None, &format!("[{missing} bytes of output were not kept here]"));
+    /// The file and how much of the log it holds, when there is one.
+    fn file_part(&self) -> Option<(&dyn OutputFile, u64, u64)> {
+        match &self.file {
+            LogFile::Open { file, len, newlines, .. } => Some((&**file, *len, *newlines)),
+            _ => None,
         }
     }
 
-    fn line(&mut self, number: u64, line: &str) -> ControlFlow<()> {
-        if let Some(grep) = &self.request.grep {
-            if !grep.is_match(line) {
-                return ControlFlow::Continue(());
-            }
-            self.matched += 1;
-        }
-        match self.request.kind {
-            ViewKind::Tail => {
-                self.ring.push_back((number, line.to_string()));
-                if self.ring.len() > self.request.lines {
-                    self.ring.pop_front();
-                }
-                ControlFlow::Continue(())
-            }
-            ViewKind::Head => {
-                self.emit(Some(number), line);
-                if self.shown >= self.request.lines || self.cut {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            }
-            ViewKind::All => {
-                self.emit(Some(number), line);
-                if self.cut { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
-            }
-        }
+    /// The file's path while it holds the log's bytes up to `end`.
+    fn path_holding(&self, end: u64) -> Option<&std::path::Path> {
+        self.file_part().filter(|(_, len, _)| *len >= end).map(|(file, _, _)| file.path())
     }
 
-    fn emit(&mut self, number: Option<u64>, line: &str) {
-        if self.cut {
-            return;
+    /// Frees the window for good: from now on the output lives in the file
+    /// only (made now if the window still holds everything). Output not in
+    /// the file (past its cap or budget, or with no file) is lost; reads and
+    /// views say so. Returns the bytes of memory freed.
+    pub(crate) fn evict(&mut self) -> usize {
+        if self.evicted {
+            return 0;
         }
-        let numbered = self.request.grep.is_some();
-        let extra = line.len() + 24;
-        if self.text.len() + extra > VIEW_LIMIT {
-            self.cut = true;
-            let _ = writeln!(self.text, "[view cut at {VIEW_LIMIT} bytes: ask for fewer lines, or narrow grep]");
-            return;
+        self.open_file();
+        let lost = self.total - self.file_part().map_or(0, |(_, len, _)| len.min(self.total));
+        if lost > 0 {
+            tracing::debug!(bytes = lost, "output leaves memory beyond its log file: not kept");
         }
-        match number {
-            Some(number) if numbered => {
-                let _ = writeln!(self.text, "{number}: {line}");
-            }
-            _ => {
-                self.text.push_str(line);
-                self.text.push('\n');
-            }
-        }
-        if number.is_some() {
-            self.shown += 1;
-        }
+        self.evicted = true;
+        self.window = String::new();
+        self.window_start = self.total;
+        self.window_start_newlines = self.newlines;
+        let freed = self.metered;
+        self.remeter();
+        freed
     }
-
-    fn finish(mut self) -> String {
-        if self.request.kind == ViewKind::Tail {
-            let ring = std::mem::take(&mut self.ring);
-            for (number, line) in ring {
-                self.emit(Some(number), &line);
-            }
-        }
-        if self.request.grep.is_some() && self.matched == 0 {
-            return "(no matching lines)".to_string();
-        }
-        if self.text.is_empty() {
-            return "(no output)".to_string();
-        }
-        self.text.truncate(self.text.trim_end_matches('\n').len());
-        self.text
-    }
-}
-
-/// Lines of `text` without their newline; no empty line after a final one.
-fn lines_of(text: &str) -> impl Iterator<Item = &str> {
-    let text = text.strip_suffix('\n').unwrap_or(text);
-    text.split('\n').filter({
-        let empty = text.is_empty();
-        move |_| !empty
-    })
-}
-
-fn cap_line(line: &str) -> &str {
-    if line.len() <= LINE_LIMIT {
-        return line;
-    }
-    let mut end = LINE_LIMIT;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    &line[..end]
-}
-
-fn push_capped(into: &mut String, more: &str) {
-    let room = LINE_LIMIT.saturating_sub(into.len());
-    into.push_str(cap_line_at(more, room));
-}
-
-fn push_capped_bytes(into: &mut String, more: &[u8]) {
-    let room = LINE_LIMIT.saturating_sub(into.len());
-    let more = &more[..more.len().min(room)];
-    into.push_str(&String::from_utf8_lossy(more));
-}
-
-fn cap_line_at(line: &str, room: usize) -> &str {
-    if line.len() <= room {
-        return line;
-    }
-    let mut end = room;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    &line[..end]
 }
 
 fn bytecount(text: &str) -> u64 {
-    bytecount::count(text.as_bytes(), b'\n') as u64
+    bytecount_bytes(text.as_bytes())
 }
 
-/// Creates a new file only the server's user can read (0600), refusing to
-/// follow or reuse anything already at `path`.
-fn create_private_file(path: &std::path::Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::OpenOptions::new().read(true).append(true).create_new(true).mode(0o600).open(path)
-}
-
-/// Creates the registry's private output directory (0700) in `parent`.
-pub(crate) fn create_private_dir(parent: &std::path::Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
-    for attempt in 0u32..100 {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let dir = parent.join(format!("task-output-{}-{nanos:x}{attempt}", std::process::id()));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(error) => return Err(error),
-        }
-    }
-    Err(std::io::Error::other("could not create a fresh output directory"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::Arc;
-
-    fn limits(memory: usize, spill: u64, dir: Option<PathBuf>) -> Arc<OutputLimits> {
-        Arc::new(OutputLimits { memory_bytes: memory, spill_bytes: spill, read_bytes: 1 << 20, spill_dir: dir })
-    }
-
-    fn view(log: &OutputLog, kind: ViewKind, lines: usize, grep: Option<&str>) -> String {
-        log.view(&ViewRequest { kind, lines, grep: grep.map(|g| regex::Regex::new(g).unwrap()) })
-    }
-
-    fn numbered(from: usize, to: usize) -> String {
-        (from..=to).map(|n| format!("line {n}\n")).collect()
-    }
-
-    #[test]
-    fn views_in_memory_never_move_the_cursor() {
-        let mut log = OutputLog::new(limits(1 << 20, 0, None), None);
-        log.append(&numbered(1, 100), None);
-        assert_eq!(view(&log, ViewKind::Tail, 2, None), "line 99\nline 100");
-        assert_eq!(view(&log, ViewKind::Head, 2, None), "line 1\nline 2");
-        assert_eq!(
-            view(&log, ViewKind::All, 0, Some("^line 5")),
-            "5: line 5\n50: line 50\n51: line 51\n52: line 52\n53: line 53\n54: line 54\n55: line 55\n56: line 56\n57: line 57\n58: line 58\n59: line 59"
-        );
-        assert_eq!(view(&log, ViewKind::Tail, 1, Some("^line 5")), "59: line 59");
-        assert_eq!(view(&log, ViewKind::Tail, 3, Some("nothing")), "(no matching lines)");
-        assert_eq!(log.take_new(), numbered(1, 100));
-        assert_eq!(log.take_new(), "");
-        log.append("partial", None);
-        assert_eq!(view(&log, ViewKind::Tail, 1, None), "partial");
-        assert_eq!(log.take_new(), "partial");
-    }
-
-    #[test]
-    fn the_spill_file_keeps_what_the_window_lost() {
-        let dir = std::env::temp_dir().join(format!("taskhost-output-test-{}", std::process::id()));
-        let dir = create_private_dir(&dir).unwrap();
-        let path = dir.join("t-1.out");
-        {
-            let mut log = OutputLog::new(limits(100, 1 << 20, Some(dir.clone())), Some(path.clone()));
-            for n in 1..=1000 {
-                log.append(&format!("line {n}\n"), None);
-            }
-            assert!(path.exists());
-            assert_eq!(view(&log, ViewKind::Head, 3, None), "line 1\nline 2\nline 3");
-            assert_eq!(view(&log, ViewKind::Tail, 2, None), "line 999\nline 1000");
-            // More lines than the window holds: read through the file.
-            assert_eq!(view(&log, ViewKind::Tail, 30, None).lines().next(), Some("line 971"));
-            assert_eq!(view(&log, ViewKind::All, 0, Some("^line 77$")), "77: line 77");
-            assert_eq!(view(&log, ViewKind::All, 0, Some("^line 999$")), "999: line 999");
-            let read = log.take_new();
-            assert!(read.starts_with("["), "{read}");
-            assert!(read.ends_with("line 1000\n"));
-        }
-        assert!(!path.exists(), "the spill file goes with the log");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn without_a_spill_file_views_name_the_gap_and_number_lines_truly() {
-        let mut log = OutputLog::new(limits(64, 0, None), None);
-        log.append(&numbered(1, 50), None);
-        let all = view(&log, ViewKind::All, 0, Some("line"));
-        assert!(all.starts_with("[") && all.contains("not kept"), "{all}");
-        assert!(all.ends_with("50: line 50"), "{all}");
-        assert_eq!(view(&log, ViewKind::Tail, 1, Some("line")), "50: line 50");
-    }
-
-    #[test]
-    fn lines_are_reported_to_the_pattern_whole_and_capped() {
-        let mut log = OutputLog::new(limits(1 << 20, 0, None), None);
-        let mut seen = Vec::new();
-        log.append("ab", Some(&mut |line: &str| seen.push(line.to_string())));
-        log.append("c\nd\n", Some(&mut |line: &str| seen.push(line.to_string())));
-        log.append(&"x".repeat(10_000), Some(&mut |line: &str| seen.push(line.to_string())));
-        log.append("\n", Some(&mut |line: &str| seen.push(line.len().to_string())));
-        assert_eq!(seen, vec!["abc".to_string(), "d".to_string(), LINE_LIMIT.to_string()]);
-    }
-
-    #[test]
-    fn a_read_past_its_limit_keeps_the_latest_and_says_so() {
-        let mut log = OutputLog::new(
-            Arc::new(OutputLimits { memory_bytes: 1 << 20, spill_bytes: 0, read_bytes: 10, spill_dir: None }),
-            None,
-        );
-        log.append("0123456789abcdefghij", None);
-        assert_eq!(
-            log.take_new(),
-            "[10 bytes of output skipped here; task_output with view \"head\", \"all\" or grep shows what is kept]\nabcdefghij"
-        );
-        assert_eq!(view(&log, ViewKind::All, 0, None), "0123456789abcdefghij");
-    }
+fn bytecount_bytes(bytes: &[u8]) -> u64 {
+    bytecount::count(bytes, b'\n') as u64
 }

@@ -1,8 +1,9 @@
 //! The task registry: every background task, its owner, output and end.
 //! This file holds the handle and its settings; the rest is by concern:
 //! [`state`] (records, owner fence, queries), [`start`], [`control`] (kill,
-//! wait, input), [`settle`] (settlement, notices, teardown), [`guards`] and
-//! [`output_ops`] (reads, views, milestones).
+//! wait, input), [`settle`] (settlement, notices, teardown), [`guards`],
+//! [`output_ops`] (reads, views, milestones) and [`memory`] (the host-wide
+//! bound on output kept in memory).
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
@@ -33,7 +34,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::output::{OutputLimits, OutputLog};
+use super::output::{FileTarget, OutputFiles, OutputLimits, OutputLog};
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
 use crate::ids::{SessionId, TaskId, is_valid_kind};
@@ -41,11 +42,13 @@ use crate::panics::panic_message;
 
 mod control;
 mod guards;
+mod memory;
 mod output_ops;
 mod settle;
 mod start;
 mod state;
 
+pub use control::AbortedWait;
 use guards::ListenerSlot;
 pub use guards::{ListenerGuard, SurfaceGuard};
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
@@ -134,16 +137,13 @@ struct Shared {
     /// (asking the channel for its receivers takes its lock).
     subscribed: std::sync::atomic::AtomicBool,
     output_limits: Arc<OutputLimits>,
-    /// The registry's private directory of output spill files, once set.
+    /// Where stream tasks' log files are made, once set.
+    output_files: std::sync::OnceLock<Arc<dyn OutputFiles>>,
+    /// The registry's private directory of log files, when that is where
+    /// they are made (see [`TaskRegistry::set_output_spill_dir`]).
     output_dir: std::sync::OnceLock<std::path::PathBuf>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Some(dir) = self.output_dir.get() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
+    /// The output every log holds in memory, and who leaves memory first.
+    output_memory: memory::OutputMemory,
 }
 
 impl Shared {
@@ -162,7 +162,9 @@ impl TaskRegistry {
         let registry = Self {
             shared: Arc::new(Shared {
                 output_limits: Arc::new(config.output.clone()),
+                output_files: std::sync::OnceLock::new(),
                 output_dir: std::sync::OnceLock::new(),
+                output_memory: memory::OutputMemory::new(config.output.memory_total_bytes),
                 agents,
                 config,
                 state: Mutex::new(State::default()),
@@ -180,25 +182,41 @@ impl TaskRegistry {
         registry
     }
 
-    /// The private directory of output spill files, once set.
+    /// The private directory of log files, when that is where they go.
     pub fn output_spill_dir(&self) -> Option<&std::path::Path> {
         self.shared.output_dir.get().map(std::path::PathBuf::as_path)
     }
 
-    /// Makes the private directory (mode 0700) stream tasks' output spills to
-    /// once it outgrows memory, inside `parent`; tasks started from now on
-    /// use it. Set once: a later call changes nothing. Choose a parent the
-    /// tasks' own processes cannot see (the host puts it in the process
-    /// capability's hidden spill directory).
+    /// Makes a private directory (mode 0700) inside `parent` and keeps
+    /// stream tasks' log files there (once their output outgrows memory, a
+    /// read skips some, or it leaves memory); tasks started from now on use
+    /// it. Where log files go is set once (this, or
+    /// [`Self::set_output_files`]): a later call changes nothing. Choose a
+    /// parent the tasks' own processes cannot see.
     pub fn set_output_spill_dir(&self, parent: &std::path::Path) -> std::io::Result<()> {
-        if self.shared.output_dir.get().is_some() {
+        if self.shared.output_files.get().is_some() {
             return Ok(());
         }
         let dir = super::output::create_private_dir(parent)?;
-        if let Err(dir) = self.shared.output_dir.set(dir) {
-            let _ = std::fs::remove_dir(dir);
+        let files = Arc::new(super::output::PrivateOutputDir { dir: dir.clone() });
+        if self.shared.output_files.set(files).is_ok() {
+            let _ = self.shared.output_dir.set(dir);
         }
         Ok(())
+    }
+
+    /// Makes stream tasks' log files with `files` from now on (the host:
+    /// in each owner's own directory, which that owner's commands see
+    /// read-only, charged to the owner's disk budget). Set once: false (and
+    /// nothing changes) when log files already have a place.
+    pub fn set_output_files(&self, files: Arc<dyn OutputFiles>) -> bool {
+        self.shared.output_files.set(files).is_ok()
+    }
+
+    /// Bytes of output every stream task holds in memory now (bounded by
+    /// [`OutputLimits::memory_total_bytes`]: see [`OutputLimits`]).
+    pub fn output_memory_bytes(&self) -> usize {
+        self.shared.output_memory.used()
     }
 
     pub fn agents(&self) -> &AgentRegistry {

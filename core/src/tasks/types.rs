@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 
 use crate::agents::Agent;
 use crate::ids::{SessionId, TaskId};
+use crate::tasks::SectionLabel;
 
 /// A task's lifecycle state. `Running` and `Stopping` are live; the other
 /// three are terminal and final.
@@ -139,6 +140,16 @@ pub trait TaskControl: Send + Sync + 'static {
     fn take_pulled_output(&self, into: &mut dyn FnMut(&str)) -> bool {
         let _ = into;
         false
+    }
+
+    /// As [`take_pulled_output`](Self::take_pulled_output), handing over
+    /// each part of the output with the label of the part it belongs to
+    /// (its label line is in the text where the part begins): a read that
+    /// begins inside a labelled part (`Some("[stderr]")`) starts with that
+    /// label line. The registry calls this one; the default hands everything
+    /// over unlabelled, through `take_pulled_output`.
+    fn take_pulled_sections(&self, into: &mut dyn FnMut(&str, SectionLabel)) -> bool {
+        self.take_pulled_output(&mut |text| into(text, None))
     }
 
     /// The registry gave up on this task (a teardown cancel failed or timed
@@ -390,6 +401,61 @@ pub struct TaskSnapshot {
     /// Free-form facts the producer attached (for wasm plugins: the plugin
     /// version the task runs on). Not part of the model-facing texts.
     pub producer_info: Option<String>,
+    /// Who stopped the task, once someone asked it to stop (its owner with
+    /// `task_kill`, the dashboard, a time to live, a limit, an operator);
+    /// `None` while nobody did. A `killed` end whose cause is not its owner
+    /// is told to the owner in a notice that names the cause.
+    pub stop_cause: Option<StopCause>,
+}
+
+/// Who asked a task to stop. Data on the task (and its settlement), so
+/// surfaces word the end from it, never from a reason string.
+///
+/// Only [`StopCause::Owner`] is an end the owner's model asked for: the
+/// kill's own answer reports it. Every other cause is an end the model did
+/// not ask for, and its owner is told with one completion notice
+/// ([`crate::notices::completion_notice`]: `… was killed from the
+/// dashboard [status: killed, …]`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StopCause {
+    /// The owner, in its own session: the model's `task_kill`, an MCP
+    /// client's `tasks/cancel`, a console's Ctrl-C.
+    Owner,
+    /// A viewer of the web dashboard (the name of its token).
+    Dashboard { viewer: String },
+    /// The task outlived its time to live.
+    TimeToLive { ttl_ms: u64 },
+    /// A limit the server enforces (the limit's name, e.g. its setting).
+    Limit { limit: String },
+    /// An operator's action on the server (what it was).
+    Operator { action: String },
+}
+
+impl StopCause {
+    /// Whether the stop is the owner's own request, which its answer
+    /// reports (no notice follows).
+    pub fn is_owner(&self) -> bool {
+        matches!(self, Self::Owner)
+    }
+
+    /// How a notice tells a `killed` (or force-failed) end:
+    /// `was killed from the dashboard`.
+    pub fn ended_phrase(&self) -> String {
+        match self {
+            Self::Owner => "was killed at your request".to_string(),
+            Self::Dashboard { .. } => "was killed from the dashboard".to_string(),
+            Self::TimeToLive { ttl_ms } => {
+                format!(
+                    "was stopped when its time to live ({} s) ran out",
+                    crate::tasks::seconds(std::time::Duration::from_millis(*ttl_ms))
+                )
+            }
+            Self::Limit { limit } => format!("was stopped by a server limit ({limit})"),
+            Self::Operator { action } => format!("was stopped by an operator ({action})"),
+        }
+    }
 }
 
 impl TaskSnapshot {

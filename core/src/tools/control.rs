@@ -5,6 +5,11 @@
 //! attaches the surface fence and starts completion notices; dropping it
 //! detaches both. Their texts are the behaviour contract's (README,
 //! "Model-facing texts"), kept exact so transcripts compare.
+//!
+//! A call whose cancellation fired has its answer dropped (an MCP client
+//! drops the answer to a request it cancelled), so a cancelled wait
+//! (`task_output` with `wait`, `task_wait`) never reports an end: it fails,
+//! and the completion notice stays due ([`AbortedWait::Fail`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +21,8 @@ use super::{CallContext, Tool, ToolDefinition, ToolError, ToolOutput, Toolbox, p
 use crate::ids::TaskId;
 use crate::notices::deliver_completion_notices;
 use crate::tasks::{
-    DEFAULT_VIEW_LINES, KillResult, ListenerGuard, MAX_VIEW_LINES, SurfaceGuard, TaskRegistry, TaskSnapshot,
-    VIEW_LIMIT, ViewKind, ViewRequest,
+    AbortedWait, DEFAULT_VIEW_LINES, KillResult, ListenerGuard, MAX_VIEW_LINES, SurfaceGuard, TaskRegistry,
+    TaskSnapshot, VIEW_LIMIT, ViewKind, ViewRequest,
 };
 
 /// How long `task_output(wait: true)` waits when the call gives no `timeout_ms`.
@@ -122,6 +127,8 @@ struct TaskOutputArgs {
     view: Option<String>,
     lines: Option<u64>,
     grep: Option<String>,
+    from: Option<u64>,
+    to: Option<u64>,
 }
 
 /// The longest `grep` pattern, in bytes.
@@ -145,6 +152,12 @@ fn invalid(tool: &str, message: impl Into<String>) -> ToolError {
 
 /// The view a `task_output` call asks for, or `None` for the consuming read.
 fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError> {
+    if args.view.as_deref() == Some("lines") {
+        return lines_request(args).map(Some);
+    }
+    if args.from.is_some() || args.to.is_some() {
+        return Err(invalid("task_output", "from and to work with view \"lines\"; add it, or drop them"));
+    }
     let kind = match (args.view.as_deref(), &args.grep) {
         (None | Some("new"), None) => {
             if args.lines.is_some() {
@@ -168,7 +181,7 @@ fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError>
         (Some(other), _) => {
             return Err(invalid(
                 "task_output",
-                format!("unknown view {other:?}; use \"new\" (the default), \"tail\", \"head\" or \"all\""),
+                format!("unknown view {other:?}; use \"new\" (the default), \"tail\", \"head\", \"all\" or \"lines\""),
             ));
         }
     };
@@ -193,6 +206,29 @@ fn view_request(args: &TaskOutputArgs) -> Result<Option<ViewRequest>, ToolError>
         ),
     };
     Ok(Some(ViewRequest { kind, lines, grep }))
+}
+
+/// `view: "lines"`: `from` (required) to `to` (default: as far as the view
+/// holds), exactly as printed.
+fn lines_request(args: &TaskOutputArgs) -> Result<ViewRequest, ToolError> {
+    if args.lines.is_some() || args.grep.is_some() {
+        return Err(invalid(
+            "task_output",
+            "view \"lines\" takes from and to (line numbers), not lines or grep; drop them",
+        ));
+    }
+    let from = match args.from {
+        None => {
+            return Err(invalid("task_output", "view \"lines\" needs from: the first line to show (1 is the first)"));
+        }
+        Some(0) => return Err(invalid("task_output", "from must be at least 1 (line numbers start at 1)")),
+        Some(from) => from,
+    };
+    let to = args.to.unwrap_or(u64::MAX);
+    if to < from {
+        return Err(invalid("task_output", format!("to ({to}) is before from ({from}); lines run from, to")));
+    }
+    Ok(ViewRequest { kind: ViewKind::Lines { from, to }, lines: 0, grep: None })
 }
 
 #[derive(Deserialize)]
@@ -224,14 +260,19 @@ impl Tool for TaskOutput {
             name: "task_output".to_string(),
             description: format!(
                 "Read the output of a background task. For tasks that stream output (commands) it returns only what is new \
-                 since your previous read; for tasks with a final result (subagents) it returns the result once the task \
-                 finished. The last line is the task's status, e.g. [status: running] or [status: completed, exit code: 0]. \
-                 Non-blocking by default; pass wait: true to block until the task finishes or timeout_ms passes \
-                 (default {} ms, at most {} ms). A timed-out wait leaves the task running. \
+                 since your previous read, at most {} KiB: when more is new, it returns the latest and a first line \
+                 [<n> bytes of output skipped here (lines <a>-<b>); …] that says how to read the rest: view \"lines\" \
+                 with from <a> and to <b>, or the full output file it names, which your own commands can read. \
+                 A read that begins inside stderr starts with [stderr]. For tasks with a final result (subagents) it \
+                 returns the result once the task finished. The last line is the task's status, e.g. [status: running] or \
+                 [status: completed, exit code: 0]. Non-blocking by default; pass wait: true to block until the task \
+                 finishes or timeout_ms passes (default {} ms, at most {} ms). A timed-out wait leaves the task running. \
                  To look without consuming, pass view: \"tail\" or \"head\" (the last or first lines, default {}, at \
-                 most {}) or \"all\" (everything kept, up to {} KiB), optionally with grep: a regex that keeps only \
-                 matching lines, each prefixed with its line number. A view works on running and finished tasks and never \
-                 changes what the next plain read returns.",
+                 most {}), \"all\" (everything kept), or \"lines\" with from (and to): those lines exactly as printed \
+                 (numbered from 1); each view returns at most {} KiB and says where to continue. tail, head and all take \
+                 grep: a regex that keeps only matching lines, each prefixed with its line number. A view works on \
+                 running and finished tasks and never changes what the next plain read returns.",
+                self.0.registry.config().output.read_bytes / 1024,
                 self.0.config.wait_timeout_ms,
                 self.0.config.max_wait_timeout_ms,
                 DEFAULT_VIEW_LINES,
@@ -246,11 +287,13 @@ impl Tool for TaskOutput {
                     "timeout_ms": {"type": "integer", "minimum": 0, "description": "How long wait may block, in milliseconds."},
                     "view": {
                         "type": "string",
-                        "enum": ["new", "tail", "head", "all"],
-                        "description": "new (default): what is new since your previous read, consumed. tail, head, all: a view that consumes nothing."
+                        "enum": ["new", "tail", "head", "all", "lines"],
+                        "description": "new (default): what is new since your previous read, consumed. tail, head, all, lines: a view that consumes nothing."
                     },
                     "lines": {"type": "integer", "minimum": 1, "description": "Lines of a tail or head view (default 40)."},
-                    "grep": {"type": "string", "description": "A regex: the view keeps only matching lines, numbered. Alone it searches everything kept."}
+                    "grep": {"type": "string", "description": "A regex: the view keeps only matching lines, numbered. Alone it searches everything kept."},
+                    "from": {"type": "integer", "minimum": 1, "description": "view \"lines\": the first line to show (1 is the first line the task printed)."},
+                    "to": {"type": "integer", "minimum": 1, "description": "view \"lines\": the last line to show (default: as many as the view holds)."}
                 },
                 "required": ["task_id"],
                 "additionalProperties": false
@@ -267,7 +310,10 @@ impl Tool for TaskOutput {
         if args.wait {
             let timeout_ms =
                 args.timeout_ms.unwrap_or(tools.config.wait_timeout_ms).min(tools.config.max_wait_timeout_ms);
-            tools.registry.wait(&id, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+            // A cancelled call's answer is dropped (an MCP client drops the
+            // answer to a request it cancelled): its wait never reports.
+            let timeout = Duration::from_millis(timeout_ms);
+            tools.registry.wait_with(&id, timeout, caller, Some(&context.cancel), AbortedWait::Fail).await?;
         }
         if let Some(view) = view {
             let (text, snapshot) = tools.registry.view(&id, caller, &view).await?;
@@ -329,13 +375,8 @@ impl Tool for TaskKill {
     async fn call(&self, args: serde_json::Value, context: &CallContext) -> Result<ToolOutput, ToolError> {
         let args: TaskKillArgs = parse_arguments("task_kill", args)?;
         let id = task_id("task_kill", args.task_id)?;
-        let text = match self.0.registry.kill(&id, context.caller.as_ref(), args.reason.as_deref()).await? {
-            KillResult::Requested(_) => format!("requested cancellation of task {id}"),
-            KillResult::AlreadyTerminal(snapshot) => {
-                format!("task {id} had already finished {}", snapshot.status_line())
-            }
-        };
-        Ok(ToolOutput::ok(text))
+        let killed = self.0.registry.kill(&id, context.caller.as_ref(), args.reason.as_deref()).await?;
+        Ok(ToolOutput::ok(kill_reply(&id, &killed)))
     }
 }
 
@@ -435,14 +476,25 @@ impl Tool for TaskWait {
         let config = &self.0.config;
         let timeout_ms = args.timeout_ms.unwrap_or(config.wait_timeout_ms).min(config.max_wait_timeout_ms);
         let caller = context.caller.as_ref();
+        let timeout = Duration::from_millis(timeout_ms);
         let (first, tasks) =
-            self.0.registry.wait_any(&ids, Duration::from_millis(timeout_ms), caller, Some(&context.cancel)).await?;
+            self.0.registry.wait_any_with(&ids, timeout, caller, Some(&context.cancel), AbortedWait::Fail).await?;
         let mut lines = vec![match first {
             Some(id) => format!("{id} finished first"),
             None => format!("none finished within {timeout_ms} ms"),
         }];
         lines.extend(tasks.iter().map(list_row));
         Ok(ToolOutput::ok(lines.join("\n")))
+    }
+}
+
+/// `task_kill`'s answer: `requested cancellation of task <id>`, or `task
+/// <id> had already finished [status: …]`. Other stops (the dashboard's)
+/// answer the same.
+pub fn kill_reply(id: &TaskId, result: &KillResult) -> String {
+    match result {
+        KillResult::Requested(_) => format!("requested cancellation of task {id}"),
+        KillResult::AlreadyTerminal(snapshot) => format!("task {id} had already finished {}", snapshot.status_line()),
     }
 }
 

@@ -3,6 +3,7 @@
 //! build in seconds.
 
 mod model_surface;
+mod output_memory;
 mod registry;
 mod registry_peek;
 mod stress;

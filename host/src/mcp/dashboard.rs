@@ -14,8 +14,12 @@
 //!   `404` with the same JSON error as an unknown one.
 //! - Output is read with [`taskhost_core::tasks::TaskRegistry::peek`], which never
 //!   consumes: the model's next `task_output` still gets everything new.
-//! - Kill runs the `task_kill` tool as the task's owner: the same
-//!   semantics and the same reply text as the model's `task_kill`.
+//! - Kill stops the task as the dashboard
+//!   ([`taskhost_core::tasks::TaskRegistry::stop`] with
+//!   [`StopCause::Dashboard`]), answering `task_kill`'s reply text. It is
+//!   not the owner's request, so it reports nothing: the owner's model is
+//!   told with one notice (`… was killed from the dashboard [status: …]`)
+//!   unless it collects or kills the task first.
 //! - Live updates are server-sent events (`GET /dashboard/api/events`) fed
 //!   by [`taskhost_core::tasks::TaskRegistry::subscribe`] and the plugins' reload
 //!   events; nothing polls the registry. The stream starts with a
@@ -57,8 +61,8 @@ use super::tokens::{TokenTable, bearer_token};
 use crate::reload::ReloadEvent;
 use taskhost_core::agents::Agent;
 use taskhost_core::ids::{SessionId, TaskId};
-use taskhost_core::tasks::{TaskError, TaskEvent, TaskSnapshot};
-use taskhost_core::tools::CallContext;
+use taskhost_core::tasks::{StopCause, TaskError, TaskEvent, TaskSnapshot};
+use taskhost_core::tools::control::kill_reply;
 
 /// Event streams served at once, over every token.
 pub const MAX_EVENT_STREAMS: usize = 64;
@@ -515,16 +519,18 @@ async fn kill(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>, h
         Err(refusal) => return *refusal,
     };
     let span = tracing::info_span!("dashboard_kill", task = %id, owner = %actor.session(), viewer = %viewer.name);
-    let arguments = json!({"task_id": id.as_str(), "reason": format!("killed from the dashboard by {}", viewer.name)});
-    let host = dashboard.server.host();
-    let call = CallContext::for_agent(&actor);
-    match host.call_tool("task_kill", arguments, &call).instrument(span.clone()).await {
-        Ok(reply) => {
-            span.in_scope(|| tracing::info!(reply = %reply.text, "killed from the dashboard"));
-            let task = host.registry().get(&id, Some(&actor)).ok();
+    let reason = format!("killed from the dashboard by {}", viewer.name);
+    let registry = dashboard.server.host().registry();
+    // Not the owner's request: the owner's model is told with a notice.
+    let cause = StopCause::Dashboard { viewer: viewer.name.clone() };
+    match registry.stop(&id, cause, Some(&reason)).instrument(span.clone()).await {
+        Ok(killed) => {
+            let text = kill_reply(&id, &killed);
+            span.in_scope(|| tracing::info!(reply = %text, "killed from the dashboard"));
+            let task = registry.get(&id, Some(&actor)).ok();
             axum::Json(json!({
-                "text": reply.text,
-                "is_error": reply.is_error,
+                "text": text,
+                "is_error": false,
                 "task": task.as_ref().map(task_json),
             }))
             .into_response()

@@ -219,8 +219,8 @@ impl PluginEngine {
         let mut retries = 0;
         let (mut store, instantiated) = loop {
             let mut store = version.new_store("validate");
-            fault::arm(&mut store, deadline);
-            let instantiated = fault::bounded(deadline, version.pre.instance_pre().instantiate_async(&mut store)).await;
+            let clock = fault::arm(&mut store, deadline);
+            let instantiated = fault::bounded(&clock, version.pre.instance_pre().instantiate_async(&mut store)).await;
             match instantiated {
                 Err(err) if retries < super::versions::TRANSIENT_RETRIES && super::versions::is_transient(&err) => {
                     retries += 1;

@@ -75,8 +75,8 @@ use super::bounds;
 use super::fault::{self, Fault};
 use super::state::StoreState;
 use super::versions::Guest;
-use taskhost_core::tasks::{OutputSignal, ReadEndedTask, TaskControl, TaskHooks, TaskOutcome};
-use taskhost_process::{OutputSink, SpillFile};
+use taskhost_core::tasks::{OutputSignal, ReadEndedTask, SectionLabel, TaskControl, TaskHooks, TaskOutcome};
+use taskhost_process::{OutputSink, SpillFile, Stream};
 
 enum Request {
     Read(oneshot::Sender<ReadReply>),
@@ -224,10 +224,26 @@ impl TaskControl for WasmTaskControl {
     }
 
     fn take_pulled_output(&self, into: &mut dyn FnMut(&str)) -> bool {
+        self.take_pulled_sections(&mut |text, _| into(text))
+    }
+
+    /// Each part with the stream it came from, as the sink recorded it: a
+    /// later read that begins inside stderr starts with `[stderr]`.
+    fn take_pulled_sections(&self, into: &mut dyn FnMut(&str, SectionLabel)) -> bool {
         if !self.shared.signals_output() {
             return false;
         }
-        self.shared.pulled.take_with(|text| into(text));
+        self.shared.pulled.take_sections_with(|text, sections| {
+            for (part, stream) in sections.parts(text) {
+                into(
+                    part,
+                    match stream {
+                        Stream::Stderr => Some("[stderr]"),
+                        Stream::Stdout => None,
+                    },
+                );
+            }
+        });
         true
     }
 
@@ -501,12 +517,12 @@ enum Event {
 macro_rules! guest_call {
     ($parts:ident, $export:literal, |$store:ident, $guest:ident, $task:ident| $call:expr) => {{
         let deadline = $parts.deadline;
-        fault::arm(&mut $parts.store, deadline);
+        let clock = fault::arm(&mut $parts.store, deadline);
         let result = {
             let $store = &mut $parts.store;
             let $guest = &$parts.guest;
             let $task = $parts.task;
-            fault::bounded(deadline, $call).await
+            fault::bounded(&clock, $call).await
         };
         result.map_err(|err| {
             let fault = fault::classify(&$parts.store, deadline, $export, &err);

@@ -2,7 +2,9 @@
 //!
 //! Model: every call into a guest goes through [`arm`] first (a store's
 //! epoch deadline starts at 0, so an unarmed call would be interrupted at
-//! once), and every error it returns is turned into a [`Fault`] by
+//! once); its deadline counts the guest's own time, not the host steps it
+//! waits on ([`super::clock`]). Every error a call returns is turned into a
+//! [`Fault`] by
 //! [`classify`], which names the plugin, the export and the cause: the call
 //! deadline, the memory limit, a wasm trap (with the guest's last stderr
 //! line, usually a Rust panic message) or a host-side error.
@@ -10,20 +12,25 @@
 //! Invariant: after any fault the store must be dropped, never re-entered
 //! (a trapped component instance is poisoned).
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
+use super::clock::CallClock;
 use super::state::StoreState;
 
-/// Sets the deadline for the next call into the guest.
-pub fn arm(store: &mut Store<StoreState>, deadline: Duration) {
+/// Sets the deadline for the next call into the guest: `deadline` of its
+/// own time ([`super::clock`]). Returns the call's clock, for [`bounded`].
+pub fn arm(store: &mut Store<StoreState>, deadline: Duration) -> Arc<CallClock> {
     let state = store.data_mut();
-    state.call_deadline_at = Instant::now() + deadline;
+    state.clock.arm(deadline);
     state.deadline_hit = false;
+    let clock = state.clock.clone();
     // The callback runs at the first tick and then every tick: it yields, or
     // interrupts once the deadline has passed.
     store.set_epoch_deadline(1);
+    clock
 }
 
 /// Extra time a call may spend awaiting host futures (a guest blocking on a
@@ -43,16 +50,48 @@ impl std::fmt::Display for CallTimedOut {
 
 impl std::error::Error for CallTimedOut {}
 
-/// Runs an armed call, also bounding the time it spends awaiting host
-/// futures (which no epoch deadline can interrupt). A call past the bound is
-/// dropped (wasmtime unwinds the guest) and fails with a deadline fault.
+/// Runs an armed call (`clock` is what [`arm`] returned), also bounding the
+/// time it spends awaiting futures no epoch deadline can interrupt (a guest
+/// blocked in WASI's `poll`): past its deadline (which host steps move on,
+/// see [`super::clock`]) plus a slack, the call is dropped (wasmtime unwinds
+/// the guest) and fails with a deadline fault.
 pub async fn bounded<R>(
-    deadline: Duration,
+    clock: &CallClock,
     call: impl std::future::Future<Output = wasmtime::Result<R>>,
 ) -> wasmtime::Result<R> {
-    match tokio::time::timeout(deadline + HOST_WAIT_SLACK, call).await {
-        Ok(result) => result,
-        Err(_) => Err(wasmtime::Error::new(CallTimedOut)),
+    let mut call = std::pin::pin!(call);
+    let result = bounded_loop(clock, &mut call).await;
+    let (wall, own, budget) = clock.times();
+    if wall >= budget {
+        // Worth a line: by the wall clock alone the plugin would have been blamed.
+        tracing::debug!(
+            wall_ms = wall.as_millis() as u64,
+            own_ms = own.as_millis() as u64,
+            deadline_ms = budget.as_millis() as u64,
+            "guest call outlasted its deadline by the wall clock; the plugin's own time is what counts"
+        );
+    }
+    result
+}
+
+async fn bounded_loop<R>(
+    clock: &CallClock,
+    call: &mut std::pin::Pin<&mut impl std::future::Future<Output = wasmtime::Result<R>>>,
+) -> wasmtime::Result<R> {
+    loop {
+        let resumed = clock.resumed();
+        tokio::pin!(resumed);
+        resumed.as_mut().enable();
+        let wake = clock.deadline().map(|at| tokio::time::Instant::from_std(at + HOST_WAIT_SLACK));
+        tokio::select! {
+            result = call.as_mut() => return result,
+            () = async { if let Some(at) = wake { tokio::time::sleep_until(at).await } else { std::future::pending().await } } => {
+                if clock.overdue(HOST_WAIT_SLACK) {
+                    return Err(wasmtime::Error::new(CallTimedOut));
+                }
+            }
+            () = &mut resumed => {}
+        }
     }
 }
 

@@ -16,7 +16,8 @@
 //! back-off), [`bindings`]
 //! (generated from `wit/`), [`preflight`] (the contract check before compiling), [`state`] (store data, sandboxed WASI), [`host`] (the
 //! host imports, one module per capability, on views of the store),
-//! [`resources`] (per-store capability state and guest-held resources), [`component`] (load, validate, cache), [`fault`] (deadlines and
+//! [`resources`] (per-store capability state and guest-held resources), [`component`] (load, validate, cache), [`clock`]
+//! (a call's deadline counts the guest's own time), [`fault`] (deadlines and
 //! fault details), [`producer`] (the `Producer` impl), `driver` (the per-task
 //! loop), [`check`] (`taskhost check`).
 
@@ -24,6 +25,7 @@ pub mod bindings;
 pub mod bounds;
 pub mod cache;
 pub mod check;
+pub mod clock;
 pub mod component;
 pub mod contract;
 mod driver;

@@ -245,8 +245,8 @@ impl WasmProducer {
 pub async fn describe(version: &PluginVersion, config_json: &str) -> anyhow::Result<Descriptor> {
     let deadline = version.engine().config().call_deadline();
     let (mut store, guest) = instantiate(version, "describe".into()).await?;
-    fault::arm(&mut store, deadline);
-    let described = fault::bounded(deadline, guest.describe(&mut store, config_json)).await;
+    let clock = fault::arm(&mut store, deadline);
+    let described = fault::bounded(&clock, guest.describe(&mut store, config_json)).await;
     let described = match described {
         Ok(Ok(d)) => d,
         Ok(Err(message)) => bail!(
@@ -324,8 +324,8 @@ async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Resu
     let mut retries = 0;
     let (store, instantiated) = loop {
         let mut store = version.new_store(purpose.clone());
-        fault::arm(&mut store, deadline);
-        let instantiated = fault::bounded(deadline, version.pre().instantiate_async(&mut store)).await;
+        let clock = fault::arm(&mut store, deadline);
+        let instantiated = fault::bounded(&clock, version.pre().instantiate_async(&mut store)).await;
         match instantiated {
             Err(err) if retries < super::versions::TRANSIENT_RETRIES && super::versions::is_transient(&err) => {
                 retries += 1;
@@ -379,8 +379,8 @@ impl Producer for WasmProducer {
         if let Some(subagents) = &self.subagents {
             store.data_mut().grant_subagents(subagents.clone());
         }
-        fault::arm(&mut store, deadline);
-        let label = match fault::bounded(deadline, guest.label(&mut store, &config, &args_json)).await {
+        let clock = fault::arm(&mut store, deadline);
+        let label = match fault::bounded(&clock, guest.label(&mut store, &config, &args_json)).await {
             Ok(Ok(label)) => one_line(&bounds::cap(label, bounds::MAX_LABEL_BYTES, "label")),
             Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
             Err(err) => bail!(fault::classify(&store, deadline, "label", &err)),
@@ -393,8 +393,8 @@ impl Producer for WasmProducer {
         let run = runner(async move {
             // A 0.1 descriptor never takes input, so the tool adapter never
             // asks a 0.1 plugin for an interactive run (see `versions`).
-            fault::arm(&mut store, deadline);
-            let task = match fault::bounded(deadline, guest.run(&mut store, &config, &args_json, mode)).await {
+            let clock = fault::arm(&mut store, deadline);
+            let task = match fault::bounded(&clock, guest.run(&mut store, &config, &args_json, mode)).await {
                 Ok(Ok(task)) => task,
                 Ok(Err(message)) => bail!("{}", bounds::cap(message, bounds::MAX_DETAIL_BYTES, "error message")),
                 Err(err) => bail!(fault::classify(&store, deadline, "run", &err)),

@@ -3,7 +3,8 @@
 //! Model: every store (one per task, plus throwaway stores for `describe` and
 //! load-time validation) holds a [`StoreState`]: a WASI 0.2 context with no
 //! ambient authority, the store's `ResourceTable`, its memory limiter, the
-//! per-call deadline bookkeeping and the tags that name it in logs.
+//! clock of the call in progress ([`super::clock`]) and the tags that name
+//! it in logs.
 //!
 //! Invariants:
 //! - The WASI context inherits nothing: no environment, no arguments, no
@@ -18,7 +19,6 @@
 //!   failure) and remembered, so the resulting fault names the limit.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store};
@@ -26,6 +26,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::clock::CallClock;
 use super::engine::PluginEngine;
 use super::resources::ProcessCtx;
 use crate::subagents::Subagents;
@@ -48,8 +49,9 @@ pub struct StoreState {
     pub(super) table: ResourceTable,
     limiter: TaskLimiter,
     pub(super) tag: StoreTag,
-    /// When the call in progress must end; checked at every epoch tick.
-    pub(crate) call_deadline_at: Instant,
+    /// The clock of the call in progress: its deadline counts the guest's
+    /// own time (see [`super::clock`]); checked at every epoch tick.
+    pub(crate) clock: Arc<CallClock>,
     /// Set when a call was interrupted by its deadline.
     pub(crate) deadline_hit: bool,
     stderr_tail: Arc<Mutex<TailBuffer>>,
@@ -78,7 +80,7 @@ impl StoreState {
                 memory_limit_hit: false,
             },
             tag,
-            call_deadline_at: Instant::now(),
+            clock: Arc::default(),
             deadline_hit: false,
             stderr_tail,
             process: ProcessCtx::default(),
@@ -87,21 +89,27 @@ impl StoreState {
     }
 
     /// A new store with this state, its limiter and its deadline policy
-    /// installed: each epoch tick yields to the executor; a tick past
-    /// `call_deadline_at` interrupts the guest.
+    /// installed: each epoch tick yields to the executor (the wait to run
+    /// again is not the guest's time); a tick past the guest's own budget
+    /// interrupts it.
     pub fn into_store(self, engine: &PluginEngine) -> Store<StoreState> {
         let mut store = Store::new(engine.engine(), self);
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_callback(|mut ctx| {
             let state = ctx.data_mut();
-            if Instant::now() >= state.call_deadline_at {
+            if state.clock.expired() {
                 state.deadline_hit = true;
                 Ok(wasmtime::UpdateDeadline::Interrupt)
             } else {
-                Ok(wasmtime::UpdateDeadline::Yield(1))
+                Ok(wasmtime::UpdateDeadline::YieldCustom(1, state.clock.yield_at_tick()))
             }
         });
         store
+    }
+
+    /// The clock of the call in progress (see [`super::clock`]).
+    pub fn clock(&self) -> &Arc<CallClock> {
+        &self.clock
     }
 
     /// The tags of this store.

@@ -244,3 +244,55 @@ async fn the_dashboard_shows_tails_and_kills_tasks_per_owner_in_a_real_browser()
     let log = common::wait_for_text(&log, "host disposed; exiting", Duration::from_secs(5)).await;
     assert!(!log.contains("connections still open"), "a stream held the shutdown:\n{log}");
 }
+
+/// Issue 30, item 2: a kill from the dashboard is an end the model did not
+/// ask for, so its owner is told, exactly once, with the next answer over
+/// MCP; the kill's reply is `task_kill`'s, and the task records who stopped
+/// it. Needs no browser: the page's kill is one POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_from_the_dashboard_is_told_to_the_owner_once() {
+    let server = Server::start("dashboard-notice").await;
+    let alice = server.client(ALICE).await;
+    let victim = start(&alice, "bash", json!({"command": "echo victim-up; sleep 600", "description": "to kill"})).await;
+    let http = reqwest::Client::new();
+    let api = format!("{}/dashboard/api", server.origin);
+    // Subscribed before the kill: its settlement is an event on this stream,
+    // sent once the listeners (the notice) ran.
+    let mut events = http.get(format!("{api}/events")).bearer_auth(ALICE).send().await.unwrap();
+    assert_eq!(events.status().as_u16(), 200);
+    let killed = http.post(format!("{api}/tasks/{victim}/kill")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(killed.status().as_u16(), 200);
+    let reply = json_of(&killed.text().await.unwrap());
+    assert_eq!(reply["text"], format!("requested cancellation of task {victim}"), "{reply}");
+    let mut seen = String::new();
+    let settled = loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), events.chunk())
+            .await
+            .expect("the kill settles within 30 s")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        let found = seen.split("\n\n").filter_map(|event| event.strip_prefix("event: task\ndata: ")).find_map(|data| {
+            let task = json_of(data);
+            (task["id"] == victim.as_str() && task["status"] == "killed").then_some(task)
+        });
+        if let Some(task) = found {
+            break task;
+        }
+    };
+    assert_eq!(settled["stop_cause"], json!({"by": "dashboard", "viewer": "ops"}), "{settled}");
+    assert_eq!(settled["reported"], json!(false), "the dashboard's kill reports nothing to the model");
+    let answer = common::texts(&call(alice.peer(), "task_list", json!({})).await);
+    assert_eq!(answer.len(), 2, "the list, then the notice: {answer:?}");
+    assert_eq!(
+        answer[1],
+        format!(
+            "background task {victim} (bash: echo victim-up; sleep 600) was killed from the dashboard \
+             [status: killed, signal: SIGTERM]. Read its output with task_output."
+        )
+    );
+    let again = common::texts(&call(alice.peer(), "task_list", json!({})).await);
+    assert_eq!(again.len(), 1, "told once: {again:?}");
+    let _ = alice.cancel().await;
+    server.stop().await;
+}

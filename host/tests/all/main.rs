@@ -12,6 +12,7 @@ mod http_limits;
 mod mcp_ext_tasks;
 mod mcp_http;
 mod mcp_input;
+mod mcp_output;
 mod mcp_python;
 mod mcp_stdio;
 mod mcp_tasks;

@@ -923,3 +923,49 @@ async fn a_long_foreground_call_is_promoted_over_mcp() {
     let (status, _) = server.disconnect().await;
     assert!(status.success());
 }
+
+/// Issue 30, item 5 over MCP: a client drops the answer to a request it
+/// cancelled, so a cancelled `task_output` wait reports nothing: the task's
+/// completion notice stays due and rides on a later answer, once.
+#[tokio::test]
+async fn a_cancelled_wait_reports_nothing_and_the_notice_comes_later() {
+    let mut raw = Raw::start("stdio-cancelled-wait");
+    raw.initialize(1, "2025-06-18").await;
+    let call = |id: u64, name: &str, arguments: serde_json::Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+            .to_string()
+    };
+    let text = |answer: &serde_json::Value| -> Vec<String> {
+        answer["result"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // ticker-1 ends first (after 2 s: the cancel lands long before, however
+    // loaded the machine); ticker-2 a second later, and its wait is the clock.
+    raw.send(call(2, "ticker", json!({"count": 2, "interval_ms": 1000, "run_in_background": true}))).await;
+    assert_eq!(text(&raw.answer().await), ["started background ticker task ticker-1"]);
+    raw.send(call(3, "ticker", json!({"count": 3, "interval_ms": 1000, "run_in_background": true}))).await;
+    assert_eq!(text(&raw.answer().await), ["started background ticker task ticker-2"]);
+    raw.send(call(4, "task_output", json!({"task_id": "ticker-1", "wait": true, "timeout_ms": 30_000}))).await;
+    raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}}).to_string())
+        .await;
+    // Waiting for ticker-2 (which ends after ticker-1) reports ticker-2; the
+    // answer carries ticker-1's notice: the cancelled wait reported nothing.
+    raw.send(call(5, "task_wait", json!({"task_ids": ["ticker-2"], "timeout_ms": 30_000}))).await;
+    let answer = raw.answer().await;
+    assert_eq!(answer["id"], json!(5), "the cancelled request is not answered: {answer}");
+    let texts = text(&answer);
+    assert_eq!(texts[0].lines().next(), Some("ticker-2 finished first"), "{texts:?}");
+    assert_eq!(
+        texts[1..],
+        ["background task ticker-1 (ticker: 2 ticks every 1000 ms) finished [status: completed, ticks: 2]. \
+          Read its output with task_output."],
+        "one notice, for the end nobody received"
+    );
+    raw.send(call(6, "task_list", json!({}))).await;
+    assert_eq!(text(&raw.answer().await).len(), 1, "told once");
+    raw.close().await;
+}

@@ -9,10 +9,13 @@
 //! - Background: the process's output is forwarded to the host
 //!   (`process.forward-output`), which appends it to the task's log as it
 //!   is read, stdout as it comes and stderr under a `[stderr]` header (a
-//!   header marks every change of stream, `[stdout]` included); the log
-//!   keeps it within its own bounds, so `memory_cap_bytes` and
-//!   `spill_cap_bytes` apply to foreground runs only. `read-output` then
-//!   adds nothing of its own. (Should the host refuse forwarding, it reads
+//!   header marks every change of stream, `[stdout]` included, and a read
+//!   that begins inside stderr starts with one); the log keeps it within
+//!   its own bounds (memory, then a log file in the owner's directory,
+//!   which the owner's later commands can read: a read that skips output
+//!   names its lines and that file as `full output: <path>`), so
+//!   `memory_cap_bytes` and `spill_cap_bytes` apply to foreground runs only.
+//!   `read-output` then adds nothing of its own. (Should the host refuse forwarding, it reads
 //!   consuming deltas in the same format, each preceded by
 //!   `[some output was dropped from memory; full output: <path>]` when a
 //!   reader fell more than the memory cap behind.)
@@ -152,8 +155,11 @@ impl Guest for Bash {
              and then kills the command and everything it started. Run long or endless commands \
              (servers, watchers, long builds) in the background when that is offered: you get a task \
              id at once, read new output with task_output, stop it with task_kill; everything the \
-             command started ends with it. Output beyond {} bytes per stream is kept in a file whose \
-             path the output names.",
+             command started ends with it. Output is never lost silently: a foreground call's output \
+             beyond {} bytes per stream is cut, and the output names the file that holds all of it \
+             ([output truncated; full output: <path>]); a background task's output is kept by the host, \
+             and a read that skips some names the lines and the file that hold it. Your later commands \
+             can read these files (read-only).",
             config.default_timeout_ms,
             config.max_timeout_ms,
             config.memory_cap_bytes.unwrap_or(64_000)

@@ -65,7 +65,8 @@ async fn fixture_with(test: &str, grant: Option<ProcessGrant>, mut config: Value
     }
     let producer = Arc::new(producer);
     let host = Host::new(&TasksSettings::default()).unwrap();
-    host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
+    // As `taskhost serve` does: logs in each owner's own directory.
+    host.registry().set_output_files(taskhost::task_logs::OwnerLogFiles::new(processes.clone()));
     host.add_producer(
         producer.clone(),
         ProducerToolOptions::new("bash").with_foreground_timeout(Duration::from_secs(60)).with_promote_after(None),
@@ -152,9 +153,9 @@ async fn foreground_returns_output_stderr_section_and_exit_code() {
 }
 
 /// Output nobody reads is drained by the host as it appears: nothing is
-/// dropped, a late read returns the latest 64 KiB (whole lines) and says
-/// what it skipped, and views still reach every line, through the task's
-/// private spill file beyond the memory window.
+/// dropped, a late read returns the latest 64 KiB (whole lines) and names
+/// what it skipped: its lines, which the `lines` view shows, and the task's
+/// log file, which the owner's own later commands can read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_background_output_is_kept_for_views_and_a_late_read_says_what_it_skipped() {
     let fx = fixture("spill").await;
@@ -162,27 +163,37 @@ async fn unread_background_output_is_kept_for_views_and_a_late_read_says_what_it
     let snapshot = fx.host.registry().wait(&id, BOUND, Some(&fx.agent), None).await.expect("wait");
     assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
     let expected = lines("row", 30000);
-    let spill = fx.host.registry().output_spill_dir().expect("set").join(format!("{id}.out"));
-    assert_eq!(std::fs::read_to_string(&spill).expect("the task's output spill file"), expected);
     let head = fx.call("task_output", json!({"task_id": id.as_str(), "view": "head", "lines": 2})).await;
     assert_eq!(head, "row 1\nrow 2\n[status: completed, exit code: 0]");
     let grep = fx.call("task_output", json!({"task_id": id.as_str(), "grep": "^row (1|15000|30000)$"})).await;
     assert_eq!(grep, "1: row 1\n15000: row 15000\n30000: row 30000\n[status: completed, exit code: 0]");
     let read = fx.host.registry().read(&id, Some(&fx.agent)).await.unwrap();
     let (notice, tail) = read.text.split_once('\n').expect("a notice line");
-    let skipped: usize = notice
-        .strip_prefix("[")
-        .and_then(|rest| {
-            rest.strip_suffix(
-                " bytes of output skipped here; task_output with view \"head\", \"all\" or grep shows what is kept]",
-            )
-        })
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no skip notice: {notice:?}"));
     assert!(tail.len() <= 64 * 1024 && tail.len() > 60 * 1024, "{}", tail.len());
     assert!(tail.starts_with("row "), "a cut read starts at a whole line");
-    assert_eq!(skipped + tail.len(), expected.len());
     assert!(expected.ends_with(tail));
+    let skipped = expected.len() - tail.len();
+    let last = expected[..skipped].lines().count();
+    let (said, path) = notice.split_once("; your commands can read them in the full output: ").expect(notice);
+    assert_eq!(
+        said,
+        format!(
+            "[{skipped} bytes of output skipped here (lines 1-{last}); task_output with view \"lines\", from 1, to {last} shows them"
+        )
+    );
+    let path = path.strip_suffix(']').expect(notice);
+    assert_eq!(std::fs::read_to_string(path).expect("the task's log file"), expected);
+    // The `lines` view gives the skipped lines back.
+    let page = fx.call("task_output", json!({"task_id": id.as_str(), "view": "lines", "from": 100, "to": 102})).await;
+    assert_eq!(page, "row 100\nrow 101\nrow 102\n[status: completed, exit code: 0]");
+    // The owner's own next command reads the file (read-only).
+    assert!(
+        taskhost::process::confine::support().mount_namespace,
+        "this test needs mount namespaces (root, or unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1)"
+    );
+    let command = format!("wc -l < {path}; {{ echo more >> {path}; }} 2>/dev/null && echo wrote || echo read-only");
+    let reply = fx.call("bash", json!({"command": command})).await;
+    assert_eq!(reply, "30000\nread-only\n[status: completed, exit code: 0]");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,7 +406,8 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
         .expect("describe")
         .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant()) });
     let host = Host::new(&TasksSettings { max_finished_tasks_per_owner: 1, ..TasksSettings::default() }).unwrap();
-    host.registry().set_output_spill_dir(processes.spill_dir()).expect("output directory");
+    // As `taskhost serve` does: logs in each owner's own directory.
+    host.registry().set_output_files(taskhost::task_logs::OwnerLogFiles::new(processes.clone()));
     host.add_producer(
         Arc::new(producer),
         ProducerToolOptions::new("bash").with_foreground_timeout(BOUND).with_promote_after(None),
@@ -417,12 +429,62 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
     };
     let (first, out) = run("for i in $(seq 1 30000); do echo \"row $i\"; done").await;
     assert!(out.starts_with("["), "a read past 64 KiB says what it skipped: {}", &out[..200]);
-    let path = host.registry().output_spill_dir().expect("set").join(format!("{first}.out"));
+    let note = out.lines().next().unwrap();
+    let path = note.split_once("full output: ").and_then(|(_, path)| path.strip_suffix(']')).expect(note);
+    let path = std::path::PathBuf::from(path);
     assert!(path.exists(), "{}", path.display());
     let (second, _) = run("echo small").await;
     // Reported, over the cap of one: the first task is gone, and its file.
     assert!(host.registry().get(&TaskId::new(first.as_str()), Some(&agent)).is_err(), "{first} dropped");
     assert!(host.registry().get(&TaskId::new(second.as_str()), Some(&agent)).is_ok());
     assert!(!path.exists(), "the spill file {} went with its task", path.display());
+    host.dispose().await;
+}
+
+/// Issue 28, item 5: finished tasks' output logs count against their
+/// owner's disk budget (`[process] spill_bytes_per_owner`), with the spill
+/// files of its processes: three tasks of 600 KB under a 1 MiB budget keep
+/// at most 1 MiB on disk, and a read says what was not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_are_charged_to_the_owner_disk_budget() {
+    let engine = engine();
+    let version = engine.load_file(taskhost::builtin::BASH_PATH).await.expect("load bash plugin");
+    let budget = 1 << 20;
+    let processes =
+        ProcessHost::new(&ProcessHostConfig { spill_bytes_per_owner: budget, ..ProcessHostConfig::default() })
+            .expect("process host");
+    let producer = WasmProducer::new(version, json!({}))
+        .await
+        .expect("describe")
+        .with_process(ProcessCapability { host: processes.clone(), grant: Arc::new(grant()) });
+    let host = Host::new(&TasksSettings::default()).unwrap();
+    host.registry().set_output_files(taskhost::task_logs::OwnerLogFiles::new(processes.clone()));
+    host.add_producer(
+        Arc::new(producer),
+        ProducerToolOptions::new("bash").with_background(true).with_foreground_timeout(BOUND).with_promote_after(None),
+    )
+    .expect("tool name is valid");
+    let agent = host.create_agent("agent", "session-budget").unwrap();
+    let context = CallContext::for_agent(&agent);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let args = json!({"command": "for i in $(seq 1 60000); do echo \"row $i\"; done | head -c 600000", "run_in_background": true});
+        let reply = host.call_tool("bash", args, &context).await.expect("started").text;
+        let id = TaskId::new(reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("{reply}")));
+        let snapshot = host.registry().wait(&id, BOUND, Some(&agent), None).await.expect("wait");
+        assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
+        ids.push(id);
+    }
+    let dir = processes.owner_spill("session-budget").unwrap().dir().to_path_buf();
+    let on_disk: u64 = std::fs::read_dir(&dir).unwrap().map(|entry| entry.unwrap().metadata().unwrap().len()).sum();
+    assert!(on_disk <= budget, "{on_disk} bytes of logs on disk, over the owner's budget of {budget}");
+    assert!(on_disk > budget - 64 * 1024, "the budget was used: {on_disk}");
+    // The third task's log got nothing of the budget: its first bytes are
+    // gone (the memory window keeps its last ones), and the view says so.
+    let third = ids[2].as_str();
+    let head = host.call_tool("task_output", json!({"task_id": third, "view": "head", "lines": 1}), &context).await;
+    let head = head.unwrap().text;
+    let gap = head.lines().next().unwrap();
+    assert!(gap.starts_with('[') && gap.ends_with(" bytes of output were not kept here]"), "{head}");
     host.dispose().await;
 }

@@ -109,10 +109,15 @@ pub(super) fn release_start(state: &mut State, shared: &Shared, bucket_key: Opti
 }
 
 /// A wait or kill in progress. If its future is dropped before it delivered
-/// (the caller went away), it un-counts itself and releases a held notice.
+/// (the caller went away), it un-counts itself and hands back an end held
+/// for it.
 pub(super) struct PendingReporter<'a> {
     pub(super) registry: &'a TaskRegistry,
-    pub(super) id: &'a TaskId,
+    /// The tasks it reports on: one for a wait or a kill, several for a
+    /// wait for any.
+    pub(super) ids: &'a [TaskId],
+    /// A wait's ticket; `None` for a kill (counted, with no entry).
+    pub(super) wait: Option<u64>,
     pub(super) armed: bool,
 }
 
@@ -121,20 +126,29 @@ impl Drop for PendingReporter<'_> {
         if !self.armed {
             return;
         }
-        let held = {
+        let mut held = Vec::new();
+        {
             let mut state = self.registry.shared.lock();
-            let Some(record) = state.tasks.get_mut(self.id) else {
-                return;
-            };
-            record.pending_reporters -= 1;
-            release_reporter(record)
-        };
-        self.registry.deliver_held_notice(held);
+            for id in self.ids {
+                let Some(record) = state.tasks.get_mut(id) else { continue };
+                match self.wait {
+                    Some(ticket) => {
+                        record.end_wait(ticket);
+                    }
+                    None => record.pending_reporters -= 1,
+                }
+                held.extend(release_reporter(record));
+            }
+        }
+        for done in held {
+            self.registry.tell_listeners(Some(done));
+        }
     }
 }
 
 /// After a reporter left without delivering: if the task settled while
-/// reporters were pending and none is left to deliver, un-suppress the notice.
+/// reporters were pending and none is left to deliver, the end is untold
+/// again and its listeners (the completion notice) are owed it.
 pub(super) fn release_reporter(record: &mut Record) -> Option<TaskDone> {
     if record.reporting == Reporting::Held && record.pending_reporters == 0 {
         record.reporting = Reporting::Untold;

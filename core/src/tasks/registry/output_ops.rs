@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::settle::prune_history;
 use super::state::{fenced, fenced_mut};
 use super::*;
-use crate::tasks::output::{OutputLog, ViewRequest};
+use crate::tasks::output::{OutputLog, SectionLabel, ViewRequest};
 use crate::tasks::peek::{OutputPeek, TAIL_LIMIT};
 
 /// The bytes of an output line a pattern notice quotes at most.
@@ -156,10 +156,8 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            let newly_reported = record.status.is_terminal() && !record.reporting.is_reported();
-            if record.status.is_terminal() {
-                record.mark_reported();
-            }
+            let newly_reported = record.status.is_terminal() && record.reporting != state::Reporting::Reported;
+            let held = if record.status.is_terminal() { record.mark_reported() } else { None };
             let taken = (record.snapshot(), record.control.clone(), record.output_source());
             if newly_reported {
                 // This read is the report, so older finished tasks may now
@@ -168,6 +166,7 @@ impl TaskRegistry {
                 let bucket = record.bucket_key();
                 let dropped = prune_history(&mut state, &self.shared, bucket);
                 drop(state);
+                self.tell_listeners(held);
                 self.release_records(dropped);
             }
             taken
@@ -207,12 +206,7 @@ impl TaskRegistry {
         };
         let output = match output {
             OutputSource::Log(log) => log,
-            OutputSource::Final(text) => {
-                let mut log =
-                    OutputLog::new(Arc::new(OutputLimits { spill_dir: None, ..OutputLimits::default() }), None);
-                log.append(&text, None);
-                return Ok((log.view(request), self.get(id, caller)?));
-            }
+            OutputSource::Final(text) => return Ok((OutputLog::of_text(&text).view(request), self.get(id, caller)?)),
         };
         let mut output = output.lock().await;
         output.rearm();
@@ -248,7 +242,7 @@ impl TaskRegistry {
         let end = output.log.total();
         let requested = if since > end { 0 } else { since };
         let (text, start) = output.log.since(since, TAIL_LIMIT);
-        Ok(OutputPeek { text: text.to_string(), start, end, skipped: start - requested.min(start), snapshot })
+        Ok(OutputPeek { text, start, end, skipped: start - requested.min(start), snapshot })
     }
 
     /// Pulls what the producer has new into the log. `Some(outcome)`: the
@@ -259,7 +253,21 @@ impl TaskRegistry {
         control: &dyn TaskControl,
         output: &mut TaskOutput,
     ) -> Result<Option<TaskOutcome>, TaskError> {
-        if control.take_pulled_output(&mut |text| self.record_output(id, output, text)) {
+        let before = output.log.total();
+        let pulled = self.pull_into(id, control, output).await;
+        if output.log.total() != before {
+            self.enforce_output_memory();
+        }
+        pulled
+    }
+
+    async fn pull_into(
+        &self,
+        id: &TaskId,
+        control: &dyn TaskControl,
+        output: &mut TaskOutput,
+    ) -> Result<Option<TaskOutcome>, TaskError> {
+        if control.take_pulled_sections(&mut |text, label| self.record_output(id, output, text, label)) {
             return Ok(None);
         }
         let pulled = crate::panics::contained(control.read_output()).await;
@@ -275,18 +283,19 @@ impl TaskRegistry {
                 }
             },
         };
-        self.record_output(id, output, &text);
+        self.record_output(id, output, &text, None);
         Ok(ended)
     }
 
-    /// Appends pulled output to the log and runs the milestones on it.
-    fn record_output(&self, id: &TaskId, output: &mut TaskOutput, text: &str) {
+    /// Appends pulled output (of the part labelled `label`) to the log and
+    /// runs the milestones on it.
+    fn record_output(&self, id: &TaskId, output: &mut TaskOutput, text: &str, label: SectionLabel) {
         if text.is_empty() {
             return;
         }
         let TaskOutput { log, milestones } = output;
         let Some(milestones) = milestones.as_mut() else {
-            log.append(text, None);
+            log.append(text, label, None);
             return;
         };
         milestones.last_output = Instant::now();
@@ -295,13 +304,14 @@ impl TaskRegistry {
         match milestones.pattern.as_ref().filter(|_| milestones.pattern_armed) {
             Some(pattern) => log.append(
                 text,
+                label,
                 Some(&mut |line: &str| {
                     if matched.is_none() && pattern.is_match(line) {
                         matched = Some(line.to_string());
                     }
                 }),
             ),
-            None => log.append(text, None),
+            None => log.append(text, label, None),
         }
         if let (Some(line), Some(pattern)) = (matched, milestones.pattern.as_ref()) {
             milestones.pattern_armed = false;

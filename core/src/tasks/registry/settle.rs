@@ -4,8 +4,11 @@
 //!
 //! Invariants:
 //! - Settlement is first-wins: the first outcome (or force-fail) is final;
-//!   later outcomes are logged and dropped, and listeners fire once per
-//!   task, outside the lock, before waiters and subscribers hear of it.
+//!   later outcomes are logged and dropped. Listeners hear each end once,
+//!   with its final `reported`, outside the lock: at settlement, before
+//!   waiters and subscribers hear of it, or, for an end held for the waits
+//!   and kills pending at settlement, once one of them delivers it or the
+//!   last hands it back.
 //! - A completion notice and an explicit report of the same end are mutually
 //!   exclusive: the notice is injected under the registry lock only while
 //!   the task is untold, and a later report retracts it from the owner's
@@ -133,7 +136,8 @@ impl TaskRegistry {
 
     pub(super) fn settle_record(&self, id: &TaskId, settlement: Settlement) {
         let Settlement { status, detail, output, forced, reported } = settlement;
-        let (done, settled, silent, bucket_key) = {
+        // `quiet`: no listener runs now (disposal, or a held end).
+        let (done, settled, quiet, bucket_key) = {
             let mut state = self.shared.lock();
             let silent = state.disposed;
             let owner_closing = {
@@ -151,6 +155,12 @@ impl TaskRegistry {
             }
             record.status = status;
             record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
+            // A wait whose abort fired before this settlement was aborted
+            // first: it holds nothing (and will fail).
+            if let Some(waits) = record.waits.as_mut() {
+                let aborted = waits.drop_aborted();
+                record.pending_reporters -= aborted;
+            }
             // Reported by the caller that settled it, or nobody is left to
             // tell (owner teardown, registry disposal); else pending waits
             // and kills take over reporting. An end already reported (a
@@ -162,9 +172,12 @@ impl TaskRegistry {
             }
             if let Some(output) = &record.output_log {
                 output.stop_stall_watcher();
+                self.shared.output_memory.finished(output);
             }
             let done = record.done_event();
-            let settled = record.settled.take();
+            // A held end's listeners run when it is delivered or handed back.
+            let held = record.reporting == Reporting::Held;
+            let settled = record.waits.as_ref().map(|waits| waits.settled.clone());
             if forced {
                 record.watcher.abort();
             }
@@ -173,11 +186,11 @@ impl TaskRegistry {
                 bucket.live -= 1;
                 bucket.finished.push_back(id.clone());
             }
-            (done, settled, silent, bucket_key)
+            (done, settled, silent || held, bucket_key)
         };
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
-        if !silent {
+        if !quiet {
             self.notify_listeners(&done);
         }
         // Subscribers and waiters (waits, teardown, disposal) hear of it only
@@ -190,6 +203,8 @@ impl TaskRegistry {
         // also sees the records (and their files) it aged out gone.
         let dropped = prune_history(&mut self.shared.lock(), &self.shared, bucket_key);
         self.release_records(dropped);
+        // A finished task's output is the first to leave memory.
+        self.enforce_output_memory();
         if let Some(settled) = settled {
             settled.cancel();
         }
@@ -203,7 +218,17 @@ impl TaskRegistry {
             return;
         }
         let subscribed = self.shared.has_subscribers();
-        for record in records {
+        let disposed = self.shared.lock().disposed;
+        for mut record in records {
+            // An end still held for waits that never came back: nobody is
+            // left to tell, and its listeners hear it now, once (disposal
+            // stays silent).
+            if record.reporting == Reporting::Held
+                && let Some(done) = record.mark_reported()
+                && !disposed
+            {
+                self.notify_listeners(&done);
+            }
             tracing::debug!(task = %record.id, "task record released");
             if subscribed {
                 let owner_session = record.owner.as_ref().map(|o| o.session.clone());
@@ -225,9 +250,10 @@ impl TaskRegistry {
         }
     }
 
-    /// A pending reporter left without delivering: if it was the last one
-    /// holding back a notice, the notice goes out after all.
-    pub(super) fn deliver_held_notice(&self, held: Option<TaskDone>) {
+    /// Tells the listeners of a held end, once it was delivered or handed
+    /// back (see [`Reporting::Held`]); `None` does nothing. Called outside
+    /// the registry lock.
+    pub(super) fn tell_listeners(&self, held: Option<TaskDone>) {
         if let Some(done) = held {
             self.notify_listeners(&done);
         }

@@ -195,11 +195,13 @@ impl TaskRegistry {
         let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
         let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
         let output_log = streams_output.then(|| {
-            let spill_path = self.shared.output_dir.get().map(|dir| dir.join(format!("{id}.out")));
-            Arc::new(StreamOutput::new(TaskOutput::new(
-                OutputLog::new(self.shared.output_limits.clone(), spill_path),
-                &options,
-            )))
+            let target = self.shared.output_files.get().map(|files| FileTarget {
+                files: files.clone(),
+                owner: owner.as_ref().map(|o| o.session.clone()),
+                task: id.clone(),
+            });
+            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
+            Arc::new(StreamOutput::new(TaskOutput::new(log, &options)))
         });
         if let Some(log) = &output_log {
             self.watch_stalls(&id, log);
@@ -220,7 +222,8 @@ impl TaskRegistry {
             control,
             output_log,
             watcher,
-            settled: None,
+            waits: None,
+            stop_cause: None,
         }));
         if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)

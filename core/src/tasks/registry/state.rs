@@ -24,6 +24,16 @@ pub(super) struct State {
     pub(super) surfaces: usize,
     pub(super) starts_in_flight: usize,
     pub(super) disposed: bool,
+    /// The last wait ticket issued (see [`Waits`]).
+    pub(super) last_wait_ticket: u64,
+}
+
+impl State {
+    /// A ticket naming one wait in the [`Waits`] of the tasks it waits on.
+    pub(super) fn wait_ticket(&mut self) -> u64 {
+        self.last_wait_ticket += 1;
+        self.last_wait_ticket
+    }
 }
 
 /// Every record, found by its id. A table of boxed records keyed by the id
@@ -117,7 +127,9 @@ pub(super) struct Record {
     pub(super) started_at: u64,
     /// Who was told of the task's end, and how.
     pub(super) reporting: Reporting,
-    /// Waits and kills in progress; at settlement they take over reporting.
+    /// Waits and kills in progress that would report the end: the kills
+    /// pending, and the waits in [`Waits::entries`]. At settlement they take
+    /// over reporting ([`Reporting::Held`]).
     pub(super) pending_reporters: u32,
     pub(super) producer_info: Option<Box<str>>,
     /// Whether `task_input` may write to it.
@@ -129,9 +141,52 @@ pub(super) struct Record {
     pub(super) output_log: Option<Arc<StreamOutput>>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
     pub(super) watcher: tokio::task::AbortHandle,
-    /// Fires after settlement (and its listeners); made on first demand,
-    /// since most tasks are never waited on.
-    pub(super) settled: Option<CancellationToken>,
+    /// The settlement signal and the waits in progress; made on first
+    /// demand, since most tasks are never waited on.
+    pub(super) waits: Option<Box<Waits>>,
+    /// Who asked the task to stop (the first to ask), once anyone did.
+    pub(super) stop_cause: Option<Box<StopCause>>,
+}
+
+/// What waits on one task: the signal that fires after its settlement, and
+/// every wait in progress with its abort token.
+///
+/// A wait is an entry from the moment it begins until it leaves, or until a
+/// settlement finds its abort already fired: such a wait was aborted first,
+/// so it does not hold the end (the seeds' "an aborted waiter un-counts
+/// itself synchronously"), and the settlement removes it. A wait whose entry
+/// is still there when it finds the task settled was waiting when the task
+/// settled: the end is owed to it.
+#[derive(Default)]
+pub(super) struct Waits {
+    pub(super) settled: CancellationToken,
+    pub(super) entries: Vec<WaitEntry>,
+}
+
+/// One wait in progress on a task.
+pub(super) struct WaitEntry {
+    pub(super) ticket: u64,
+    pub(super) abort: Option<CancellationToken>,
+}
+
+impl Waits {
+    /// Removes the entry of wait `ticket`; true if it was there.
+    pub(super) fn take(&mut self, ticket: u64) -> bool {
+        match self.entries.iter().position(|entry| entry.ticket == ticket) {
+            Some(at) => {
+                self.entries.swap_remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes the entries whose abort already fired; returns how many.
+    pub(super) fn drop_aborted(&mut self) -> u32 {
+        let before = self.entries.len();
+        self.entries.retain(|entry| !entry.abort.as_ref().is_some_and(CancellationToken::is_cancelled));
+        (before - self.entries.len()) as u32
+    }
 }
 
 /// Who was told of a task's end: the one state that decides whether a
@@ -145,7 +200,9 @@ pub(super) struct Record {
 /// - `Untold` → `Held`: the task settled while waits or kills were pending
 ///   (`pending_reporters > 0`); they are to report it.
 /// - `Held` → `Reported`: one of them delivered; `Held` → `Untold`: the last
-///   one left without delivering, and the notice goes out after all.
+///   one left without delivering, and the notice goes out after all. The
+///   task-done listeners of a held end run at one of these two transitions,
+///   not at settlement, so they hear the end once, with the final `reported`.
 /// - `Untold` → `Noticed`: the completion notice was injected into the
 ///   owner's session (only once terminal); `Noticed` → `Reported`: a later
 ///   report retracts the unread notice.
@@ -199,6 +256,7 @@ impl Record {
             finished_at: self.finished_at(),
             reported: self.reporting.is_reported(),
             producer_info: self.producer_info.as_deref().map(str::to_string),
+            stop_cause: self.stop_cause.as_deref().cloned(),
         }
     }
 
@@ -226,7 +284,31 @@ impl Record {
     }
 
     pub(super) fn settled_signal(&mut self) -> CancellationToken {
-        self.settled.get_or_insert_with(CancellationToken::new).clone()
+        self.waits_mut().settled.clone()
+    }
+
+    pub(super) fn waits_mut(&mut self) -> &mut Waits {
+        self.waits.get_or_insert_with(Default::default)
+    }
+
+    /// Registers wait `ticket` (counted as a pending reporter) and returns
+    /// the settlement signal it waits for.
+    pub(super) fn begin_wait(&mut self, ticket: u64, abort: Option<&CancellationToken>) -> CancellationToken {
+        self.pending_reporters += 1;
+        let waits = self.waits_mut();
+        waits.entries.push(WaitEntry { ticket, abort: abort.cloned() });
+        waits.settled.clone()
+    }
+
+    /// Wait `ticket` leaves: its entry goes, and it no longer counts as a
+    /// pending reporter. True if the entry was still there (for a settled
+    /// task: the end is owed to this wait).
+    pub(super) fn end_wait(&mut self, ticket: u64) -> bool {
+        let owed = self.waits.as_mut().is_some_and(|waits| waits.take(ticket));
+        if owed {
+            self.pending_reporters -= 1;
+        }
+        owed
     }
 
     pub(super) fn bucket_key(&self) -> Option<u64> {
@@ -236,12 +318,22 @@ impl Record {
     /// A reporter delivered the terminal state. A notice of the same end
     /// still unread by the owner is retracted: the report replaces it.
     /// Called under the registry lock, which orders it with
-    /// [`TaskRegistry::inject_completion_notice`].
-    pub(super) fn mark_reported(&mut self) {
-        let noticed = self.reporting == Reporting::Noticed;
+    /// [`TaskRegistry::inject_completion_notice`]. Returns the settlement the
+    /// task-done listeners are still owed (the end was held), to be told
+    /// once the lock is released.
+    #[must_use = "a held end owes its listeners: pass it to TaskRegistry::tell_listeners"]
+    pub(super) fn mark_reported(&mut self) -> Option<TaskDone> {
+        let before = self.reporting;
         self.reporting = Reporting::Reported;
-        if noticed && let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade()) {
-            owner.retract_unread_about(&self.id);
+        match before {
+            Reporting::Noticed => {
+                if let Some(owner) = self.owner.as_ref().and_then(|o| o.agent.upgrade()) {
+                    owner.retract_unread_about(&self.id);
+                }
+                None
+            }
+            Reporting::Held => Some(self.done_event()),
+            Reporting::Untold | Reporting::Reported => None,
         }
     }
 

@@ -11,6 +11,11 @@
 //! The per-store state and guest-held resources they hand out live in
 //! [`super::resources`], which the bindings name (so it depends on neither).
 //!
+//! The host's own work a guest waits on (a process spawn, a subagent start,
+//! a log write) runs as a host step of the store's call clock
+//! ([`super::clock`]): the guest's deadline stands still meanwhile, and the
+//! step has a bound of its own.
+//!
 //! Adding a capability: its WIT in `wit/`, a `with:` entry in
 //! [`super::bindings`] for its resources (defined in [`super::resources`]), a module here with a view type and
 //! `add_to_linker`, its per-store state in [`StoreState`], one line in
@@ -27,15 +32,25 @@ use super::engine::PluginEngine;
 use super::state::StoreState;
 
 fn log_view(state: &mut StoreState) -> log::LogView<'_> {
-    log::LogView { tag: &state.tag }
+    log::LogView { tag: &state.tag, clock: &state.clock }
 }
 
 fn process_view(state: &mut StoreState) -> process::ProcessView<'_> {
-    process::ProcessView { ctx: &mut state.process, table: &mut state.table, plugin: &state.tag.plugin }
+    process::ProcessView {
+        ctx: &mut state.process,
+        table: &mut state.table,
+        plugin: &state.tag.plugin,
+        clock: &state.clock,
+    }
 }
 
 fn subagents_view(state: &mut StoreState) -> subagents::SubagentsView<'_> {
-    subagents::SubagentsView { grant: state.subagents.as_ref(), table: &mut state.table, tag: &state.tag }
+    subagents::SubagentsView {
+        grant: state.subagents.as_ref(),
+        table: &mut state.table,
+        tag: &state.tag,
+        clock: &state.clock,
+    }
 }
 
 /// Assembles every host import a plugin may use: WASI 0.2 (sandboxed by the

@@ -14,6 +14,7 @@
 //! This is the current (0.2) interface; [`super::v0_1`] serves the frozen
 //! 0.1 one by delegating here.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::DynPollable;
 
 use crate::plugin::bindings::taskhost::producer::process as wit;
+use crate::plugin::clock::{CallClock, SPAWN_BOUND};
 use crate::plugin::resources::{ExitWatch, Held, ProcessCtx, ProcessResource};
 
 /// One store's process capability, borrowed for a host call.
@@ -30,6 +32,8 @@ pub struct ProcessView<'a> {
     pub table: &'a mut ResourceTable,
     /// The plugin's name, for refusals and logs.
     pub plugin: &'a str,
+    /// The call's clock: a spawn is the host's time ([`SPAWN_BOUND`]).
+    pub clock: &'a Arc<CallClock>,
 }
 
 struct ProcessData;
@@ -86,23 +90,31 @@ impl wit::Host for ProcessView<'_> {
             },
         };
         let span = tracing::Span::current();
-        let owner = match ctx.owner.clone() {
-            Some(owner) => owner,
-            None => match capability.host.owner_spill("") {
-                Ok(owner) => owner,
-                Err(error) => return Ok(Err(format!("cannot create the spill directory: {error}"))),
-            },
+        let owner = ctx.owner.clone();
+        // The host's own work: the plugin's clock stands still, the spawn
+        // has its own bound.
+        let spawn = async {
+            let owner = match owner {
+                Some(owner) => owner,
+                None => capability.host.owner_spill("").map_err(|error| SpawnError::Failed {
+                    program: request.argv.first().cloned().unwrap_or_default(),
+                    source: std::io::Error::new(error.kind(), format!("cannot create the spill directory: {error}")),
+                })?,
+            };
+            capability.host.spawn_for(&owner, &capability.grant, request, &span).await
         };
-        let process = match capability.host.spawn_for(&owner, &capability.grant, request, &span).await {
-            Ok(process) => process,
-            Err(err @ SpawnError::Refused(_)) => {
+        let process = match self.clock.host_step("process spawn", SPAWN_BOUND, spawn).await {
+            Ok(Ok(process)) => process,
+            Ok(Err(err @ SpawnError::Refused(_))) => {
                 tracing::debug!(plugin, error = %err, "process spawn refused");
                 return Ok(Err(err.to_string()));
             }
-            Err(err) => {
+            Ok(Err(err)) => {
                 tracing::warn!(plugin, error = %err, "process spawn failed");
                 return Ok(Err(err.to_string()));
             }
+            // The host overran its own bound: said as the host's, not the plugin's.
+            Err(overran) => return Ok(Err(overran.to_string())),
         };
         ctx.held.fetch_add(1, Ordering::AcqRel);
         let watch = process.watch();

@@ -11,12 +11,15 @@
 //!   pollable `subscribe` returns (ready when the result is in, or — once
 //!   disposal started — when the child is released).
 
+use std::sync::Arc;
+
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::DynPollable;
 
 use crate::plugin::bindings::taskhost::producer::subagents::{
     self as wit, Host as WitHost, HostRun, RunResult as WitRunResult, StopReason as WitStopReason,
 };
+use crate::plugin::clock::CallClock;
 use crate::plugin::resources::RunResource;
 use crate::plugin::state::StoreTag;
 use crate::subagents::{RunGuard, RunResult, StartRequest, StopReason, Subagents};
@@ -27,6 +30,8 @@ pub struct SubagentsView<'a> {
     pub grant: Option<&'a Subagents>,
     pub table: &'a mut ResourceTable,
     pub tag: &'a StoreTag,
+    /// The call's clock: starting a child run is the host's time.
+    pub clock: &'a Arc<CallClock>,
 }
 
 struct SubagentsData;
@@ -69,7 +74,8 @@ impl WitHost for SubagentsView<'_> {
                 self.tag.plugin
             )));
         };
-        let run = match subagents.start(StartRequest { description, prompt, profile }) {
+        let started = self.clock.host_step_now(|| subagents.start(StartRequest { description, prompt, profile }));
+        let run = match started {
             Ok(run) => run,
             Err(error) => return Ok(Err(format!("{error:#}"))),
         };
