@@ -5,15 +5,24 @@
 //! `exec` (no external helper), and Landlock through raw syscalls:
 //!
 //! ```text
-//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, process-group leader)
+//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, session leader)
 //!                 │ unshare(NEWPID [| NEWNET] [| NEWUSER]), Landlock
 //!                 └─fork─▶ I "init" (PID 1 of the new namespace)
 //!                           └─fork─▶ C the command (PID 2) ──exec──▶ argv
 //! ```
+//! - K leads a session of its own (`setsid` before anything else: the
+//!   exec'd and warm keepers through `posix_spawn`'s `POSIX_SPAWN_SETSID`,
+//!   a forked K first thing, the fork waiting for it), so the tree has no
+//!   controlling terminal: no `TIOCSTI` or `tcsetpgrp` on the server's
+//!   terminal, `/dev/tty` opens nothing. The session exists when the start
+//!   returns, so a group kill that lands at once cannot miss.
 //! - The task's process group is K's. `kill` signals the group: C and every
-//!   descendant that stayed in it get SIGTERM; K ignores it and I, as a
-//!   namespace init without handlers, is immune to it. So a command can still
-//!   clean up during the grace period.
+//!   descendant that stayed in it get SIGTERM; K and I keep it blocked (the
+//!   command's process unblocks it before its `exec`). So a command can still
+//!   clean up during the grace period. A kill that lands before the command
+//!   exists is not lost: K forwards what is pending to I once I exists (and
+//!   tells I through a pipe that it did), I forwards what is pending to the
+//!   command once it exists.
 //! - When C exits, I reports C's wait status to K through a pipe and exits;
 //!   the kernel then kills everything left in the namespace, including
 //!   descendants that called `setsid`, `nohup` or double-forked, and K
@@ -521,19 +530,33 @@ impl ChildPlan {
     pub(crate) fn fork(&self, stdin: Option<RawFd>) -> io::Result<Forked> {
         let (stdout, stdout_w) = pipe()?;
         let (stderr, stderr_w) = pipe()?;
+        // K tells through this pipe that its session exists (see below).
+        let (session_r, session_w) = pipe()?;
         // SAFETY: the child runs only `in_child`, which is async-signal-safe.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
         if pid == 0 {
-            // SAFETY: a freshly forked child.
-            unsafe { self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()) }
+            // SAFETY: a freshly forked child: its own session first, said
+            // through the pipe, then the tree.
+            unsafe {
+                libc::setsid();
+                libc::close(session_w.as_raw_fd());
+                self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd())
+            }
         }
-        // Also from this side (as shells do), so the group exists as soon as
-        // this returns and a kill cannot miss it.
-        // SAFETY: plain syscall on our own child.
-        unsafe { libc::setpgid(pid, pid) };
+        // The group kill signals K's session (`kill(-pid)`), which exists
+        // only once K called `setsid` (the parent cannot make it: a group
+        // leader could not call `setsid` then). So this waits for K to close
+        // its end, its first step: a kill from then on cannot miss. End of
+        // file also comes when K died first; then there is nothing to kill.
+        drop(session_w);
+        let mut byte = 0u8;
+        // SAFETY: a blocking read of one byte into a local from our pipe.
+        while unsafe { libc::read(session_r.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
         Ok(Forked { pid, stdout, stderr })
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 
+mod session;
 mod view;
 
 fn host() -> Arc<ProcessHost> {
