@@ -81,7 +81,8 @@ use std::sync::OnceLock;
 
 use super::fs_policy::TreePolicy;
 use super::landlock;
-use super::sandbox::{MountPlan, SeccompPrograms};
+use super::sandbox::SeccompPrograms;
+use super::view::MountPlan;
 use crate::child;
 
 /// What the kernel allows here, probed once per host process.
@@ -198,14 +199,14 @@ fn probe() -> ConfinementSupport {
         user_namespace,
         pid_namespace,
         net_namespace,
-        mount_namespace: mounts & PROBE_MOUNTS != 0,
+        mount_namespace: mounts & PROBE_MOUNTS != 0 && mounts & PROBE_FINISH != 0,
         fresh_proc: pid_namespace && mounts & PROBE_PROC != 0,
         seccomp,
         landlock_abi,
     }
 }
 
-use child::probe::{PROBE_ALL, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
+use child::probe::{PROBE_ALL, PROBE_FINISH, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
 
 /// Forks a child that tries the unshare (and a first process in the new PID
 /// namespace), the mount set-up when `flags` has a mount namespace, a fresh
@@ -350,6 +351,8 @@ pub(crate) struct ChildPlan {
     pub(super) landlock: Option<OwnedFd>,
     /// The rights of a read-write Landlock rule on this kernel.
     pub(super) landlock_rights: u64,
+    /// The rights of a read-only Landlock rule on this kernel.
+    pub(super) landlock_read_rights: u64,
     pub(super) seccomp: Option<&'static SeccompPrograms>,
     pub(super) devnull: RawFd,
     pub(super) lifeline: RawFd,
@@ -370,8 +373,6 @@ pub(crate) struct Bounds {
     /// `RLIMIT_DATA`.
     pub data: u64,
 }
-
-impl Bounds {}
 
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
 pub(crate) struct Forked {
@@ -413,13 +414,15 @@ pub struct Applied {
 
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
-    /// (when the kernel supports it); `policy` the tree's filesystem policy;
-    /// `bounds` the tree's limits.
+    /// (when the kernel supports it); `read_root`: Landlock reads everything
+    /// the view shows; `policy` the tree's filesystem policy; `bounds` the
+    /// tree's limits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
         want_net_ns: bool,
         landlock: Option<OwnedFd>,
+        read_root: bool,
         policy: &TreePolicy,
         spill: SpillView<'_>,
         cwd: &std::path::Path,
@@ -444,19 +447,7 @@ impl ChildPlan {
                 ns_flags |= flag;
             }
         }
-        let mounts = if mount_ns {
-            let spill = Some((spill.hidden, spill.owner));
-            Some(MountPlan::new(
-                &policy.read_write,
-                &policy.private,
-                &policy.deny,
-                &policy.write_protected,
-                spill,
-                fresh_proc,
-            )?)
-        } else {
-            None
-        };
+        let mounts = if mount_ns { Some(crate::view::plan(policy, spill, fresh_proc, read_root)?) } else { None };
         let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
         let applied = Applied {
@@ -475,6 +466,7 @@ impl ChildPlan {
             mounts,
             landlock,
             landlock_rights: landlock::handled_bits(),
+            landlock_read_rights: landlock::read_bits(),
             seccomp,
             devnull,
             lifeline: lifeline()?,
@@ -512,6 +504,7 @@ impl ChildPlan {
             mounts,
             landlock,
             landlock_rights: landlock::handled_bits(),
+            landlock_read_rights: landlock::read_bits(),
             seccomp,
             devnull: devnull()?,
             lifeline,

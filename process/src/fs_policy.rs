@@ -14,7 +14,7 @@
 //! A [`TreePolicy`] is everything resolved to canonical paths for a spawn;
 //! [`PolicyCache`] reuses the previous resolution when `stat` shows that
 //! every path it was resolved from still names the same file (or is still
-//! missing); [`super::sandbox::MountPlan`] and [`super::landlock`] enforce
+//! missing); [`super::view`] and [`super::landlock`] enforce
 //! it.
 //!
 //! Invariants: the host's protected paths (its configuration, tokens,
@@ -68,7 +68,7 @@ pub const SYSTEM_DENY_READ: &[&str] = &[
 pub const HOST_DENY_READ: &[&str] = &["~/.cache/taskhost"];
 
 /// Directories that get a fresh, empty `tmpfs` in every tree.
-const PRIVATE_DIRS: &[&str] = &["/tmp", "/dev/shm", "/run/user"];
+const PRIVATE_DIRS: &[&str] = &["/tmp", "/run/user"];
 
 /// A grant's changes to the default filesystem policy.
 ///
@@ -353,7 +353,7 @@ impl TreePolicy {
     }
 }
 
-/// `/tmp`, `/dev/shm`, `/run/user` and `$XDG_RUNTIME_DIR`, canonical,
+/// `/tmp`, `/run/user` and `$XDG_RUNTIME_DIR`, canonical,
 /// existing, and none below another (a mount below a fresh `tmpfs` would
 /// find no mount point).
 fn private_dirs(runtime: Option<&Path>, paths: &mut Resolutions) -> Vec<PathBuf> {

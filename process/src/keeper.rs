@@ -28,7 +28,7 @@
 //! rlimit_data(0: none), cgroups(the number of `cgroup.procs` paths that
 //! follow), paths..., mounts(-1: no mount namespace, else
 //! the number of entries that follow), mount entries..., cwd, program, "--",
-//! argv...]` (mount entries as [`super::sandbox::MountPlan::to_args`]); the
+//! argv...]` (mount entries as [`super::view::MountPlan::to_args`]); the
 //! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null,
 //! or the read end of the tree's stdin pipe), stdout and stderr; it already leads a session of its own.
 //!
@@ -43,7 +43,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::confine::{Bounds, ChildPlan, ExecPlan, Forked};
-use super::sandbox::MountPlan;
+use super::view::MountPlan;
 
 pub mod zygote;
 
@@ -133,7 +133,11 @@ pub(crate) fn plan_from_args(
         let n = n_mounts as usize;
         let entries = args.get(at..at + n).ok_or_else(|| bad("fewer mount entries than announced"))?;
         at += n;
-        Some(MountPlan::from_args(&entries.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())?)
+        let (plan, used) = MountPlan::from_args(&entries.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())?;
+        if used != n {
+            return Err(bad("the view is longer than announced"));
+        }
+        Some(plan)
     } else {
         None
     };

@@ -45,6 +45,7 @@ mod sandbox;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod view;
 pub use keeper::zygote;
 
 #[cfg(test)]
@@ -414,7 +415,13 @@ impl ProcessHost {
             &self.protected,
             &self.write_protected,
         ));
-        let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
+        // In a view, a rule on the host's root reaches nothing: "read
+        // everything" becomes a rule on the view's root, added by the keeper.
+        let in_view = confine::support().mount_namespace;
+        let read_root = in_view && policy.read.iter().any(|p| p == Path::new("/"));
+        let host_read: Vec<PathBuf> =
+            policy.read.iter().filter(|p| !(in_view && *p == Path::new("/"))).cloned().collect();
+        let ruleset = landlock::ruleset(&host_read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
@@ -426,9 +433,18 @@ impl ProcessHost {
             nproc,
             data,
         };
-        let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec, bounds)
-                .map_err(failed)?;
+        let (plan, applied) = confine::ChildPlan::new(
+            grant.pid_namespace,
+            !grant.network,
+            ruleset,
+            read_root,
+            &policy,
+            spill,
+            &cwd,
+            exec,
+            bounds,
+        )
+        .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stdin_pipe = match request.stdin {

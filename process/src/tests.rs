@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 
+mod dev;
 mod session;
 mod view;
 

@@ -16,3 +16,4 @@ mod mcp_stdio;
 mod mcp_tasks;
 mod sandbox_attacks;
 mod sandbox_limits;
+mod sandbox_terminal;

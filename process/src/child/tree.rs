@@ -63,8 +63,8 @@ impl ChildPlan {
                     fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
                 }
                 if let Some(mounts) = &self.mounts {
-                    mounts.apply_in_keeper();
-                    mounts.allow_private_dirs(landlock, self.landlock_rights);
+                    mounts.build_in_keeper();
+                    mounts.add_landlock_rules(landlock, self.landlock_rights, self.landlock_read_rights);
                 }
             }
             // After the user namespace: RLIMIT_NPROC then counts this
@@ -87,7 +87,7 @@ impl ChildPlan {
                 fail(EXIT_SETUP_FAILED, b"cannot create the start pipe");
             }
             let [go_read, go_write] = go_pipe;
-            match libc::fork() {
+            match super::sys::fork_raw() {
                 -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
                 0 if namespaces => {
                     libc::close(go_write);
@@ -211,7 +211,7 @@ impl ChildPlan {
                 libc::_exit(EXIT_PARENT_GONE);
             }
             if let Some(mounts) = &self.mounts {
-                mounts.apply_in_init();
+                mounts.finish_in_init();
             }
             self.lock_down();
             // K has forwarded what reached it before this process existed
@@ -219,7 +219,7 @@ impl ChildPlan {
             let mut go = 0u8;
             while libc::read(go_read, (&mut go as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
             libc::close(go_read);
-            let command = libc::fork();
+            let command = super::sys::fork_raw();
             if command == 0 {
                 self.exec_command();
             }
