@@ -85,8 +85,10 @@ use super::sandbox::SeccompPrograms;
 use super::view::MountPlan;
 use crate::child;
 
-/// What the kernel allows here, probed once per host process.
+/// What the kernel allows here, probed once per host process (a report:
+/// it grows as layers are added).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfinementSupport {
     /// Trees get a user namespace of their own (also as root).
     pub user_namespace: bool,
@@ -94,8 +96,14 @@ pub struct ConfinementSupport {
     pub pid_namespace: bool,
     /// Network namespaces work.
     pub net_namespace: bool,
-    /// Mount namespaces with the whole set-up of [`super::sandbox`] work:
-    /// read-only host, private `/tmp`, deny-read paths hidden.
+    /// IPC namespaces work (SysV IPC and POSIX message queues of its own).
+    pub ipc_namespace: bool,
+    /// UTS namespaces work (a host name of its own).
+    pub uts_namespace: bool,
+    /// Cgroup namespaces work (`/proc/self/cgroup` rooted at its own).
+    pub cgroup_namespace: bool,
+    /// Mount namespaces with the whole set-up of [`crate::view`] work: a
+    /// new root holding only what the view names.
     pub mount_namespace: bool,
     /// A fresh `/proc` of the tree's PID namespace can be mounted.
     pub fresh_proc: bool,
@@ -111,6 +119,9 @@ impl ConfinementSupport {
         self.user_namespace
             && self.pid_namespace
             && self.net_namespace
+            && self.ipc_namespace
+            && self.uts_namespace
+            && self.cgroup_namespace
             && self.mount_namespace
             && self.fresh_proc
             && self.seccomp
@@ -132,6 +143,13 @@ impl ConfinementSupport {
             on(self.user_namespace, "user namespaces", "a root server's trees keep root's uid without capabilities"),
             on(self.pid_namespace, "PID namespaces", "process groups only: setsid escapees can outlive their task"),
             on(self.net_namespace, "network isolation", "processes keep the host network"),
+            on(
+                self.ipc_namespace,
+                "IPC namespaces",
+                "trees share the host's SysV IPC and message queues: shared memory can outlive a task",
+            ),
+            on(self.uts_namespace, "UTS namespaces", "trees share the host's host name (they still cannot change it)"),
+            on(self.cgroup_namespace, "cgroup namespaces", "trees see the host's cgroup paths"),
             on(
                 self.mount_namespace,
                 "mount namespaces",
@@ -174,13 +192,16 @@ pub(crate) fn probe_in_background() {
 fn probe() -> ConfinementSupport {
     let landlock_abi = landlock::abi();
     let seccomp = seccomp_programs().is_some();
-    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | SMALL_NAMESPACES;
     let mask = probe_unshare(full, true, seccomp);
     if mask == PROBE_ALL {
         return ConfinementSupport {
             user_namespace: true,
             pid_namespace: true,
             net_namespace: true,
+            ipc_namespace: true,
+            uts_namespace: true,
+            cgroup_namespace: true,
             mount_namespace: true,
             fresh_proc: true,
             seccomp,
@@ -193,18 +214,32 @@ fn probe() -> ConfinementSupport {
     let pid_namespace = probe_unshare(user | libc::CLONE_NEWPID, user_namespace, false) & PROBE_NS != 0;
     let pid = if pid_namespace { libc::CLONE_NEWPID } else { 0 };
     let net_namespace = probe_unshare(user | pid | libc::CLONE_NEWNET, user_namespace, false) & PROBE_NS != 0;
+    let alone = |flag| probe_unshare(user | flag, user_namespace, false) & PROBE_NS != 0;
+    let (ipc_namespace, uts_namespace) = (alone(libc::CLONE_NEWIPC), alone(libc::CLONE_NEWUTS));
+    let cgroup_namespace = alone(libc::CLONE_NEWCGROUP);
     let mounts = probe_unshare(user | pid | libc::CLONE_NEWNS, user_namespace, false);
     let seccomp = seccomp && probe_unshare(user, user_namespace, true) & PROBE_SECCOMP != 0;
     ConfinementSupport {
         user_namespace,
         pid_namespace,
         net_namespace,
+        ipc_namespace,
+        uts_namespace,
+        cgroup_namespace,
         mount_namespace: mounts & PROBE_MOUNTS != 0 && mounts & PROBE_FINISH != 0,
         fresh_proc: pid_namespace && mounts & PROBE_PROC != 0,
         seccomp,
         landlock_abi,
     }
 }
+
+/// The namespaces every tree gets besides user, PID, network and mount,
+/// each on its own: IPC (SysV shared memory, semaphores and message queues,
+/// POSIX message queues: none of the host's or another tree's is
+/// reachable, and all of the tree's go with it), UTS (the host name, copied:
+/// a tree may set its own), cgroup (`/proc/self/cgroup` shows the tree's
+/// own cgroups as `/`; created after K joined them).
+const SMALL_NAMESPACES: libc::c_int = libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
 
 use child::probe::{PROBE_ALL, PROBE_FINISH, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
 
@@ -400,12 +435,17 @@ pub(crate) struct SpillView<'a> {
     pub owner: &'a std::path::Path,
 }
 
-/// What confinement one spawn gets, after the grant and the probe.
+/// What confinement one spawn gets, after the grant and the probe (a
+/// report: it grows as layers are added).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Applied {
     pub user_namespace: bool,
     pub pid_namespace: bool,
     pub net_namespace: bool,
+    pub ipc_namespace: bool,
+    pub uts_namespace: bool,
+    pub cgroup_namespace: bool,
     pub mount_namespace: bool,
     pub fresh_proc: bool,
     pub seccomp: bool,
@@ -442,6 +482,9 @@ impl ChildPlan {
             (pid_ns, libc::CLONE_NEWPID),
             (net_ns, libc::CLONE_NEWNET),
             (mount_ns, libc::CLONE_NEWNS),
+            (support.ipc_namespace, libc::CLONE_NEWIPC),
+            (support.uts_namespace, libc::CLONE_NEWUTS),
+            (support.cgroup_namespace, libc::CLONE_NEWCGROUP),
         ] {
             if on {
                 ns_flags |= flag;
@@ -454,6 +497,9 @@ impl ChildPlan {
             user_namespace: userns,
             pid_namespace: pid_ns,
             net_namespace: net_ns,
+            ipc_namespace: support.ipc_namespace,
+            uts_namespace: support.uts_namespace,
+            cgroup_namespace: support.cgroup_namespace,
             mount_namespace: mount_ns,
             fresh_proc,
             seccomp: seccomp.is_some(),
