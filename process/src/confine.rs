@@ -81,9 +81,9 @@ use std::sync::OnceLock;
 
 use super::fs_policy::TreePolicy;
 use super::landlock;
-use super::sandbox::SeccompPrograms;
 use super::view::MountPlan;
 use crate::child;
+pub(crate) use crate::plan::{Bounds, ChildPlan, ExecPlan, IdMaps};
 
 /// What the kernel allows here, probed once per host process (a report:
 /// it grows as layers are added).
@@ -286,65 +286,6 @@ pub(crate) fn seccomp_programs() -> Option<&'static super::sandbox::SeccompProgr
     PROGRAMS.get_or_init(super::sandbox::SeccompPrograms::build).as_ref()
 }
 
-/// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
-/// so files keep their owners and the command has no capabilities after exec.
-#[derive(Clone, Debug)]
-pub(crate) struct IdMaps {
-    pub(crate) uid_map: Vec<u8>,
-    pub(crate) gid_map: Vec<u8>,
-}
-
-impl IdMaps {
-    fn current() -> Self {
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
-    }
-}
-
-/// The `execve` of the command, prepared before the fork (no allocation after).
-pub(crate) struct ExecPlan {
-    pub(super) path: CString,
-    pub(super) argv: Vec<CString>,
-    pub(super) envp: Vec<CString>,
-    pub(super) argv_ptrs: Vec<*const libc::c_char>,
-    pub(super) envp_ptrs: Vec<*const libc::c_char>,
-}
-
-// SAFETY: the pointers point into the CStrings owned by the same struct,
-// which are never mutated; the struct is only read (in the forked child).
-unsafe impl Send for ExecPlan {}
-// SAFETY: as for `Send` above: the pointed-to CStrings are owned and never mutated.
-unsafe impl Sync for ExecPlan {}
-
-impl ExecPlan {
-    pub(crate) fn new(
-        path: &std::path::Path,
-        argv: &[String],
-        env: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
-    ) -> io::Result<Self> {
-        use std::os::unix::ffi::OsStrExt;
-        let nul = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} holds a NUL byte"));
-        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
-        let argv = argv
-            .iter()
-            .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("an argument")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let envp = env
-            .iter()
-            .map(|(k, v)| {
-                let mut entry = k.as_bytes().to_vec();
-                entry.push(b'=');
-                entry.extend_from_slice(v.as_bytes());
-                CString::new(entry).map_err(|_| nul("an environment value"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
-        let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
-        Ok(Self { path, argv, envp, argv_ptrs, envp_ptrs })
-    }
-}
-
 /// The read end of the host-wide lifeline pipe. Nobody ever writes to it;
 /// both ends stay open for the life of the host process, so the read end
 /// hangs up exactly when the host process is gone.
@@ -374,41 +315,6 @@ pub(super) fn devnull() -> io::Result<RawFd> {
     Ok(DEVNULL.get_or_init(|| fd).as_raw_fd())
 }
 
-/// Everything the forked child needs, prepared before the fork.
-/// (Fields are visible to [`super::keeper`], which hands them to an exec'd K.)
-pub(crate) struct ChildPlan {
-    /// `unshare` flags; 0: no namespaces (K forks the command directly).
-    pub(super) ns_flags: libc::c_int,
-    pub(super) maps: Option<IdMaps>,
-    pub(super) loopback_up: bool,
-    /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
-    pub(super) mounts: Option<MountPlan>,
-    pub(super) landlock: Option<OwnedFd>,
-    /// The rights of a read-write Landlock rule on this kernel.
-    pub(super) landlock_rights: u64,
-    /// The rights of a read-only Landlock rule on this kernel.
-    pub(super) landlock_read_rights: u64,
-    pub(super) seccomp: Option<&'static SeccompPrograms>,
-    pub(super) devnull: RawFd,
-    pub(super) lifeline: RawFd,
-    pub(super) cwd: CString,
-    pub(super) exec: ExecPlan,
-    /// The tree's limits (see [`super::limits`]).
-    pub(super) bounds: Bounds,
-}
-
-/// The limits a tree's keeper applies to itself before anything else runs:
-/// the cgroups it joins, and the rlimits of the fallback (0: none).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Bounds {
-    /// `cgroup.procs` files K writes itself into, first thing.
-    pub cgroup_procs: Vec<CString>,
-    /// `RLIMIT_NPROC`, set right after K entered its user namespace.
-    pub nproc: u64,
-    /// `RLIMIT_DATA`.
-    pub data: u64,
-}
-
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
 pub(crate) struct Forked {
     pub pid: libc::pid_t,
@@ -425,14 +331,6 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both are fresh and owned here.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// The spill directories a tree's mount namespace arranges: the host's
-/// (hidden) and its owner's (shown read-only).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SpillView<'a> {
-    pub hidden: &'a std::path::Path,
-    pub owner: &'a std::path::Path,
 }
 
 /// What confinement one spawn gets, after the grant and the probe (a
@@ -464,7 +362,7 @@ impl ChildPlan {
         landlock: Option<OwnedFd>,
         read_root: bool,
         policy: &TreePolicy,
-        spill: SpillView<'_>,
+        spill: crate::view::SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
         bounds: Bounds,

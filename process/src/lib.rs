@@ -41,6 +41,7 @@ mod landlock;
 mod launch;
 pub mod limits;
 pub mod output;
+mod plan;
 mod sandbox;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
@@ -424,7 +425,7 @@ impl ProcessHost {
         let ruleset = landlock::ruleset(&host_read, &policy.landlock_read_write()).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
-        let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
+        let spill = view::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
         let limiter = self.limiter();
         let cgroup = limiter.tree().map_err(failed)?;
         let (nproc, data) = limiter.rlimits();

@@ -6,7 +6,7 @@
 
 use std::os::fd::RawFd;
 
-use crate::confine::IdMaps;
+use crate::plan::IdMaps;
 use crate::sandbox::SeccompPrograms;
 
 /// The namespaces could be created (and a first process forked in them).

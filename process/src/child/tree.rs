@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use super::exit::{EXIT_EXEC_FAILED, EXIT_PARENT_GONE, EXIT_SETUP_FAILED, fail};
 use super::sys::close_from;
-use crate::confine::{Bounds, ChildPlan, ExecPlan, IdMaps};
+use crate::plan::{Bounds, ChildPlan, ExecPlan, IdMaps};
 
 impl ChildPlan {
     /// Runs in the forked child K and never returns: every path ends in the

@@ -6,8 +6,7 @@
 
 use std::path::Path;
 
-use super::{MountPlan, Over, ViewBuilder};
-use crate::confine::SpillView;
+use super::{MountPlan, Over, SpillView, ViewBuilder};
 use crate::fs_policy::TreePolicy;
 
 /// Size of each private `tmpfs` a tree writes (`/tmp`, `/dev/shm`, the

@@ -47,6 +47,14 @@ pub(crate) use layout::plan;
 /// command starts).
 pub(crate) const OLD_ROOT: &str = "/.oldroot";
 
+/// The spill directories a tree's mount namespace arranges: the host's
+/// (hidden) and its owner's (shown read-only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpillView<'a> {
+    pub hidden: &'a std::path::Path,
+    pub owner: &'a std::path::Path,
+}
+
 /// One step of a view's set-up, as applied in the child (C strings only).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum MountOp {
