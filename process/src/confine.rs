@@ -38,8 +38,11 @@
 //!   thread idling out, a test thread ending), not when the host does.
 //! - Network: without a grant, the tree gets its own network namespace with
 //!   only loopback (brought up, so local servers work).
-//! - Landlock: the grant's read-only / read-write paths, applied in K before
-//!   it forks, so the whole tree is bound by them.
+//! - Filesystem: K builds the tree's view in its mount namespace, a new root
+//!   holding only an allow list ([`crate::view`]); I mounts its `/proc`.
+//! - Landlock: the workspace and the view's own writable directories, read
+//!   below the view's root (or the grant's read-only paths), applied in I
+//!   before the command, so the whole tree is bound by them.
 //! - Limits ([`super::limits`]): K first writes itself into the tree's
 //!   cgroups (pids, memory), before it unshares or forks, so every process
 //!   of the tree starts in them; in the rlimit fallback it sets
@@ -153,7 +156,7 @@ impl ConfinementSupport {
             on(
                 self.mount_namespace,
                 "mount namespaces",
-                "NO read-only host, private /tmp or hidden credentials: trees see the host's files",
+                "NO allow-listed view: trees see the host's whole filesystem, the home and its credentials included",
             ),
             on(self.fresh_proc, "private /proc", "trees see the host's processes in /proc"),
             on(self.seccomp, "seccomp", "ptrace, mount, bpf and the like are refused only by missing capabilities"),
@@ -353,8 +356,8 @@ pub struct Applied {
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
     /// (when the kernel supports it); `read_root`: Landlock reads everything
-    /// the view shows; `policy` the tree's filesystem policy; `bounds` the
-    /// tree's limits.
+    /// the view shows; `policy` the tree's filesystem policy and `found` its
+    /// workspace's read-only set; `bounds` the tree's limits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
@@ -362,6 +365,7 @@ impl ChildPlan {
         landlock: Option<OwnedFd>,
         read_root: bool,
         policy: &TreePolicy,
+        found: &crate::view::workspace::Found,
         spill: crate::view::SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
@@ -388,7 +392,8 @@ impl ChildPlan {
                 ns_flags |= flag;
             }
         }
-        let mounts = if mount_ns { Some(crate::view::plan(policy, spill, fresh_proc, read_root)?) } else { None };
+        let mounts =
+            if mount_ns { Some(crate::view::plan(policy, found, spill, fresh_proc, read_root)?) } else { None };
         let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
         let applied = Applied {

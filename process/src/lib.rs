@@ -190,6 +190,8 @@ pub struct ProcessHost {
     cleanup: std::sync::Mutex<Cleanup>,
     /// Resolved filesystem policies of recent spawns, revalidated per use.
     policies: fs_policy::PolicyCache,
+    /// The workspaces' read-only sets, their listings remembered.
+    scanner: view::workspace::Scanner,
 }
 
 /// The state of [`ProcessHost`]'s start-ahead housekeeping thread.
@@ -266,6 +268,7 @@ impl ProcessHost {
             limiter: Default::default(),
             cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
             policies: Default::default(),
+            scanner: Default::default(),
         }))
     }
 
@@ -408,21 +411,24 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let policy = self.policies.policy(fs_policy::PolicyInputs::new(
-            &roots,
-            &grant.read_write_paths,
-            &grant.read_only_paths,
-            &grant.filesystem,
-            &self.protected,
-            &self.write_protected,
-        ));
+        let policy =
+            self.policies.policy(fs_policy::PolicyInputs::new(grant, &roots, &self.protected, &self.write_protected));
         // In a view, a rule on the host's root reaches nothing: "read
         // everything" becomes a rule on the view's root, added by the keeper.
         let in_view = confine::support().mount_namespace;
+        let found = if in_view {
+            self.scanner
+                .scan(&policy.read_write)
+                .map_err(|why| failed(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)))?
+        } else {
+            Default::default()
+        };
         let read_root = in_view && policy.read.iter().any(|p| p == Path::new("/"));
         let host_read: Vec<PathBuf> =
             policy.read.iter().filter(|p| !(in_view && *p == Path::new("/"))).cloned().collect();
-        let ruleset = landlock::ruleset(&host_read, &policy.landlock_read_write()).map_err(failed)?;
+        let mut read_write = policy.landlock_read_write();
+        read_write.extend(found.git_dirs.iter().cloned());
+        let ruleset = landlock::ruleset(&host_read, &read_write).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = view::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
@@ -440,6 +446,7 @@ impl ProcessHost {
             ruleset,
             read_root,
             &policy,
+            &found,
             spill,
             &cwd,
             exec,

@@ -32,6 +32,8 @@
 
 mod dev;
 mod layout;
+pub mod system;
+pub mod workspace;
 
 use std::ffi::CString;
 use std::io;
@@ -100,6 +102,10 @@ pub(crate) enum Over {
     /// Only a host path the view shows: an entry that narrows it (hides it,
     /// makes it read-only), dropped elsewhere.
     HostOnly,
+    /// Only where the view shows nothing of the host: an entry that adds a
+    /// path the view would not show otherwise (a granted program's file),
+    /// dropped where a host bind shows it already.
+    ViewOnly,
 }
 
 #[derive(Clone, Debug)]
@@ -134,6 +140,20 @@ impl ViewBuilder {
     /// `writable`: the tree writes it (a Landlock rule is added for it).
     pub(crate) fn tmpfs(&mut self, path: &Path, options: String, flags: libc::c_ulong, seal: bool, writable: bool) {
         self.push(path, Kind::Tmpfs { options, flags, seal, writable }, Over::Anything);
+    }
+
+    /// As [`Self::tmpfs`], only where the view shows the host's `path`
+    /// (covering it).
+    pub(crate) fn tmpfs_over_host(&mut self, path: &Path, options: String, flags: libc::c_ulong, seal: bool) {
+        self.push(path, Kind::Tmpfs { options, flags, seal, writable: false }, Over::HostOnly);
+    }
+
+    /// The host's `source` at another path `target` (a home allow-list
+    /// entry reached through a symlink), read-only; skipped if gone.
+    pub(crate) fn bind_at(&mut self, source: &Path, target: &Path, read_only: bool) {
+        let Ok(meta) = std::fs::metadata(source) else { return };
+        let kind = Kind::Bind { source: source.to_path_buf(), read_only, optional: true, dir: meta.is_dir() };
+        self.push(target, kind, Over::Anything);
     }
 
     /// The host's `path` at the same path, if it exists now (a directory or
@@ -234,8 +254,10 @@ impl ViewBuilder {
         for index in by_depth {
             let entry = &self.entries[index];
             let (outer, in_tmpfs) = container(&mounts, &entry.target);
-            if entry.over == Over::HostOnly && in_tmpfs {
-                continue;
+            match entry.over {
+                Over::HostOnly if in_tmpfs => continue,
+                Over::ViewOnly if !in_tmpfs => continue,
+                _ => {}
             }
             if entry.kind.is_mount() {
                 mounts.push((entry.target.clone(), matches!(entry.kind, Kind::Tmpfs { .. } | Kind::Devpts { .. })));
