@@ -188,11 +188,11 @@ impl WasmPlan {
         let subagents = if is_subagent { subagents.cloned() } else { None };
         let process = match &config.grants.process {
             Some(grant) => {
-                // Programs are resolved now, once: a grant that names a program
-                // found through a directory process trees could write refuses
-                // to load.
+                // Checked now, once: a grant that names a program found through
+                // a directory process trees could write, or whose workspace is
+                // `/` or the home directory, refuses to load.
                 let grant = grant.clone();
-                grant.resolve_programs().with_context(|| {
+                grant.check_at_load().with_context(|| {
                     if config.tool.is_empty() {
                         format!("plugin {}", config.plugin)
                     } else {

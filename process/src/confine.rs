@@ -5,15 +5,24 @@
 //! `exec` (no external helper), and Landlock through raw syscalls:
 //!
 //! ```text
-//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, process-group leader)
+//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, session leader)
 //!                 │ unshare(NEWPID [| NEWNET] [| NEWUSER]), Landlock
 //!                 └─fork─▶ I "init" (PID 1 of the new namespace)
 //!                           └─fork─▶ C the command (PID 2) ──exec──▶ argv
 //! ```
+//! - K leads a session of its own (`setsid` before anything else: the
+//!   exec'd and warm keepers through `posix_spawn`'s `POSIX_SPAWN_SETSID`,
+//!   a forked K first thing, the fork waiting for it), so the tree has no
+//!   controlling terminal: no `TIOCSTI` or `tcsetpgrp` on the server's
+//!   terminal, `/dev/tty` opens nothing. The session exists when the start
+//!   returns, so a group kill that lands at once cannot miss.
 //! - The task's process group is K's. `kill` signals the group: C and every
-//!   descendant that stayed in it get SIGTERM; K ignores it and I, as a
-//!   namespace init without handlers, is immune to it. So a command can still
-//!   clean up during the grace period.
+//!   descendant that stayed in it get SIGTERM; K and I keep it blocked (the
+//!   command's process unblocks it before its `exec`). So a command can still
+//!   clean up during the grace period. A kill that lands before the command
+//!   exists is not lost: K forwards what is pending to I once I exists (and
+//!   tells I through a pipe that it did), I forwards what is pending to the
+//!   command once it exists.
 //! - When C exits, I reports C's wait status to K through a pipe and exits;
 //!   the kernel then kills everything left in the namespace, including
 //!   descendants that called `setsid`, `nohup` or double-forked, and K
@@ -29,8 +38,11 @@
 //!   thread idling out, a test thread ending), not when the host does.
 //! - Network: without a grant, the tree gets its own network namespace with
 //!   only loopback (brought up, so local servers work).
-//! - Landlock: the grant's read-only / read-write paths, applied in K before
-//!   it forks, so the whole tree is bound by them.
+//! - Filesystem: K builds the tree's view in its mount namespace, a new root
+//!   holding only an allow list ([`crate::view`]); I mounts its `/proc`.
+//! - Landlock: the workspace and the view's own writable directories, read
+//!   below the view's root (or the grant's read-only paths), applied in I
+//!   before the command, so the whole tree is bound by them.
 //! - Limits ([`super::limits`]): K first writes itself into the tree's
 //!   cgroups (pids, memory), before it unshares or forks, so every process
 //!   of the tree starts in them; in the rlimit fallback it sets
@@ -72,11 +84,14 @@ use std::sync::OnceLock;
 
 use super::fs_policy::TreePolicy;
 use super::landlock;
-use super::sandbox::{MountPlan, SeccompPrograms};
+use super::view::MountPlan;
 use crate::child;
+pub(crate) use crate::plan::{Bounds, ChildPlan, ExecPlan, IdMaps};
 
-/// What the kernel allows here, probed once per host process.
+/// What the kernel allows here, probed once per host process (a report:
+/// it grows as layers are added).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfinementSupport {
     /// Trees get a user namespace of their own (also as root).
     pub user_namespace: bool,
@@ -84,8 +99,14 @@ pub struct ConfinementSupport {
     pub pid_namespace: bool,
     /// Network namespaces work.
     pub net_namespace: bool,
-    /// Mount namespaces with the whole set-up of [`super::sandbox`] work:
-    /// read-only host, private `/tmp`, deny-read paths hidden.
+    /// IPC namespaces work (SysV IPC and POSIX message queues of its own).
+    pub ipc_namespace: bool,
+    /// UTS namespaces work (a host name of its own).
+    pub uts_namespace: bool,
+    /// Cgroup namespaces work (`/proc/self/cgroup` rooted at its own).
+    pub cgroup_namespace: bool,
+    /// Mount namespaces with the whole set-up of [`crate::view`] work: a
+    /// new root holding only what the view names.
     pub mount_namespace: bool,
     /// A fresh `/proc` of the tree's PID namespace can be mounted.
     pub fresh_proc: bool,
@@ -101,6 +122,9 @@ impl ConfinementSupport {
         self.user_namespace
             && self.pid_namespace
             && self.net_namespace
+            && self.ipc_namespace
+            && self.uts_namespace
+            && self.cgroup_namespace
             && self.mount_namespace
             && self.fresh_proc
             && self.seccomp
@@ -123,9 +147,16 @@ impl ConfinementSupport {
             on(self.pid_namespace, "PID namespaces", "process groups only: setsid escapees can outlive their task"),
             on(self.net_namespace, "network isolation", "processes keep the host network"),
             on(
+                self.ipc_namespace,
+                "IPC namespaces",
+                "trees share the host's SysV IPC and message queues: shared memory can outlive a task",
+            ),
+            on(self.uts_namespace, "UTS namespaces", "trees share the host's host name (they still cannot change it)"),
+            on(self.cgroup_namespace, "cgroup namespaces", "trees see the host's cgroup paths"),
+            on(
                 self.mount_namespace,
                 "mount namespaces",
-                "NO read-only host, private /tmp or hidden credentials: trees see the host's files",
+                "NO allow-listed view: trees see the host's whole filesystem, the home and its credentials included",
             ),
             on(self.fresh_proc, "private /proc", "trees see the host's processes in /proc"),
             on(self.seccomp, "seccomp", "ptrace, mount, bpf and the like are refused only by missing capabilities"),
@@ -164,13 +195,16 @@ pub(crate) fn probe_in_background() {
 fn probe() -> ConfinementSupport {
     let landlock_abi = landlock::abi();
     let seccomp = seccomp_programs().is_some();
-    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+    let full = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | SMALL_NAMESPACES;
     let mask = probe_unshare(full, true, seccomp);
     if mask == PROBE_ALL {
         return ConfinementSupport {
             user_namespace: true,
             pid_namespace: true,
             net_namespace: true,
+            ipc_namespace: true,
+            uts_namespace: true,
+            cgroup_namespace: true,
             mount_namespace: true,
             fresh_proc: true,
             seccomp,
@@ -183,20 +217,34 @@ fn probe() -> ConfinementSupport {
     let pid_namespace = probe_unshare(user | libc::CLONE_NEWPID, user_namespace, false) & PROBE_NS != 0;
     let pid = if pid_namespace { libc::CLONE_NEWPID } else { 0 };
     let net_namespace = probe_unshare(user | pid | libc::CLONE_NEWNET, user_namespace, false) & PROBE_NS != 0;
+    let alone = |flag| probe_unshare(user | flag, user_namespace, false) & PROBE_NS != 0;
+    let (ipc_namespace, uts_namespace) = (alone(libc::CLONE_NEWIPC), alone(libc::CLONE_NEWUTS));
+    let cgroup_namespace = alone(libc::CLONE_NEWCGROUP);
     let mounts = probe_unshare(user | pid | libc::CLONE_NEWNS, user_namespace, false);
     let seccomp = seccomp && probe_unshare(user, user_namespace, true) & PROBE_SECCOMP != 0;
     ConfinementSupport {
         user_namespace,
         pid_namespace,
         net_namespace,
-        mount_namespace: mounts & PROBE_MOUNTS != 0,
+        ipc_namespace,
+        uts_namespace,
+        cgroup_namespace,
+        mount_namespace: mounts & PROBE_MOUNTS != 0 && mounts & PROBE_FINISH != 0,
         fresh_proc: pid_namespace && mounts & PROBE_PROC != 0,
         seccomp,
         landlock_abi,
     }
 }
 
-use child::probe::{PROBE_ALL, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
+/// The namespaces every tree gets besides user, PID, network and mount,
+/// each on its own: IPC (SysV shared memory, semaphores and message queues,
+/// POSIX message queues: none of the host's or another tree's is
+/// reachable, and all of the tree's go with it), UTS (the host name, copied:
+/// a tree may set its own), cgroup (`/proc/self/cgroup` shows the tree's
+/// own cgroups as `/`; created after K joined them).
+const SMALL_NAMESPACES: libc::c_int = libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+
+use child::probe::{PROBE_ALL, PROBE_FINISH, PROBE_MOUNTS, PROBE_NS, PROBE_PROC, PROBE_SECCOMP};
 
 /// Forks a child that tries the unshare (and a first process in the new PID
 /// namespace), the mount set-up when `flags` has a mount namespace, a fresh
@@ -241,65 +289,6 @@ pub(crate) fn seccomp_programs() -> Option<&'static super::sandbox::SeccompProgr
     PROGRAMS.get_or_init(super::sandbox::SeccompPrograms::build).as_ref()
 }
 
-/// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
-/// so files keep their owners and the command has no capabilities after exec.
-#[derive(Clone, Debug)]
-pub(crate) struct IdMaps {
-    pub(crate) uid_map: Vec<u8>,
-    pub(crate) gid_map: Vec<u8>,
-}
-
-impl IdMaps {
-    fn current() -> Self {
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
-    }
-}
-
-/// The `execve` of the command, prepared before the fork (no allocation after).
-pub(crate) struct ExecPlan {
-    pub(super) path: CString,
-    pub(super) argv: Vec<CString>,
-    pub(super) envp: Vec<CString>,
-    pub(super) argv_ptrs: Vec<*const libc::c_char>,
-    pub(super) envp_ptrs: Vec<*const libc::c_char>,
-}
-
-// SAFETY: the pointers point into the CStrings owned by the same struct,
-// which are never mutated; the struct is only read (in the forked child).
-unsafe impl Send for ExecPlan {}
-// SAFETY: as for `Send` above: the pointed-to CStrings are owned and never mutated.
-unsafe impl Sync for ExecPlan {}
-
-impl ExecPlan {
-    pub(crate) fn new(
-        path: &std::path::Path,
-        argv: &[String],
-        env: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
-    ) -> io::Result<Self> {
-        use std::os::unix::ffi::OsStrExt;
-        let nul = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} holds a NUL byte"));
-        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
-        let argv = argv
-            .iter()
-            .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("an argument")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let envp = env
-            .iter()
-            .map(|(k, v)| {
-                let mut entry = k.as_bytes().to_vec();
-                entry.push(b'=');
-                entry.extend_from_slice(v.as_bytes());
-                CString::new(entry).map_err(|_| nul("an environment value"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
-        let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
-        Ok(Self { path, argv, envp, argv_ptrs, envp_ptrs })
-    }
-}
-
 /// The read end of the host-wide lifeline pipe. Nobody ever writes to it;
 /// both ends stay open for the life of the host process, so the read end
 /// hangs up exactly when the host process is gone.
@@ -329,41 +318,6 @@ pub(super) fn devnull() -> io::Result<RawFd> {
     Ok(DEVNULL.get_or_init(|| fd).as_raw_fd())
 }
 
-/// Everything the forked child needs, prepared before the fork.
-/// (Fields are visible to [`super::keeper`], which hands them to an exec'd K.)
-pub(crate) struct ChildPlan {
-    /// `unshare` flags; 0: no namespaces (K forks the command directly).
-    pub(super) ns_flags: libc::c_int,
-    pub(super) maps: Option<IdMaps>,
-    pub(super) loopback_up: bool,
-    /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
-    pub(super) mounts: Option<MountPlan>,
-    pub(super) landlock: Option<OwnedFd>,
-    /// The rights of a read-write Landlock rule on this kernel.
-    pub(super) landlock_rights: u64,
-    pub(super) seccomp: Option<&'static SeccompPrograms>,
-    pub(super) devnull: RawFd,
-    pub(super) lifeline: RawFd,
-    pub(super) cwd: CString,
-    pub(super) exec: ExecPlan,
-    /// The tree's limits (see [`super::limits`]).
-    pub(super) bounds: Bounds,
-}
-
-/// The limits a tree's keeper applies to itself before anything else runs:
-/// the cgroups it joins, and the rlimits of the fallback (0: none).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Bounds {
-    /// `cgroup.procs` files K writes itself into, first thing.
-    pub cgroup_procs: Vec<CString>,
-    /// `RLIMIT_NPROC`, set right after K entered its user namespace.
-    pub nproc: u64,
-    /// `RLIMIT_DATA`.
-    pub data: u64,
-}
-
-impl Bounds {}
-
 /// A freshly forked tree: K's pid and the read ends of its output pipes.
 pub(crate) struct Forked {
     pub pid: libc::pid_t,
@@ -382,20 +336,17 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// The spill directories a tree's mount namespace arranges: the host's
-/// (hidden) and its owner's (shown read-only).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SpillView<'a> {
-    pub hidden: &'a std::path::Path,
-    pub owner: &'a std::path::Path,
-}
-
-/// What confinement one spawn gets, after the grant and the probe.
+/// What confinement one spawn gets, after the grant and the probe (a
+/// report: it grows as layers are added).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Applied {
     pub user_namespace: bool,
     pub pid_namespace: bool,
     pub net_namespace: bool,
+    pub ipc_namespace: bool,
+    pub uts_namespace: bool,
+    pub cgroup_namespace: bool,
     pub mount_namespace: bool,
     pub fresh_proc: bool,
     pub seccomp: bool,
@@ -404,15 +355,18 @@ pub struct Applied {
 
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
-    /// (when the kernel supports it); `policy` the tree's filesystem policy;
-    /// `bounds` the tree's limits.
+    /// (when the kernel supports it); `read_root`: Landlock reads everything
+    /// the view shows; `policy` the tree's filesystem policy and `found` its
+    /// workspace's read-only set; `bounds` the tree's limits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
         want_net_ns: bool,
         landlock: Option<OwnedFd>,
+        read_root: bool,
         policy: &TreePolicy,
-        spill: SpillView<'_>,
+        found: &crate::view::workspace::Found,
+        spill: crate::view::SpillView<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
         bounds: Bounds,
@@ -430,30 +384,25 @@ impl ChildPlan {
             (pid_ns, libc::CLONE_NEWPID),
             (net_ns, libc::CLONE_NEWNET),
             (mount_ns, libc::CLONE_NEWNS),
+            (support.ipc_namespace, libc::CLONE_NEWIPC),
+            (support.uts_namespace, libc::CLONE_NEWUTS),
+            (support.cgroup_namespace, libc::CLONE_NEWCGROUP),
         ] {
             if on {
                 ns_flags |= flag;
             }
         }
-        let mounts = if mount_ns {
-            let spill = Some((spill.hidden, spill.owner));
-            Some(MountPlan::new(
-                &policy.read_write,
-                &policy.private,
-                &policy.deny,
-                &policy.write_protected,
-                spill,
-                fresh_proc,
-            )?)
-        } else {
-            None
-        };
+        let mounts =
+            if mount_ns { Some(crate::view::plan(policy, found, spill, fresh_proc, read_root)?) } else { None };
         let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
         let applied = Applied {
             user_namespace: userns,
             pid_namespace: pid_ns,
             net_namespace: net_ns,
+            ipc_namespace: support.ipc_namespace,
+            uts_namespace: support.uts_namespace,
+            cgroup_namespace: support.cgroup_namespace,
             mount_namespace: mount_ns,
             fresh_proc,
             seccomp: seccomp.is_some(),
@@ -466,6 +415,7 @@ impl ChildPlan {
             mounts,
             landlock,
             landlock_rights: landlock::handled_bits(),
+            landlock_read_rights: landlock::read_bits(),
             seccomp,
             devnull,
             lifeline: lifeline()?,
@@ -503,6 +453,7 @@ impl ChildPlan {
             mounts,
             landlock,
             landlock_rights: landlock::handled_bits(),
+            landlock_read_rights: landlock::read_bits(),
             seccomp,
             devnull: devnull()?,
             lifeline,
@@ -521,19 +472,33 @@ impl ChildPlan {
     pub(crate) fn fork(&self, stdin: Option<RawFd>) -> io::Result<Forked> {
         let (stdout, stdout_w) = pipe()?;
         let (stderr, stderr_w) = pipe()?;
+        // K tells through this pipe that its session exists (see below).
+        let (session_r, session_w) = pipe()?;
         // SAFETY: the child runs only `in_child`, which is async-signal-safe.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
         if pid == 0 {
-            // SAFETY: a freshly forked child.
-            unsafe { self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()) }
+            // SAFETY: a freshly forked child: its own session first, said
+            // through the pipe, then the tree.
+            unsafe {
+                libc::setsid();
+                libc::close(session_w.as_raw_fd());
+                self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd())
+            }
         }
-        // Also from this side (as shells do), so the group exists as soon as
-        // this returns and a kill cannot miss it.
-        // SAFETY: plain syscall on our own child.
-        unsafe { libc::setpgid(pid, pid) };
+        // The group kill signals K's session (`kill(-pid)`), which exists
+        // only once K called `setsid` (the parent cannot make it: a group
+        // leader could not call `setsid` then). So this waits for K to close
+        // its end, its first step: a kill from then on cannot miss. End of
+        // file also comes when K died first; then there is nothing to kill.
+        drop(session_w);
+        let mut byte = 0u8;
+        // SAFETY: a blocking read of one byte into a local from our pipe.
+        while unsafe { libc::read(session_r.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
         Ok(Forked { pid, stdout, stderr })
     }
 }

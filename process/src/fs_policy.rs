@@ -1,52 +1,75 @@
-//! The default filesystem policy of a process tree, and how a grant and the
-//! host change it.
+//! A tree's filesystem policy, resolved from its grant and the host: the
+//! paths its view is built from ([`crate::view`] turns them into mounts).
 //!
-//! | What | A command can |
-//! |------|---------------|
-//! | the workspace (the grant's `working_dirs`, else the server's cwd) and the grant's `read_write_paths` | read and write |
-//! | `/tmp`, `/dev/shm` | read and write a private, empty `tmpfs` of its own (1 GiB); a workspace below `/tmp` stays reachable at its path |
-//! | `/run/user`, `$XDG_RUNTIME_DIR` | see an empty `tmpfs` (host sockets of tmux, ssh-agent, D-Bus are gone) |
-//! | [`DEFAULT_DENY_READ`] (credentials), [`SYSTEM_DENY_READ`], the host's protected paths | nothing: an empty directory it cannot list, or an empty file |
-//! | everything else | read and execute, never write |
+//! Model: the view is an allow list. [`TreePolicy`] holds, canonical and
+//! existing: the read-write roots (the workspace and `read_write_paths`),
+//! the home allow list, the grant's extra read-only paths and programs, and
+//! what must stay hidden or read-only *where the view shows the host*
+//! ([`DEFAULT_DENY_READ`] as a second line behind the private home,
+//! [`SYSTEM_DENY_READ`] inside `/etc`, the host's protected and
+//! write-protected paths, the grant's `deny_read`). [`PolicyCache`] reuses
+//! the previous resolution while `stat` shows every path it was resolved
+//! from unchanged.
 //!
-//! Model: [`FsPolicy`] is the grant's part (`[producer.grants.process.filesystem]`):
-//! paths to deny on top of the defaults, and default paths to read after all.
-//! A [`TreePolicy`] is everything resolved to canonical paths for a spawn;
-//! [`PolicyCache`] reuses the previous resolution when `stat` shows that
-//! every path it was resolved from still names the same file (or is still
-//! missing); [`super::sandbox::MountPlan`] and [`super::landlock`] enforce
-//! it.
-//!
-//! Invariants: the host's protected paths (its configuration, tokens,
-//! compile cache, spill root) can never be read by a tree, whatever the
-//! grant says; paths are compared after resolving symlinks, so a link to a
-//! credential is the credential.
+//! Invariants: the host's protected paths are hidden wherever the view
+//! shows the host, whatever the grant says; paths are compared after
+//! resolving symlinks, so a link to a credential is the credential; what is
+//! not named here does not exist for the tree.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// Credentials below the server's home directory that no tree reads by
-/// default.
+/// Credentials below the server's home directory. The home a tree sees is
+/// a private, empty directory, so none of them is there by default; this
+/// list is the second line: a home allow-list entry that is one of them is
+/// refused (unless `filesystem.allow_read` names it), and one inside an
+/// entry (or a workspace) is hidden.
 pub const DEFAULT_DENY_READ: &[&str] = &[
     "~/.ssh",
     "~/.gnupg",
+    "~/.password-store",
+    "~/.local/share/keyrings",
     "~/.aws",
     "~/.azure",
     "~/.config/gcloud",
     "~/.kube",
-    "~/.docker/config.json",
+    "~/.docker",
     "~/.netrc",
     "~/.git-credentials",
+    "~/.config/git/credentials",
     "~/.config/gh",
+    "~/.config/hub",
     "~/.npmrc",
+    "~/.yarnrc.yml",
+    "~/.config/configstore",
     "~/.pypirc",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.gem/credentials",
+    "~/.pgpass",
+    "~/.my.cnf",
+    "~/.vault-token",
+    "~/.terraform.d/credentials.tfrc.json",
+    "~/.config/op",
+    "~/.1password",
+    "~/.config/Bitwarden CLI",
+    "~/.config/rclone",
+    "~/.s3cfg",
+    "~/.boto",
+    "~/.claude",
+    "~/.claude.json",
+    "~/.codex",
+    "~/.config/anthropic",
+    "~/.config/openai",
+    "~/.local/share/uv/credentials",
 ];
 
-/// System secrets and host sockets no tree reads by default. (Files the
-/// server's user cannot read anyway are harmless to list; they matter when
-/// the server runs as root, whose files a tree's root could otherwise read.)
+/// System secrets inside the system directories a view shows (`/etc`).
+/// (Files the server's user cannot read anyway are harmless to list; they
+/// matter when the server runs as root, whose files a tree's root could
+/// otherwise read.)
 pub const SYSTEM_DENY_READ: &[&str] = &[
     "/etc/shadow",
     "/etc/shadow-",
@@ -54,39 +77,46 @@ pub const SYSTEM_DENY_READ: &[&str] = &[
     "/etc/gshadow-",
     "/etc/sudoers",
     "/etc/sudoers.d",
+    "/etc/security/opasswd",
     "/etc/ssh/ssh_host_rsa_key",
     "/etc/ssh/ssh_host_ecdsa_key",
     "/etc/ssh/ssh_host_ed25519_key",
-    "/run/docker.sock",
-    "/run/containerd/containerd.sock",
-    "/run/podman/podman.sock",
-    "/run/dbus/system_bus_socket",
+    "/etc/ssh/ssh_host_dsa_key",
+    "/etc/ssl/private",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/etc/NetworkManager/system-connections",
+    "/etc/wpa_supplicant",
+    "/etc/ppp/chap-secrets",
+    "/etc/ppp/pap-secrets",
+    "/etc/ipsec.secrets",
+    "/etc/krb5.keytab",
+    "/etc/wireguard",
+    "/etc/openvpn",
 ];
 
 /// Host state every tree is denied by default, besides the host's
 /// configured protected paths: taskhost's own cache.
 pub const HOST_DENY_READ: &[&str] = &["~/.cache/taskhost"];
 
-/// Directories that get a fresh, empty `tmpfs` in every tree.
-const PRIVATE_DIRS: &[&str] = &["/tmp", "/dev/shm", "/run/user"];
-
 /// A grant's changes to the default filesystem policy.
 ///
 /// ```toml
 /// [producer.grants.process.filesystem]
-/// deny_read = ["~/private", "/srv/secrets"]  # hidden on top of the defaults
-/// allow_read = ["~/.npmrc"]                  # default credentials this tool may read
+/// deny_read = ["~/private", "/srv/secrets"]  # hidden where the view shows them
+/// allow_read = ["~/.npmrc"]                  # credentials this tool may read: bound read-only
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FsPolicy {
-    /// Paths no process of this grant may read, on top of the defaults
-    /// ([`DEFAULT_DENY_READ`], [`SYSTEM_DENY_READ`], the host's protected
-    /// paths). `~/` is the server's home directory.
+    /// Paths no process of this grant may read, hidden where the view shows
+    /// them (a workspace, a home allow-list entry, a system directory), on
+    /// top of the defaults ([`DEFAULT_DENY_READ`], [`SYSTEM_DENY_READ`], the
+    /// host's protected paths). `~/` is the server's home directory.
     pub deny_read: Vec<PathBuf>,
-    /// Default deny-read paths this grant may read after all (for example
-    /// `~/.npmrc` for a publishing tool). The host's protected paths cannot
-    /// be allowed this way.
+    /// Credentials this grant may read after all (for example `~/.npmrc`
+    /// for a publishing tool): bound read-only into the tree's home and no
+    /// longer hidden. The host's protected paths cannot be allowed this way.
     pub allow_read: Vec<PathBuf>,
 }
 
@@ -128,10 +158,6 @@ impl Identity {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).ok()?;
         Some(Self { dev: meta.dev(), ino: meta.ino(), kind: meta.mode() & libc::S_IFMT })
-    }
-
-    fn is_dir(self) -> bool {
-        self.kind == libc::S_IFDIR
     }
 }
 
@@ -177,20 +203,72 @@ impl Resolutions {
     }
 }
 
-/// The resolved policy of one tree.
+/// What a tree's private home shows of the real one, read-only, by default
+/// (`[producer.grants.process] home_read` adds, `home_read_defaults = false`
+/// drops these): toolchains and the caches an offline build reads, the
+/// user's git identity. Nothing that holds a credential.
+pub const DEFAULT_HOME_READ: &[&str] = &[
+    // Rust: the toolchains and the crates cargo already fetched.
+    "~/.rustup",
+    "~/.cargo/bin",
+    "~/.cargo/registry",
+    "~/.cargo/git",
+    // Python: version managers, user installs, pip's cache.
+    "~/.pyenv",
+    "~/.local/bin",
+    "~/.local/lib",
+    "~/.local/share/uv/python",
+    "~/.local/share/uv/tools",
+    "~/.cache/pip",
+    // JavaScript: version managers, npm's cache (not ~/.npm itself: npm
+    // writes its logs there, into the private home).
+    "~/.nvm",
+    "~/.volta",
+    "~/.bun/bin",
+    "~/.deno/bin",
+    "~/.npm/_cacache",
+    // Other toolchains and their module caches.
+    "~/.rbenv",
+    "~/.asdf",
+    "~/.local/share/mise",
+    "~/.sdkman/candidates",
+    "~/.nix-profile",
+    "~/go/bin",
+    "~/go/pkg/mod",
+    "~/.m2/repository",
+    // Git's identity and settings (a commit needs a name).
+    "~/.gitconfig",
+    "~/.config/git/config",
+    "~/.config/git/ignore",
+    "~/.config/git/attributes",
+];
+
+/// The resolved policy of one tree: canonical paths that exist.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct TreePolicy {
-    /// Canonical read-write roots.
+    /// Read-write roots: the workspace, then `read_write_paths`.
     pub read_write: Vec<PathBuf>,
-    /// Canonical readable roots (Landlock).
+    /// Landlock's readable roots (`/`: everything the view shows).
     pub read: Vec<PathBuf>,
-    /// Canonical directories that get a private `tmpfs`.
-    pub private: Vec<PathBuf>,
-    /// Canonical paths hidden from the tree.
+    /// The grant's `read_only_paths` besides `/`: bound read-only.
+    pub read_only: Vec<PathBuf>,
+    /// The server's home, where the tree's private home is (canonical when
+    /// it exists); `None` when there is none to give (unset, or `/`).
+    pub home: Option<PathBuf>,
+    /// `$HOME` as the server has it, when it differs from `home` (a path
+    /// through a symlink): a link to `home` in the view.
+    pub home_alias: Option<PathBuf>,
+    /// Home allow-list entries that exist: where the home shows each (below
+    /// `home`), and the host path it names (they differ through symlinks).
+    pub home_read: Vec<(PathBuf, PathBuf)>,
+    /// The granted programs' files: bound read-only where the view would not
+    /// show them otherwise.
+    pub programs: Vec<PathBuf>,
+    /// Hidden where the view shows the host.
     pub deny: Vec<PathBuf>,
-    /// Canonical paths bound read-only at their own paths (the host's
-    /// write-protected paths that exist), so a tree reads but never writes,
-    /// replaces or removes them.
+    /// Read-only where the view shows the host: the host's write-protected
+    /// paths that exist, so a tree reads but never writes, replaces or
+    /// removes them.
     pub write_protected: Vec<PathBuf>,
 }
 
@@ -200,35 +278,40 @@ pub(crate) struct PolicyInputs {
     workspace: Vec<PathBuf>,
     read_write: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
+    home_read: Vec<PathBuf>,
+    programs: Vec<PathBuf>,
     grant: FsPolicy,
     protected: Vec<PathBuf>,
     write_protected: Vec<PathBuf>,
     home: Option<PathBuf>,
-    runtime_dir: Option<PathBuf>,
 }
 
 impl PolicyInputs {
-    /// `workspace` are the grant's working roots, `read_write`/`read_only`
-    /// its extra Landlock paths (an empty `read_only` means everything is
-    /// readable), `protected` and `write_protected` the host's; `$HOME`
-    /// and `$XDG_RUNTIME_DIR` are read now.
+    /// `workspace` are the grant's working roots (resolved by the caller),
+    /// `protected` and `write_protected` the host's; `$HOME` is read now.
     pub(crate) fn new(
+        grant: &super::ProcessGrant,
         workspace: &[PathBuf],
-        read_write: &[PathBuf],
-        read_only: &[PathBuf],
-        grant: &FsPolicy,
         protected: &[PathBuf],
         write_protected: &[PathBuf],
     ) -> Self {
+        let defaults = if grant.home_read_defaults { DEFAULT_HOME_READ } else { &[] };
+        let home_read = defaults
+            .iter()
+            .map(PathBuf::from)
+            .chain(grant.home_read.iter().cloned())
+            .chain(grant.filesystem.allow_read.iter().filter(|p| p.starts_with("~")).cloned())
+            .collect();
         Self {
             workspace: workspace.to_vec(),
-            read_write: read_write.to_vec(),
-            read_only: read_only.to_vec(),
-            grant: grant.clone(),
+            read_write: grant.read_write_paths.clone(),
+            read_only: grant.read_only_paths.clone(),
+            home_read,
+            programs: grant.program_files(),
+            grant: grant.filesystem.clone(),
             protected: protected.to_vec(),
             write_protected: write_protected.to_vec(),
             home: home(),
-            runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
         }
     }
 }
@@ -242,53 +325,53 @@ impl TreePolicy {
 
     fn resolve(inputs: &PolicyInputs, paths: &mut Resolutions) -> Self {
         let home = inputs.home.as_deref();
-        let mut rw: Vec<PathBuf> =
-            inputs.workspace.iter().chain(&inputs.read_write).filter_map(|p| paths.canonical(p)).collect();
-        rw.sort();
-        rw.dedup();
-        let private = private_dirs(inputs.runtime_dir.as_deref(), paths);
-        let read = if inputs.read_only.is_empty() {
-            vec![PathBuf::from("/")]
-        } else {
-            inputs.read_only.iter().filter_map(|p| paths.canonical(p)).collect()
+        let canonical_all = |list: &[PathBuf], paths: &mut Resolutions| -> Vec<PathBuf> {
+            let mut out: Vec<PathBuf> =
+                list.iter().filter_map(|p| expand(p, home)).filter_map(|p| paths.canonical(&p)).collect();
+            out.sort();
+            out.dedup();
+            out
         };
-        let allowed: Vec<PathBuf> = inputs
-            .grant
-            .allow_read
-            .iter()
-            .filter_map(|p| expand(p, home))
-            .filter_map(|p| paths.canonical(&p))
-            .collect();
-        let defaults = DEFAULT_DENY_READ
-            .iter()
-            .chain(SYSTEM_DENY_READ)
-            .map(Path::new)
-            .chain(inputs.grant.deny_read.iter().map(PathBuf::as_path));
-        let mut deny: Vec<PathBuf> = defaults
-            .filter_map(|p| expand(p, home))
-            .filter_map(|p| paths.canonical(&p))
+        let mut read_write: Vec<PathBuf> = inputs.workspace.clone();
+        read_write.extend(canonical_all(&inputs.read_write, paths));
+        read_write.dedup();
+        let root = Path::new("/");
+        let read = if inputs.read_only.is_empty() || inputs.read_only.iter().any(|p| p == root) {
+            let mut read = vec![root.to_path_buf()];
+            read.extend(canonical_all(&inputs.read_only, paths).into_iter().filter(|p| p != root));
+            read
+        } else {
+            canonical_all(&inputs.read_only, paths)
+        };
+        let read_only = read.iter().filter(|p| *p != root).cloned().collect();
+        // The view's home: the real one's path (so `$HOME` names it), never `/`.
+        let view_home = home.map(|h| paths.canonical(h).unwrap_or_else(|| h.to_path_buf())).filter(|h| h != root);
+        let allowed = canonical_all(&inputs.grant.allow_read, paths);
+        let mut home_read = Vec::new();
+        if let (Some(home), Some(view_home)) = (home, &view_home) {
+            for entry in &inputs.home_read {
+                let Ok(rest) = entry.strip_prefix("~") else { continue };
+                if let Some(canonical) = paths.canonical(&home.join(rest)) {
+                    home_read.push((view_home.join(rest), canonical));
+                }
+            }
+        }
+        let credentials = DEFAULT_DENY_READ.iter().chain(SYSTEM_DENY_READ).map(PathBuf::from).collect::<Vec<_>>();
+        let mut deny: Vec<PathBuf> = canonical_all(&credentials, paths)
+            .into_iter()
+            .chain(canonical_all(&inputs.grant.deny_read, paths))
             .filter(|p| !allowed.contains(p))
             .collect();
-        deny.extend(
-            HOST_DENY_READ
-                .iter()
-                .map(Path::new)
-                .chain(inputs.protected.iter().map(PathBuf::as_path))
-                .filter_map(|p| expand(p, home))
-                .filter_map(|p| paths.canonical(&p)),
-        );
+        let host: Vec<PathBuf> =
+            HOST_DENY_READ.iter().map(PathBuf::from).chain(inputs.protected.iter().cloned()).collect();
+        deny.extend(canonical_all(&host, paths));
         deny.sort();
         deny.dedup();
-        let mut write_protected: Vec<PathBuf> = inputs
-            .write_protected
-            .iter()
-            .filter_map(|p| expand(p, home))
-            .filter_map(|p| paths.canonical(&p))
-            .filter(|p| !deny.contains(p))
-            .collect();
-        write_protected.sort();
-        write_protected.dedup();
-        Self { read_write: rw, read, private, deny, write_protected }
+        let write_protected =
+            canonical_all(&inputs.write_protected, paths).into_iter().filter(|p| !deny.contains(p)).collect();
+        let programs = inputs.programs.clone();
+        let home_alias = home.filter(|h| view_home.as_deref().is_some_and(|v| v != *h)).map(Path::to_path_buf);
+        Self { read_write, read, read_only, home: view_home, home_alias, home_read, programs, deny, write_protected }
     }
 }
 
@@ -302,7 +385,7 @@ impl TreePolicy {
 /// created, removed, replaced or re-linked since is seen, as without the
 /// cache; only a policy whose every input still holds is reused (one or
 /// two `stat`s per path instead of a resolution). The inputs that are not
-/// paths (the grant, `$HOME`, `$XDG_RUNTIME_DIR`, the protected paths) are
+/// paths (the grant, `$HOME`, the protected paths) are
 /// the key. At most [`PolicyCache::ENTRIES`] policies are kept.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyCache {
@@ -346,49 +429,34 @@ impl PolicyCache {
 }
 
 impl TreePolicy {
-    /// What Landlock lets the tree write: the read-write roots and the
-    /// private directories (their fresh `tmpfs` sits on those paths).
+    /// What Landlock lets the tree write on the host's inodes: the
+    /// read-write roots (the view's own writable directories get rules from
+    /// the keeper, see [`crate::view::MountPlan::writable`]).
     pub(crate) fn landlock_read_write(&self) -> Vec<PathBuf> {
-        self.read_write.iter().chain(&self.private).cloned().collect()
+        self.read_write.clone()
     }
-}
-
-/// `/tmp`, `/dev/shm`, `/run/user` and `$XDG_RUNTIME_DIR`, canonical,
-/// existing, and none below another (a mount below a fresh `tmpfs` would
-/// find no mount point).
-fn private_dirs(runtime: Option<&Path>, paths: &mut Resolutions) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = PRIVATE_DIRS
-        .iter()
-        .map(Path::new)
-        .chain(runtime)
-        .filter_map(|p| paths.resolve(p))
-        .filter(|(identity, _)| identity.is_dir())
-        .map(|(_, canonical)| canonical)
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    let all = dirs.clone();
-    dirs.retain(|d| !all.iter().any(|other| other != d && d.starts_with(other)));
-    dirs
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn grant_with(filesystem: FsPolicy) -> crate::ProcessGrant {
+        crate::ProcessGrant { filesystem, ..crate::ProcessGrant::default() }
+    }
+
     #[test]
-    fn nested_private_dirs_collapse_and_allow_read_removes_defaults_only() {
+    fn allow_read_lifts_a_grants_deny_and_never_the_hosts() {
         let dir = std::env::temp_dir().join(format!("taskhost-fs-policy-{}", std::process::id()));
         let cred = dir.join("cred");
         std::fs::create_dir_all(&cred).unwrap();
         let protected = dir.join("protected");
         std::fs::write(&protected, "x").unwrap();
-        let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![cred.clone(), protected.clone()] };
+        let grant =
+            grant_with(FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![cred.clone(), protected.clone()] });
         let policy = TreePolicy::new(&PolicyInputs::new(
-            std::slice::from_ref(&dir),
-            &[],
-            &[],
             &grant,
+            std::slice::from_ref(&dir),
             std::slice::from_ref(&protected),
             &[],
         ));
@@ -397,9 +465,6 @@ mod tests {
         assert!(!policy.deny.contains(&cred), "allow_read lifts a grant's own deny");
         assert!(policy.deny.contains(&protected), "a host-protected path stays denied");
         assert_eq!(policy.read, vec![PathBuf::from("/")]);
-        for d in &policy.private {
-            assert!(!policy.private.iter().any(|o| o != d && d.starts_with(o)), "{:?}", policy.private);
-        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -413,9 +478,9 @@ mod tests {
         let dir = dir.canonicalize().unwrap();
         let (cred, elsewhere) = (dir.join("cred"), dir.join("elsewhere"));
         std::fs::create_dir_all(&elsewhere).unwrap();
-        let grant = FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] };
+        let grant = grant_with(FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] });
         let cache = PolicyCache::default();
-        let inputs = |grant: &FsPolicy| PolicyInputs::new(std::slice::from_ref(&dir), &[], &[], grant, &[], &[]);
+        let inputs = |grant: &crate::ProcessGrant| PolicyInputs::new(grant, std::slice::from_ref(&dir), &[], &[]);
         let policy = || cache.policy(inputs(&grant));
         let uncached = || TreePolicy::new(&inputs(&grant));
 
@@ -440,7 +505,7 @@ mod tests {
         assert!(!removed.deny.contains(&elsewhere) && !removed.deny.contains(&cred));
         assert_eq!(*removed, uncached());
 
-        let other = FsPolicy { deny_read: vec![elsewhere.clone()], allow_read: vec![] };
+        let other = grant_with(FsPolicy { deny_read: vec![elsewhere.clone()], allow_read: vec![] });
         let by_grant = cache.policy(inputs(&other));
         assert!(by_grant.deny.contains(&elsewhere), "another grant is another entry");
         assert!(Arc::ptr_eq(&removed, &policy()), "the first grant's entry is still there");

@@ -29,8 +29,8 @@ pub const DEFAULT_MAX_LIVE: usize = 16;
 /// programs = ["/bin/bash"]
 /// working_dirs = ["/work/project"]
 /// network = false
-/// read_write_paths = ["/work/project", "/tmp"]
-/// read_only_paths = ["/"]
+/// read_write_paths = ["/work/cache"]     # more read-write roots besides the workspace
+/// home_read = ["~/.gradle/caches"]       # more of the home, read-only (besides the defaults)
 /// env.pass = ["SSH_AUTH_SOCK"]  # host variables beyond PATH HOME LANG LC_* TERM TZ USER SHELL
 /// env.set = { LANG = "C.UTF-8" }
 /// ```
@@ -57,13 +57,26 @@ pub struct ProcessGrant {
     /// it, so no descendant (`setsid`, `nohup`, double fork) outlives it.
     /// Default `true`; turning it off leaves only process groups.
     pub pid_namespace: bool,
-    /// Paths readable (and executable) below. Empty (the default):
-    /// everything is readable but the deny-read paths (see
-    /// [`super::fs_policy`]).
+    /// Host paths bound read-only into the tree's view, besides the system
+    /// directories and the home allow list (see [`super::view`]); when set,
+    /// Landlock also narrows reading to them (and the workspace). `"/"`
+    /// means "everything the view shows" and binds nothing.
     pub read_only_paths: Vec<PathBuf>,
     /// Paths readable and writable below, besides the working directories
-    /// (always read-write) and the tree's private `/tmp`.
+    /// (always read-write) and the tree's private `/tmp`: bound read-write
+    /// at their paths, with the same mandatory read-only set inside as a
+    /// workspace. Never `/`, the home directory or one of its ancestors.
     pub read_write_paths: Vec<PathBuf>,
+    /// Paths below the home directory (`~/…`) bound read-only into the
+    /// tree's private home, besides [`super::view::DEFAULT_HOME_READ`] (unless
+    /// `home_read_defaults = false`). An entry that is or lies inside a
+    /// credential ([`super::fs_policy::DEFAULT_DENY_READ`]) is refused at
+    /// load unless `filesystem.allow_read` names it too; credentials inside
+    /// an entry stay hidden.
+    pub home_read: Vec<PathBuf>,
+    /// Bind [`super::view::DEFAULT_HOME_READ`] into the home (default
+    /// `true`); `false` leaves only `home_read`.
+    pub home_read_defaults: bool,
     /// Changes to the default deny-read list ([`super::fs_policy::FsPolicy`]).
     pub filesystem: super::fs_policy::FsPolicy,
     /// Resource limits; a spawn may ask for less, never for more.
@@ -88,6 +101,8 @@ impl Default for ProcessGrant {
             pid_namespace: true,
             read_only_paths: Vec::new(),
             read_write_paths: Vec::new(),
+            home_read: Vec::new(),
+            home_read_defaults: true,
             filesystem: Default::default(),
             limits: ProcessLimits::default(),
             resolved: ResolvedPrograms::default(),
@@ -434,6 +449,88 @@ impl ProcessGrant {
         Ok(())
     }
 
+    /// Everything checked when the grant is loaded: its programs
+    /// ([`Self::resolve_programs`]), its workspace (never `/`, the home
+    /// directory or an ancestor of it) and its home allow list. The error
+    /// says what to pass instead.
+    pub fn check_at_load(&self) -> anyhow::Result<()> {
+        let home = super::fs_policy::home();
+        self.check_workspace(home.as_deref()).map_err(anyhow::Error::msg)?;
+        self.check_home_read().map_err(anyhow::Error::msg)?;
+        self.resolve_programs()
+    }
+
+    /// Refuses a workspace (working directory or read-write path) that is
+    /// `/`, the server's home or an ancestor of it: a command could rewrite
+    /// every file there, shell start-up files and taskhost's own state
+    /// included.
+    pub(crate) fn check_workspace(&self, home: Option<&Path>) -> Result<(), String> {
+        let home = home.and_then(|h| h.canonicalize().ok());
+        let roots =
+            self.working_roots().into_iter().chain(self.read_write_paths.iter().filter_map(|p| p.canonicalize().ok()));
+        for root in roots {
+            let what = if root == Path::new("/") {
+                "the filesystem root"
+            } else if home.as_deref() == Some(root.as_path()) {
+                "the home directory"
+            } else if home.as_deref().is_some_and(|h| h.starts_with(&root)) {
+                "an ancestor of the home directory"
+            } else {
+                continue;
+            };
+            let how = if self.working_dirs.is_empty() && self.working_roots().first() == Some(&root) {
+                "start `taskhost serve` from a project directory (the workspace is the directory it starts in), or \
+                 set `working_dirs = [\"/path/to/project\"]` in the tool's [producer.grants.process]"
+            } else {
+                "name a project directory in the grant's `working_dirs` / `read_write_paths` instead"
+            };
+            return Err(format!(
+                "process grant: the workspace {} is {what}: every command could rewrite everything in it (shell \
+                 start-up files, credentials, taskhost's own state). Give it a project directory: {how}",
+                root.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks `home_read`: entries below `~/`, none a credential unless
+    /// `filesystem.allow_read` names it.
+    pub(crate) fn check_home_read(&self) -> Result<(), String> {
+        for entry in &self.home_read {
+            let Ok(rest) = entry.strip_prefix("~") else {
+                return Err(format!(
+                    "process grant: home_read entry {} is not below the home directory (write it as ~/…); \
+                     other host paths go in `read_only_paths`",
+                    entry.display()
+                ));
+            };
+            if rest.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return Err(format!(
+                    "process grant: home_read entry {} climbs out of the home directory",
+                    entry.display()
+                ));
+            }
+            let credential =
+                super::fs_policy::DEFAULT_DENY_READ.iter().map(Path::new).find(|cred| entry.starts_with(cred));
+            if let Some(cred) = credential
+                && !self.filesystem.allow_read.iter().any(|a| a == entry)
+            {
+                return Err(format!(
+                    "process grant: home_read entry {} is the credential {}: add it to \
+                     [producer.grants.process.filesystem] allow_read too if this tool must read it",
+                    entry.display(),
+                    cred.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The granted programs' files, resolved (those that exist).
+    pub(crate) fn program_files(&self) -> Vec<PathBuf> {
+        self.resolution().entries.iter().filter_map(|(_, r)| r.as_ref().ok().cloned()).collect()
+    }
+
     fn resolution(&self) -> &Resolved {
         self.resolved.0.get_or_init(|| {
             let path_var = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
@@ -607,5 +704,28 @@ mod tests {
         assert_eq!(clone.check_program("sh", Path::new("/")).unwrap(), at_load, "a clone keeps the resolution");
         let refusal = grant.check_program("definitely-not-a-program", Path::new("/")).unwrap_err();
         assert!(refusal.to_string().contains("not found on the host's PATH"), "{refusal}");
+    }
+}
+
+#[cfg(test)]
+mod home_read_tests {
+    use super::*;
+
+    #[test]
+    fn home_read_refuses_credentials_unless_allowed_and_paths_outside_the_home() {
+        let grant = |entries: &[&str], allow: &[&str]| ProcessGrant {
+            home_read: entries.iter().map(PathBuf::from).collect(),
+            filesystem: super::super::fs_policy::FsPolicy {
+                allow_read: allow.iter().map(PathBuf::from).collect(),
+                ..Default::default()
+            },
+            ..ProcessGrant::default()
+        };
+        assert_eq!(grant(&["~/.gradle/caches", "~/.config"], &[]).check_home_read(), Ok(()));
+        let error = grant(&["~/.ssh/config"], &[]).check_home_read().unwrap_err();
+        assert!(error.contains("credential ~/.ssh") && error.contains("allow_read"), "{error}");
+        assert_eq!(grant(&["~/.npmrc"], &["~/.npmrc"]).check_home_read(), Ok(()));
+        assert!(grant(&["/etc/passwd"], &[]).check_home_read().unwrap_err().contains("read_only_paths"));
+        assert!(grant(&["~/../other"], &[]).check_home_read().unwrap_err().contains("climbs out"));
     }
 }

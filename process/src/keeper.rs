@@ -28,9 +28,9 @@
 //! rlimit_data(0: none), cgroups(the number of `cgroup.procs` paths that
 //! follow), paths..., mounts(-1: no mount namespace, else
 //! the number of entries that follow), mount entries..., cwd, program, "--",
-//! argv...]` (mount entries as [`super::sandbox::MountPlan::to_args`]); the
+//! argv...]` (mount entries as [`super::view::MountPlan::to_args`]); the
 //! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null,
-//! or the read end of the tree's stdin pipe), stdout and stderr; the process group is already its own.
+//! or the read end of the tree's stdin pipe), stdout and stderr; it already leads a session of its own.
 //!
 //! Invariants: the keeper writes nothing to stdout or stderr of its own (they
 //! are the command's), except a `taskhost: …` line before exiting 126 when
@@ -43,7 +43,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::confine::{Bounds, ChildPlan, ExecPlan, Forked};
-use super::sandbox::MountPlan;
+use super::view::MountPlan;
 
 pub mod zygote;
 
@@ -133,7 +133,11 @@ pub(crate) fn plan_from_args(
         let n = n_mounts as usize;
         let entries = args.get(at..at + n).ok_or_else(|| bad("fewer mount entries than announced"))?;
         at += n;
-        Some(MountPlan::from_args(&entries.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())?)
+        let (plan, used) = MountPlan::from_args(&entries.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())?;
+        if used != n {
+            return Err(bad("the view is longer than announced"));
+        }
+        Some(plan)
     } else {
         None
     };
@@ -204,7 +208,7 @@ pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked
 }
 
 /// `posix_spawn` of `/proc/self/exe` with `argv` and `envp` (a
-/// NULL-terminated array), in a process group of its own, with no blocked
+/// NULL-terminated array), in a session of its own, with no blocked
 /// signals and every signal at its default, and `dups` (source, target)
 /// installed as its only descriptors besides none (every other one of ours
 /// is close-on-exec). Targets must be below 5.
@@ -231,17 +235,19 @@ pub(crate) fn spawn_self(
             for (source, &(_, to)) in sources.iter().zip(dups) {
                 check(libc::posix_spawn_file_actions_adddup2(&mut actions, source.raw, to))?;
             }
-            // Its own process group (so a kill cannot miss it once we
-            // return), no blocked signals, every signal at its default.
+            // Its own session (so it has no controlling terminal, and a
+            // group kill cannot miss it once we return: the child calls
+            // `setsid` before its exec, which posix_spawn waits for), no
+            // blocked signals, every signal at its default.
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             let mut all: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
             check(libc::posix_spawnattr_setflags(
                 &mut attr,
-                (libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as _,
+                (libc::POSIX_SPAWN_SETSID as libc::c_int | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF)
+                    as _,
             ))?;
-            check(libc::posix_spawnattr_setpgroup(&mut attr, 0))?;
             check(libc::posix_spawnattr_setsigmask(&mut attr, &none))?;
             check(libc::posix_spawnattr_setsigdefault(&mut attr, &all))?;
             let mut pid: libc::pid_t = 0;

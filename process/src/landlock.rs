@@ -46,6 +46,13 @@ pub(crate) fn handled_bits() -> u64 {
     (AccessFs::from_all(TARGET) & AccessFs::from_all(ABI::from(kernel))).bits()
 }
 
+/// The rights of a read-only rule on this kernel (for the rule the keeper
+/// adds on the view's root).
+pub(crate) fn read_bits() -> u64 {
+    let kernel = abi().map_or(0, |v| v as i32);
+    (AccessFs::from_read(TARGET) & AccessFs::from_all(ABI::from(kernel))).bits()
+}
+
 /// Builds the ruleset; `None` when the kernel has no Landlock (the probe
 /// logged that already). Paths that do not exist grant nothing.
 pub(crate) fn ruleset(read: &[PathBuf], read_write: &[PathBuf]) -> io::Result<Option<OwnedFd>> {

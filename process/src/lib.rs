@@ -41,10 +41,12 @@ mod landlock;
 mod launch;
 pub mod limits;
 pub mod output;
+mod plan;
 mod sandbox;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod view;
 pub use keeper::zygote;
 
 #[cfg(test)]
@@ -188,6 +190,8 @@ pub struct ProcessHost {
     cleanup: std::sync::Mutex<Cleanup>,
     /// Resolved filesystem policies of recent spawns, revalidated per use.
     policies: fs_policy::PolicyCache,
+    /// The workspaces' read-only sets, their listings remembered.
+    scanner: view::workspace::Scanner,
 }
 
 /// The state of [`ProcessHost`]'s start-ahead housekeeping thread.
@@ -264,6 +268,7 @@ impl ProcessHost {
             limiter: Default::default(),
             cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
             policies: Default::default(),
+            scanner: Default::default(),
         }))
     }
 
@@ -406,18 +411,27 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let policy = self.policies.policy(fs_policy::PolicyInputs::new(
-            &roots,
-            &grant.read_write_paths,
-            &grant.read_only_paths,
-            &grant.filesystem,
-            &self.protected,
-            &self.write_protected,
-        ));
-        let ruleset = landlock::ruleset(&policy.read, &policy.landlock_read_write()).map_err(failed)?;
+        let policy =
+            self.policies.policy(fs_policy::PolicyInputs::new(grant, &roots, &self.protected, &self.write_protected));
+        // In a view, a rule on the host's root reaches nothing: "read
+        // everything" becomes a rule on the view's root, added by the keeper.
+        let in_view = confine::support().mount_namespace;
+        let found = if in_view {
+            self.scanner
+                .scan(&policy.read_write)
+                .map_err(|why| failed(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)))?
+        } else {
+            Default::default()
+        };
+        let read_root = in_view && policy.read.iter().any(|p| p == Path::new("/"));
+        let host_read: Vec<PathBuf> =
+            policy.read.iter().filter(|p| !(in_view && *p == Path::new("/"))).cloned().collect();
+        let mut read_write = policy.landlock_read_write();
+        read_write.extend(found.git_dirs.iter().cloned());
+        let ruleset = landlock::ruleset(&host_read, &read_write).map_err(failed)?;
         let env = env::build_env(&grant.env, std::env::vars_os(), &request.env);
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
-        let spill = confine::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
+        let spill = view::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
         let limiter = self.limiter();
         let cgroup = limiter.tree().map_err(failed)?;
         let (nproc, data) = limiter.rlimits();
@@ -426,9 +440,19 @@ impl ProcessHost {
             nproc,
             data,
         };
-        let (plan, applied) =
-            confine::ChildPlan::new(grant.pid_namespace, !grant.network, ruleset, &policy, spill, &cwd, exec, bounds)
-                .map_err(failed)?;
+        let (plan, applied) = confine::ChildPlan::new(
+            grant.pid_namespace,
+            !grant.network,
+            ruleset,
+            read_root,
+            &policy,
+            &found,
+            spill,
+            &cwd,
+            exec,
+            bounds,
+        )
+        .map_err(failed)?;
 
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stdin_pipe = match request.stdin {
@@ -470,6 +494,9 @@ impl ProcessHost {
                 user_namespace = applied.user_namespace,
                 pid_namespace = applied.pid_namespace,
                 net_namespace = applied.net_namespace,
+                ipc_namespace = applied.ipc_namespace,
+                uts_namespace = applied.uts_namespace,
+                cgroup_namespace = applied.cgroup_namespace,
                 mount_namespace = applied.mount_namespace,
                 fresh_proc = applied.fresh_proc,
                 seccomp = applied.seccomp,

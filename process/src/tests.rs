@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use super::*;
 
+mod dev;
+mod namespaces;
+mod session;
 mod view;
 
 fn host() -> Arc<ProcessHost> {
@@ -822,14 +825,19 @@ async fn an_unstarted_host_defers_its_housekeeping_and_still_limits_its_first_tr
             host.start_ahead();
         }
         let mark = marker(&format!("unstarted-{ahead}"));
-        let process =
-            host.spawn(&bash_grant(), bash("cat /proc/self/cgroup", &mark), &tracing::Span::none()).await.unwrap();
-        let (out, err, _, status) = drain(&process).await;
-        let out = String::from_utf8(out).unwrap();
+        // The tree's own /proc/self/cgroup is rooted at its cgroup (a cgroup
+        // namespace): its keeper's, read from the host, shows where it is.
+        let request = SpawnRequest { stdin: StdinMode::Pipe, ..bash("echo up; read line || true", &mark) };
+        let process = host.spawn(&bash_grant(), request, &tracing::Span::none()).await.unwrap();
+        let mut out = String::new();
+        read_until(&process, &mut out, "up").await;
+        let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", process.pid())).unwrap();
+        process.close_stdin().unwrap();
+        let (_, err, _, status) = drain(&process).await;
         assert_eq!(status, ExitStatus::Code(0), "{}", String::from_utf8_lossy(&err));
         match host.limit_mechanism() {
             LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => {
-                assert!(out.contains("/tree-"), "the first tree is not in a tree cgroup (ahead: {ahead}):\n{out}")
+                assert!(cgroup.contains("/tree-"), "the first tree is not in a tree cgroup (ahead: {ahead}):\n{cgroup}")
             }
             mechanism => eprintln!("NOTE: trees are limited by {mechanism} here; no cgroup to check"),
         }

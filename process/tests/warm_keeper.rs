@@ -78,6 +78,10 @@ fn main() {
             on(&runtime, || Box::pin(with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back())),
         ),
         Trial::test(
+            "a_kill_that_lands_at_once_ends_the_command_with_sigterm",
+            on(&runtime, || Box::pin(a_kill_that_lands_at_once_ends_the_command_with_sigterm())),
+        ),
+        Trial::test(
             "repeated_failures_degrade_once_to_the_exec_keeper",
             on(&runtime, || Box::pin(repeated_failures_degrade_once_to_the_exec_keeper())),
         ),
@@ -335,6 +339,38 @@ async fn with_the_ack_wait_starts_run_and_a_dead_zygote_still_falls_back() {
     zygote::set_await_ack(false);
     std::fs::remove_dir_all(&base).unwrap();
     println!("warm_keeper: ack wait ok");
+}
+
+/// A kill right after the start ends the command with SIGTERM (not SIGKILL
+/// after the grace), through a warm keeper and through the exec'd one: the
+/// keeper leads its session from before the start returns, and a SIGTERM
+/// that reaches it before the command exists is forwarded.
+async fn a_kill_that_lands_at_once_ends_the_command_with_sigterm() {
+    let host = host();
+    let base = scratch("kill-at-once");
+    let grace = Duration::from_secs(20);
+    let grant = ProcessGrant {
+        limits: taskhost_process::ProcessLimits { kill_grace_ms: grace.as_millis() as u64, ..Default::default() },
+        ..grant(&base.join("work"))
+    };
+    for warm in [true, false] {
+        zygote::set_enabled(warm);
+        for round in 0..10 {
+            let z = if warm { Some(zygote::wait_ready(READY).expect("a warm keeper is ready")) } else { None };
+            let process = host.spawn(&grant, bash("sleep 1000; true"), &tracing::Span::none()).await.unwrap();
+            process.kill();
+            let started = std::time::Instant::now();
+            if let Some(z) = z {
+                assert_eq!(process.pid(), z, "round {round}: the start went through the zygote");
+            }
+            let (_, err, status) = drain(&process).await;
+            assert_eq!(status, ExitStatus::Signal(libc::SIGTERM), "round {round} (warm {warm}): {err}");
+            assert!(started.elapsed() < grace, "round {round} (warm {warm}): the SIGTERM was lost");
+        }
+    }
+    zygote::set_enabled(true);
+    std::fs::remove_dir_all(&base).unwrap();
+    println!("warm_keeper: kill at once ok");
 }
 
 /// Three failed hand-offs in a row turn the warm keeper off (one log line);

@@ -18,4 +18,5 @@ mod mcp_stdio;
 mod mcp_tasks;
 mod sandbox_attacks;
 mod sandbox_limits;
+mod sandbox_terminal;
 mod state_trust;

@@ -5,7 +5,11 @@
 //!
 //! One bash call runs every attack and prints `name:result` lines; the test
 //! checks each line, then checks the host side (no file appeared in `/etc`,
-//! the server's stdout carried no forged message, the client still works).
+//! the server's stdout carried no forged message, the home's files and the
+//! workspace repository's configuration are unchanged, the client still
+//! works). The call waits on a FIFO in the middle, while the test creates a
+//! credential in the home: one created after the task started must stay
+//! out of reach too.
 
 use crate::common;
 
@@ -31,13 +35,43 @@ struct Attacked {
     workspace: PathBuf,
     home: PathBuf,
     server_pid: u32,
+    /// The workspace repository's configuration before the attack.
+    git_config: String,
 }
 
-fn attack_script(server_pid: u32, workspace: &Path, home: &Path, host_socket: &Path) -> String {
-    let (w, h, sock) = (workspace.display(), home.display(), host_socket.display());
+/// Credential files the test plants in the server's home (each holds
+/// [`CANARY`]): the issue's list, and the usual ones.
+const CREDENTIALS: &[&str] = &[
+    ".ssh/id_test",
+    ".netrc",
+    ".cargo/credentials.toml",
+    ".pgpass",
+    ".vault-token",
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".config/gh/hosts.yml",
+    ".aws/credentials",
+    ".docker/config.json",
+    ".npmrc",
+    ".pypirc",
+    ".git-credentials",
+    ".kube/config",
+    ".gnupg/private-keys-v1.d/key",
+    ".config/gcloud/credentials.db",
+    ".password-store/x.gpg",
+    ".bash_history",
+];
+
+/// The credential the test creates once the attack runs.
+const LATE_CREDENTIAL: &str = ".config/late/token";
+
+fn attack_script(server_pid: u32, workspace: &Path, home: &Path, host_socket: &Path, run_socket: &Path) -> String {
+    let (w, h, sock, run_sock) = (workspace.display(), home.display(), host_socket.display(), run_socket.display());
+    let creds = CREDENTIALS.join(" ");
     format!(
         r#"S={server_pid}; W={w}; H={h}
 r() {{ if eval "$2" >/dev/null 2>&1; then echo "$1:yes"; else echo "$1:no"; fi; }}
+echo "run_list:$(ls -A /run | tr '\n' ' ')"
 r nsenter_net "nsenter --net=/proc/$S/ns/net true"
 r nsenter_pid1 "nsenter --net=/proc/1/ns/net --mount=/proc/1/ns/mnt true"
 mkdir -p $W/mnt
@@ -52,11 +86,24 @@ r forge_fd1 "echo '{{\"jsonrpc\":\"2.0\",\"id\":99,\"result\":{{}}}}' > /proc/$S
 r mem "head -c 1 /proc/$S/mem"
 echo "ssh_key:$(cat $H/.ssh/id_test 2>/dev/null)"
 r ssh_list "ls $H/.ssh"
-r netrc_read "grep -q machine $H/.netrc"
+r netrc_read "grep -q secret $H/.netrc"
 r cache_list "ls $H/.cache/taskhost/components"
 r bashrc "echo evil >> $H/.bashrc"
+r bashrc_seen "grep -q clean $H/.bashrc"
 r autostart "mkdir -p $H/.config/autostart && touch $H/.config/autostart/x"
+echo "home_list:$(ls -A $H | grep -v -e '^.bashrc$' -e '^.config$' | tr '\n' ' ')"
+for f in {creds}; do grep -qs {CANARY} "$H/$f" && echo "cred_read:$f"; done
+echo "creds_checked:1"
 r host_socket "test -e {sock}"
+r run_socket "test -e {run_sock}"
+r git_config_write "git -C $W/proj config core.fsmonitor evil"
+r git_hook_write "echo evil > $W/proj/.git/hooks/post-checkout"
+r envrc_write "echo evil >> $W/proj/.envrc"
+r mv_git "mv $W/proj/.git $W/proj/moved"
+r mv_proj "mv $W/proj $W/moved"
+r git_commit "git -C $W/proj -c user.email=a@b -c user.name=a commit -qam change"
+read go < $W/go.fifo
+r late_cred "grep -qs LATE $H/{LATE_CREDENTIAL}"
 r ws_write "echo ok > $W/written && cat $W/written"
 r tmp_write "echo ok > /tmp/taskhost-private-$S && cat /tmp/taskhost-private-$S"
 r git "git init -q $W/repo && git -C $W/repo -c user.email=a@b -c user.name=a commit -q --allow-empty -m x"
@@ -81,26 +128,53 @@ done
 async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
     let base = common::temp_dir(tag);
     // The workspace below /tmp (it must stay reachable through the tree's
-    // private /tmp); the home directory outside it, where the tree sees
-    // the host's files: read-only, credentials hidden.
+    // private /tmp); the home directory outside it, where the tree gets a
+    // private, empty home instead.
     let workspace = base.join("work");
     let home = Path::new("/var/tmp").join(base.file_name().unwrap()).join("home");
     let _ = std::fs::remove_dir_all(&home);
-    for dir in [&workspace, &home.join(".ssh"), &home.join(".cache/taskhost/components")] {
+    for dir in [&workspace, &home.join(".cache/taskhost/components")] {
         std::fs::create_dir_all(dir).unwrap();
     }
-    std::fs::write(home.join(".ssh/id_test"), "PRIVATE-KEY-CANARY").unwrap();
-    std::fs::write(home.join(".netrc"), "machine example.com login a password b").unwrap();
+    for credential in CREDENTIALS {
+        let path = home.join(credential);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("secret {CANARY}\n")).unwrap();
+    }
     std::fs::write(home.join(".cache/taskhost/components/x.cwasm"), "code").unwrap();
     std::fs::write(home.join(".bashrc"), "# clean\n").unwrap();
-    // A host Unix socket outside the workspace, as tmux or ssh-agent keep.
+    // A repository in the workspace, with a direnv file: its configuration,
+    // hooks and .envrc must stay as they are.
+    let project = workspace.join("proj");
+    std::fs::create_dir_all(&project).unwrap();
+    let git = |args: &[&str]| {
+        assert!(std::process::Command::new("git").arg("-C").arg(&project).args(args).status().unwrap().success())
+    };
+    git(&["init", "-q"]);
+    std::fs::write(project.join(".envrc"), "export A=1\n").unwrap();
+    std::fs::write(project.join("file"), "one\n").unwrap();
+    git(&["add", "."]);
+    git(&["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "first"]);
+    std::fs::write(project.join("file"), "two\n").unwrap();
+    let git_config = std::fs::read_to_string(project.join(".git/config")).unwrap();
+    // The attack waits on this FIFO while the test plants a credential.
+    let fifo = workspace.join("go.fifo");
+    let fifo_c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo on a C string we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0);
+    // A host Unix socket outside the workspace, as tmux or ssh-agent keep,
+    // and one under the host's /run, as daemons keep.
     let socket_dir = common::temp_dir(&format!("{tag}-sock"));
     let host_socket = socket_dir.join("S");
     let _listener = std::os::unix::net::UnixListener::bind(&host_socket).unwrap();
+    let run_socket = PathBuf::from(format!("/run/taskhost-{tag}-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&run_socket);
+    let _run_listener = std::os::unix::net::UnixListener::bind(&run_socket).unwrap();
     if let Some(uid) = uid {
         for path in [&base, &socket_dir, &home] {
             chown_tree(path, uid);
         }
+        std::os::unix::fs::chown(&run_socket, Some(uid), Some(uid)).unwrap();
     }
 
     let mut command = common::taskhost_as(uid, &base);
@@ -121,8 +195,20 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
     let peer = client.peer().clone();
     let server_pid = child.id().unwrap();
     // Through setpriv, the server is setpriv's exec: the same pid.
-    let script = attack_script(server_pid, &workspace, &home, &host_socket);
+    let script = attack_script(server_pid, &workspace, &home, &host_socket, &run_socket);
+    // Once the attack opened the FIFO (the task is running), a credential
+    // appears in the home; then the attack goes on.
+    let late = home.join(LATE_CREDENTIAL);
+    let planter = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut fifo = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        std::fs::create_dir_all(late.parent().unwrap()).unwrap();
+        std::fs::write(&late, "LATE credential\n").unwrap();
+        fifo.write_all(b"go\n").unwrap();
+    });
     let raw = only_text(&call(&peer, "bash", json!({ "command": script })).await);
+    planter.await.unwrap();
+    let _ = std::fs::remove_file(&run_socket);
     // The client still works: nothing forged reached the stream.
     assert_eq!(
         only_text(&call(&peer, "bash", json!({"command": "echo still-here"})).await),
@@ -139,7 +225,7 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
     let log = std::fs::read_to_string(base.join("stderr.log")).unwrap_or_default();
     assert!(status.success(), "server exit {status}; log:\n{log}");
     let _ = std::fs::remove_dir_all(&socket_dir);
-    Attacked { results, raw, workspace, home, server_pid }
+    Attacked { results, raw, workspace, home, server_pid, git_config }
 }
 
 fn chown_tree(path: &Path, uid: u32) {
@@ -170,15 +256,27 @@ fn check(attacked: &Attacked) {
         "ssh_list",
         "netrc_read",
         "cache_list",
-        "bashrc",
-        "autostart",
+        "bashrc_seen",
         "host_socket",
+        "run_socket",
+        "git_config_write",
+        "git_hook_write",
+        "envrc_write",
+        "mv_git",
+        "mv_proj",
+        "late_cred",
         "unshare_user",
         "unshare_pid",
     ] {
         expect(k, "no");
     }
     expect("shadow_lines", "0");
+    // The tree's home is empty and its own: no credential, planted before or
+    // during the task, was read; writes there stay there.
+    expect("home_list", "");
+    expect("creds_checked", "1");
+    assert!(!attacked.results.contains_key("cred_read"), "credentials read:\n{}", attacked.raw);
+    expect("run_list", "");
     expect("environ_canary", "0");
     expect("ssh_key", "");
     expect("capeff", "0000000000000000");
@@ -203,13 +301,17 @@ fn check(attacked: &Attacked) {
     let pids: usize = get("host_pids").parse().unwrap();
     assert!(pids < 8, "the tree sees {pids} processes; output:\n{}", attacked.raw);
     // Still working.
-    for k in ["ws_write", "tmp_write", "git", "pipe"] {
+    for k in ["ws_write", "tmp_write", "git", "pipe", "bashrc", "autostart", "git_commit"] {
         expect(k, "yes");
     }
     // The host side.
     assert!(!Path::new(&format!("/etc/taskhost-attack-{}", attacked.server_pid)).exists());
     assert!(!Path::new(&format!("/tmp/taskhost-private-{}", attacked.server_pid)).exists(), "/tmp is private");
     assert_eq!(std::fs::read_to_string(attacked.home.join(".bashrc")).unwrap(), "# clean\n");
+    let project = attacked.workspace.join("proj");
+    assert_eq!(std::fs::read_to_string(project.join(".git/config")).unwrap(), attacked.git_config);
+    assert!(!project.join(".git/hooks/post-checkout").exists());
+    assert_eq!(std::fs::read_to_string(project.join(".envrc")).unwrap(), "export A=1\n");
     assert!(!attacked.home.join(".config/autostart").exists());
     assert_eq!(std::fs::read_to_string(attacked.workspace.join("written")).unwrap(), "ok\n");
     let fds = std::fs::read_to_string(attacked.workspace.join("fds.txt")).unwrap();

@@ -15,6 +15,25 @@ pub(crate) const EXIT_EXEC_FAILED: i32 = 127;
 /// # Safety
 /// In a tree's process before `exec` (it ends the process).
 pub(crate) unsafe fn fail(code: i32, what: &[u8]) -> ! {
+    // SAFETY: forwarded.
+    unsafe { fail_parts(code, &[what]) }
+}
+
+/// As [`fail`], with the path the step was about: `taskhost: <what>
+/// <path>: errno <n>`.
+///
+/// # Safety
+/// As [`fail`].
+pub(crate) unsafe fn fail_at(code: i32, what: &[u8], path: &std::ffi::CStr) -> ! {
+    // SAFETY: forwarded.
+    unsafe { fail_parts(code, &[what, b" ", path.to_bytes()]) }
+}
+
+/// Writes `taskhost: <parts…>: errno <n>` to stderr and exits with `code`.
+///
+/// # Safety
+/// As [`fail`].
+unsafe fn fail_parts(code: i32, what: &[&[u8]]) -> ! {
     // SAFETY: reads errno and writes a stack buffer to fd 2, then _exit: async-signal-safe.
     unsafe {
         let errno = *libc::__errno_location();
@@ -29,7 +48,11 @@ pub(crate) unsafe fn fail(code: i32, what: &[u8]) -> ! {
                 break;
             }
         }
-        for part in [b"taskhost: ".as_slice(), what, b": errno ", &digits[at..], b"\n"] {
+        libc::write(2, b"taskhost: ".as_ptr().cast(), 10);
+        for part in what {
+            libc::write(2, part.as_ptr().cast(), part.len());
+        }
+        for part in [b": errno ".as_slice(), &digits[at..], b"\n"] {
             libc::write(2, part.as_ptr().cast(), part.len());
         }
         libc::_exit(code)

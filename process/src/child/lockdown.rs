@@ -77,15 +77,16 @@ impl SeccompPrograms {
     }
 }
 
-/// Adds a read-write rule for `path` to the ruleset `ruleset`, in the
-/// keeper, for a directory that exists only in the tree's mount namespace
-/// (its private `/tmp`): a rule on the host's directory below it would not
-/// apply, Landlock skips covered mount points. Async-signal-safe: the
-/// crate's builder allocates, so this is the one raw rule.
+/// Adds a rule granting `rights` beneath `path` to the ruleset `ruleset`,
+/// in the keeper, for a directory that exists only in the tree's view (its
+/// root, a private `tmpfs`, its `devpts`): a rule on the host's directory
+/// below it would not apply (Landlock's rules follow inodes, and the walk
+/// up from a file in the view never meets the host's root). Async-signal-safe:
+/// the crate's builder allocates, so this is the one raw rule.
 ///
 /// # Safety
 /// In the forked (or exec'd) keeper.
-pub(crate) unsafe fn add_private_rule(ruleset: libc::c_int, path: &std::ffi::CStr, rights: u64) -> bool {
+pub(crate) unsafe fn add_path_rule(ruleset: libc::c_int, path: &std::ffi::CStr, rights: u64) -> bool {
     #[repr(C, packed)]
     struct PathBeneathAttr {
         allowed_access: u64,

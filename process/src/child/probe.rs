@@ -6,7 +6,7 @@
 
 use std::os::fd::RawFd;
 
-use crate::confine::IdMaps;
+use crate::plan::IdMaps;
 use crate::sandbox::SeccompPrograms;
 
 /// The namespaces could be created (and a first process forked in them).
@@ -17,7 +17,9 @@ pub(crate) const PROBE_MOUNTS: i32 = 2;
 pub(crate) const PROBE_PROC: i32 = 4;
 /// The seccomp filter installs and answers.
 pub(crate) const PROBE_SECCOMP: i32 = 8;
-pub(crate) const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP;
+/// The view can be finished: the host's root detached, the root sealed.
+pub(crate) const PROBE_FINISH: i32 = 16;
+pub(crate) const PROBE_ALL: i32 = PROBE_NS | PROBE_MOUNTS | PROBE_PROC | PROBE_SECCOMP | PROBE_FINISH;
 
 /// One probe, prepared before the fork.
 pub(crate) struct ProbePlan<'a> {
@@ -56,7 +58,7 @@ pub(crate) unsafe fn run(plan: &ProbePlan<'_>) -> ! {
         if plan.mounts && super::mounts::probe_mounts() {
             bits |= PROBE_MOUNTS;
         }
-        let child = libc::fork();
+        let child = super::sys::fork_raw();
         if child < 0 {
             libc::_exit(0);
         }
@@ -64,6 +66,9 @@ pub(crate) unsafe fn run(plan: &ProbePlan<'_>) -> ! {
             let mut bits = 0;
             if plan.proc && super::mounts::probe_proc() {
                 bits |= PROBE_PROC;
+            }
+            if plan.mounts && super::mounts::probe_finish() {
+                bits |= PROBE_FINISH;
             }
             if let Some(programs) = plan.seccomp
                 && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
@@ -74,15 +79,15 @@ pub(crate) unsafe fn run(plan: &ProbePlan<'_>) -> ! {
             {
                 bits |= PROBE_SECCOMP;
             }
-            libc::_exit(bits | 0x40);
+            libc::_exit(bits | 0x80);
         }
         let mut status = 0;
         if libc::waitpid(child, &mut status, 0) != child
             || !libc::WIFEXITED(status)
-            || libc::WEXITSTATUS(status) & 0x40 == 0
+            || libc::WEXITSTATUS(status) & 0x80 == 0
         {
             libc::_exit(0);
         }
-        libc::_exit(bits | (libc::WEXITSTATUS(status) & !0x40))
+        libc::_exit(bits | (libc::WEXITSTATUS(status) & !0x80))
     }
 }

@@ -62,3 +62,23 @@ pub(super) fn setup_fail(what: &[u8]) -> ! {
     // SAFETY: async-signal-safe (see [`super::exit`]).
     unsafe { super::exit::fail(super::exit::EXIT_SETUP_FAILED, what) }
 }
+
+/// `fork` without the C library's `fork`: a raw `clone(SIGCHLD)`. The
+/// library's runs the handlers other code registered with `pthread_atfork`
+/// in the child, and those are not ours to trust after a fork: wasmtime's
+/// opens `/proc/self/pagemap` and aborts where there is none (inside a
+/// tree's view before its `/proc`), and `dup2`s it onto a descriptor number
+/// without close-on-exec (which a command would inherit). Nothing here
+/// relies on what the library's `fork` maintains for threads (the child has
+/// one and never calls into threading code).
+///
+/// # Safety
+/// In a tree's process (or the probe's) after the first fork: the child
+/// may only run async-signal-safe code.
+pub(super) unsafe fn fork_raw() -> libc::pid_t {
+    // SAFETY: clone with only SIGCHLD as flags is fork (same stack, copied
+    // address space); the other arguments are unused with these flags.
+    unsafe {
+        libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) as libc::pid_t
+    }
+}

@@ -10,14 +10,16 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use super::exit::{EXIT_EXEC_FAILED, EXIT_PARENT_GONE, EXIT_SETUP_FAILED, fail};
 use super::sys::close_from;
-use crate::confine::{Bounds, ChildPlan, ExecPlan, IdMaps};
+use crate::plan::{Bounds, ChildPlan, ExecPlan, IdMaps};
 
 impl ChildPlan {
     /// Runs in the forked child K and never returns: every path ends in the
     /// command's `execve` or in `_exit`.
     ///
     /// # Safety
-    /// Must be called only in a freshly forked child.
+    /// Must be called only in a freshly forked (or exec'd) child that is
+    /// already the leader of a session of its own (so the host's group kill,
+    /// `kill(-pid)`, reaches it, and the tree has no controlling terminal).
     /// `stdin` is `/dev/null` or the read end of the tree's stdin pipe; K
     /// and I point their own fd 0 back at `/dev/null` ([`Self::release_fds`]),
     /// so only the command holds the pipe.
@@ -30,13 +32,14 @@ impl ChildPlan {
             libc::dup2(stdin, 0);
             libc::dup2(stdout, 1);
             libc::dup2(stderr, 2);
-            libc::setpgid(0, 0);
             // A clean signal state for the command: the host's thread may
-            // block signals, and Rust programs ignore SIGPIPE (an ignored
+            // block signals, or have handlers (an inherited handler survives
+            // until exec), and Rust programs ignore SIGPIPE (an ignored
             // disposition survives exec; `yes | head` needs the default).
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            // The signals of a group kill stay blocked in K and I (see
+            // `KEEPER_SIGNALS`): never lost, never ending K early.
+            set_keeper_signals(libc::SIG_DFL);
+            block_keeper_signals(libc::SIG_SETMASK);
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             // K and I never exec: they must not run the host's SIGCHLD
             // handler (tokio's), and waitpid needs the default disposition.
@@ -60,8 +63,8 @@ impl ChildPlan {
                     fail(EXIT_SETUP_FAILED, b"cannot bring up loopback in the network namespace");
                 }
                 if let Some(mounts) = &self.mounts {
-                    mounts.apply_in_keeper();
-                    mounts.allow_private_dirs(landlock, self.landlock_rights);
+                    mounts.build_in_keeper();
+                    mounts.add_landlock_rules(landlock, self.landlock_rights, self.landlock_read_rights);
                 }
             }
             // After the user namespace: RLIMIT_NPROC then counts this
@@ -77,25 +80,33 @@ impl ChildPlan {
                 fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
             }
             let [status_read, status_write] = status_pipe;
-            // The group's SIGTERM is for the command: K ignores it from
-            // before the fork, or a kill that lands while K is still on its
-            // way to `keeper` (the command already running, on a loaded
-            // machine) would end K, and with it the tree, before the
-            // command's own TERM handling ran. The child takes the defaults
-            // back (an ignored disposition survives exec).
-            set_keeper_signals(libc::SIG_IGN);
-            match libc::fork() {
+            // K -> I: "the signals that reached K before I existed are
+            // forwarded" (see `forward_pending`).
+            let mut go_pipe = [-1; 2];
+            if namespaces && libc::pipe2(go_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot create the start pipe");
+            }
+            let [go_read, go_write] = go_pipe;
+            match super::sys::fork_raw() {
                 -1 => fail(EXIT_SETUP_FAILED, b"cannot fork"),
                 0 if namespaces => {
-                    set_keeper_signals(libc::SIG_DFL);
-                    self.init(status_read, status_write)
+                    libc::close(go_write);
+                    self.init(status_read, status_write, go_read)
                 }
                 0 => {
-                    set_keeper_signals(libc::SIG_DFL);
                     self.lock_down();
                     self.exec_command()
                 }
-                child => self.keeper(child, status_read, status_write),
+                child => {
+                    // Whatever kill reached K alone is its child's too.
+                    forward_pending(child);
+                    if go_write >= 0 {
+                        libc::close(go_read);
+                        libc::write(go_write, b"g".as_ptr().cast(), 1);
+                        libc::close(go_write);
+                    }
+                    self.keeper(child, status_read, status_write)
+                }
             }
         }
     }
@@ -122,6 +133,8 @@ impl ChildPlan {
         // SAFETY: forwarded from in_child.
         unsafe {
             close_from(3, &[]);
+            // A kill already pending is delivered here, at its default.
+            block_keeper_signals(libc::SIG_UNBLOCK);
             self.exec.exec()
         }
     }
@@ -140,8 +153,8 @@ impl ChildPlan {
             }
             self.release_fds(&[status_read, self.lifeline]);
             // The group's SIGTERM is for the command; K leaves only when the
-            // tree is gone (or by the group's SIGKILL): `in_child` set the
-            // signals a group kill or a terminal sends to be ignored.
+            // tree is gone (or by the group's SIGKILL): `in_child` blocked
+            // the signals a group kill sends.
             let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
             if pidfd >= 0 {
                 loop {
@@ -184,8 +197,9 @@ impl ChildPlan {
     /// reports the command's status.
     ///
     /// # Safety
-    /// In I, the first process of the tree's PID namespace, forked by K.
-    unsafe fn init(&self, status_read: RawFd, status_write: RawFd) -> ! {
+    /// In I, the first process of the tree's PID namespace, forked by K;
+    /// `go_read` is the read end of K's start pipe.
+    unsafe fn init(&self, status_read: RawFd, status_write: RawFd, go_read: RawFd) -> ! {
         // SAFETY: in I after the fork; async-signal-safe syscalls on data prepared before the fork.
         unsafe {
             libc::close(status_read);
@@ -197,16 +211,24 @@ impl ChildPlan {
                 libc::_exit(EXIT_PARENT_GONE);
             }
             if let Some(mounts) = &self.mounts {
-                mounts.apply_in_init();
+                mounts.finish_in_init();
             }
             self.lock_down();
-            let command = libc::fork();
+            // K has forwarded what reached it before this process existed
+            // (end of file: K is gone, and the death signal ends this too).
+            let mut go = 0u8;
+            while libc::read(go_read, (&mut go as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
+            libc::close(go_read);
+            let command = super::sys::fork_raw();
             if command == 0 {
                 self.exec_command();
             }
             if command < 0 {
                 fail(EXIT_SETUP_FAILED, b"cannot fork the command");
             }
+            // Whatever kill reached this process before the command existed
+            // is the command's.
+            forward_pending(command);
             self.release_fds(&[status_write]);
             loop {
                 let mut status = 0;
@@ -322,15 +344,60 @@ fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// The signals K ignores (a group kill's SIGTERM and the terminal's): set to
-/// `disposition` in this process.
+/// The signals of a group kill and of a terminal: K and I keep them
+/// blocked (a namespace init without a handler would discard them, and K
+/// must outlive the command), the command gets them at their defaults.
+const KEEPER_SIGNALS: [libc::c_int; 5] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE];
+
+/// Sets [`KEEPER_SIGNALS`] to `disposition` in this process.
 ///
 /// # Safety
 /// `signal` only: async-signal-safe, for a forked child.
 unsafe fn set_keeper_signals(disposition: libc::sighandler_t) {
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+    for signal in KEEPER_SIGNALS {
         // SAFETY: signal() on this process only, with SIG_IGN or SIG_DFL.
         unsafe { libc::signal(signal, disposition) };
+    }
+}
+
+/// `sigprocmask(how, KEEPER_SIGNALS)`: `SIG_SETMASK` blocks exactly them,
+/// `SIG_UNBLOCK` lets them through.
+///
+/// # Safety
+/// In a tree's process before `exec`.
+unsafe fn block_keeper_signals(how: libc::c_int) {
+    // SAFETY: a stack sigset and sigprocmask on this thread: async-signal-safe.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in KEEPER_SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::sigprocmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Sends `child` each of [`KEEPER_SIGNALS`] pending here. A group kill
+/// reaches the processes of the group at that moment: one that lands after
+/// this process blocked it and before `child` existed would otherwise never
+/// reach the command. (Called after the fork: a signal that lands between
+/// the fork and this check reaches `child` twice; standard signals pending
+/// at once coalesce, so at most once more.)
+///
+/// # Safety
+/// In K or I, right after forking `child`.
+unsafe fn forward_pending(child: libc::pid_t) {
+    // SAFETY: sigpending on a stack set and kill of our own child: async-signal-safe.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        if libc::sigpending(&mut pending) != 0 {
+            return;
+        }
+        for signal in KEEPER_SIGNALS {
+            if libc::sigismember(&pending, signal) == 1 {
+                libc::kill(child, signal);
+            }
+        }
     }
 }
 

@@ -499,7 +499,7 @@ pub(crate) fn zygote_main() -> ! {
         });
     match plan {
         // SAFETY: a single-threaded process whose stdio is the tree's and
-        // whose process group is its own; `in_child` only execs or exits,
+        // that leads a session of its own; `in_child` only execs or exits,
         // and closes every descriptor but the lifeline, /dev/null and the ruleset.
         Ok(plan) => unsafe { plan.in_child(0, 1, 2) },
         Err(error) => {

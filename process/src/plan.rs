@@ -1,0 +1,107 @@
+//! What a tree's processes are handed: everything the code after the fork
+//! ([`crate::child`]) needs, prepared in the host before it ([`crate::confine`]
+//! builds it; [`crate::keeper`] rebuilds it in an exec'd keeper).
+//!
+//! Invariant: plain data, owned (C strings, descriptors, a `'static` BPF
+//! program); nothing here runs after the fork but reads of these fields.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+
+use crate::sandbox::SeccompPrograms;
+use crate::view::MountPlan;
+
+/// The uid/gid maps of a user namespace: the host's ids mapped to themselves,
+/// so files keep their owners and the command has no capabilities after exec.
+#[derive(Clone, Debug)]
+pub(crate) struct IdMaps {
+    pub(crate) uid_map: Vec<u8>,
+    pub(crate) gid_map: Vec<u8>,
+}
+
+impl IdMaps {
+    pub(crate) fn current() -> Self {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Self { uid_map: format!("{uid} {uid} 1\n").into_bytes(), gid_map: format!("{gid} {gid} 1\n").into_bytes() }
+    }
+}
+
+/// The `execve` of the command, prepared before the fork (no allocation after).
+pub(crate) struct ExecPlan {
+    pub(crate) path: CString,
+    pub(crate) argv: Vec<CString>,
+    pub(crate) envp: Vec<CString>,
+    pub(crate) argv_ptrs: Vec<*const libc::c_char>,
+    pub(crate) envp_ptrs: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into the CStrings owned by the same struct,
+// which are never mutated; the struct is only read (in the forked child).
+unsafe impl Send for ExecPlan {}
+// SAFETY: as for `Send` above: the pointed-to CStrings are owned and never mutated.
+unsafe impl Sync for ExecPlan {}
+
+impl ExecPlan {
+    pub(crate) fn new(
+        path: &std::path::Path,
+        argv: &[String],
+        env: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+    ) -> io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let nul = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} holds a NUL byte"));
+        let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul("the program path"))?;
+        let argv = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("an argument")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| {
+                let mut entry = k.as_bytes().to_vec();
+                entry.push(b'=');
+                entry.extend_from_slice(v.as_bytes());
+                CString::new(entry).map_err(|_| nul("an environment value"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+        let envp_ptrs = envp.iter().map(|e| e.as_ptr()).chain([std::ptr::null()]).collect();
+        Ok(Self { path, argv, envp, argv_ptrs, envp_ptrs })
+    }
+}
+
+/// Everything the forked child needs, prepared before the fork.
+/// (Fields are visible to [`super::keeper`], which hands them to an exec'd K.)
+pub(crate) struct ChildPlan {
+    /// `unshare` flags; 0: no namespaces (K forks the command directly).
+    pub(crate) ns_flags: libc::c_int,
+    pub(crate) maps: Option<IdMaps>,
+    pub(crate) loopback_up: bool,
+    /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
+    pub(crate) mounts: Option<MountPlan>,
+    pub(crate) landlock: Option<OwnedFd>,
+    /// The rights of a read-write Landlock rule on this kernel.
+    pub(crate) landlock_rights: u64,
+    /// The rights of a read-only Landlock rule on this kernel.
+    pub(crate) landlock_read_rights: u64,
+    pub(crate) seccomp: Option<&'static SeccompPrograms>,
+    pub(crate) devnull: RawFd,
+    pub(crate) lifeline: RawFd,
+    pub(crate) cwd: CString,
+    pub(crate) exec: ExecPlan,
+    /// The tree's limits (see [`super::limits`]).
+    pub(crate) bounds: Bounds,
+}
+
+/// The limits a tree's keeper applies to itself before anything else runs:
+/// the cgroups it joins, and the rlimits of the fallback (0: none).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Bounds {
+    /// `cgroup.procs` files K writes itself into, first thing.
+    pub cgroup_procs: Vec<CString>,
+    /// `RLIMIT_NPROC`, set right after K entered its user namespace.
+    pub nproc: u64,
+    /// `RLIMIT_DATA`.
+    pub data: u64,
+}
