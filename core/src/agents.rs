@@ -69,14 +69,26 @@ impl AgentRegistry {
 
     /// Registers a new live agent. Fails while another live agent holds `id`.
     pub fn create(&self, id: impl Into<AgentId>, session: impl Into<SessionId>) -> Result<Agent, AgentError> {
-        let id = id.into();
+        self.create_as(id.into(), session.into(), false)
+    }
+
+    /// Registers a new live agent for a *stable owner* (an HTTP token, a
+    /// `serve --owner` name): a task store keeps its session's records
+    /// across restarts and hands them to the session's next durable agent
+    /// (see [`crate::tasks::store`]). Fails while another live agent holds `id`.
+    pub fn create_durable(&self, id: impl Into<AgentId>, session: impl Into<SessionId>) -> Result<Agent, AgentError> {
+        self.create_as(id.into(), session.into(), true)
+    }
+
+    fn create_as(&self, id: AgentId, session: SessionId, durable: bool) -> Result<Agent, AgentError> {
         let mut live = self.shared.live.lock().expect("agent registry poisoned");
         if live.contains_key(&id) {
             return Err(AgentError::IdInUse(id));
         }
         let agent = Agent(Arc::new(AgentInner {
             id: id.clone(),
-            session: session.into(),
+            session,
+            durable,
             instance: self.shared.next_instance.fetch_add(1, Ordering::Relaxed),
             registry: Arc::downgrade(&self.shared),
             state: Mutex::new(AgentState::default()),
@@ -120,6 +132,8 @@ pub struct Agent(Arc<AgentInner>);
 struct AgentInner {
     id: AgentId,
     session: SessionId,
+    /// A stable owner's agent ([`AgentRegistry::create_durable`]).
+    durable: bool,
     instance: u64,
     registry: Weak<RegistryShared>,
     state: Mutex<AgentState>,
@@ -163,6 +177,11 @@ impl Agent {
 
     pub fn session(&self) -> &SessionId {
         &self.0.session
+    }
+
+    /// Whether this agent is a stable owner's ([`AgentRegistry::create_durable`]).
+    pub fn is_durable(&self) -> bool {
+        self.0.durable
     }
 
     /// A number unique to this instance within its registry.
@@ -311,6 +330,13 @@ impl Agent {
 /// A non-owning reference to an agent instance.
 #[derive(Clone, Debug, Default)]
 pub struct WeakAgent(Weak<AgentInner>);
+
+impl WeakAgent {
+    /// A reference to no agent (upgrades to `None`).
+    pub fn none() -> Self {
+        Self(Weak::new())
+    }
+}
 
 impl std::fmt::Debug for AgentInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

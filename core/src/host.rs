@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use crate::agents::{Agent, AgentError, AgentRegistry};
 use crate::ids::{AgentId, SessionId};
+use crate::notices::completion_notice;
 use crate::producer::Producer;
 use crate::settings::TasksSettings;
 use crate::tasks::TaskRegistry;
+use crate::tasks::store::{MemoryStore, TaskStore};
 use crate::tools::control::ControlTools;
 use crate::tools::producer_tool::{ProducerTool, ProducerToolOptions};
 use crate::tools::{CallContext, ToolDefinition, ToolError, ToolNameError, ToolOutput, Toolbox};
@@ -28,9 +30,15 @@ pub struct Host {
 impl Host {
     /// A host with the control tools attached and no producers yet.
     pub fn new(settings: &TasksSettings) -> anyhow::Result<Self> {
+        Self::with_store(settings, Arc::new(MemoryStore::new()))
+    }
+
+    /// A host whose registry records in `store`, with what the store kept
+    /// from an earlier process restored (see [`TaskRegistry::with_store`]).
+    pub fn with_store(settings: &TasksSettings, store: Arc<dyn TaskStore>) -> anyhow::Result<Self> {
         settings.validate()?;
         let agents = AgentRegistry::new();
-        let registry = TaskRegistry::new(agents.clone(), settings.registry());
+        let registry = TaskRegistry::with_store(agents.clone(), settings.registry(), store)?;
         let toolbox = Toolbox::new();
         let control = ControlTools::attach(&registry, settings.control_tools())?;
         control.install(&toolbox);
@@ -52,6 +60,23 @@ impl Host {
     /// Registers a new agent (an owner session).
     pub fn create_agent(&self, id: impl Into<AgentId>, session: impl Into<SessionId>) -> Result<Agent, AgentError> {
         self.agents.create(id, session)
+    }
+
+    /// Registers a new agent for a stable owner (an HTTP token, `serve
+    /// --owner`): the store keeps its session's records across restarts.
+    /// The records an earlier process left for the session are handed to
+    /// it, and each end nobody was told of (a task lost by a crash among
+    /// them) is told once, by a completion notice in its session.
+    pub fn create_durable_agent(
+        &self,
+        id: impl Into<AgentId>,
+        session: impl Into<SessionId>,
+    ) -> Result<Agent, AgentError> {
+        let agent = self.agents.create_durable(id, session)?;
+        for snapshot in self.registry.attach_owner(&agent) {
+            self.registry.inject_completion_notice(&snapshot.id, completion_notice(&snapshot));
+        }
+        Ok(agent)
     }
 
     /// Serves a producer as a tool (replacing a producer tool of the same

@@ -24,6 +24,7 @@ use crate::tasks::{ListenerGuard, TaskDone, TaskRegistry, TaskSnapshot, TaskStat
 pub fn completion_notice(snapshot: &TaskSnapshot) -> String {
     let ended = match &snapshot.stop_cause {
         Some(cause) if snapshot.status != TaskStatus::Completed => cause.ended_phrase(),
+        _ if snapshot.status == TaskStatus::Lost => "was lost".to_string(),
         _ => "finished".to_string(),
     };
     format!(

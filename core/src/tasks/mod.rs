@@ -3,11 +3,13 @@
 //! [`types`] holds the producer contract and the snapshots consumers see;
 //! [`registry`] holds the one concrete registry that owns every task;
 //! [`output`] the output it keeps of each stream task (reads, views and
-//! peeks are served from it); [`peek`] what a viewer's peek returns.
+//! peeks are served from it); [`peek`] what a viewer's peek returns;
+//! [`store`] where the registry records what outlives the process.
 
 mod output;
 mod peek;
 mod registry;
+pub mod store;
 mod types;
 
 pub use output::{

@@ -2,8 +2,9 @@
 //! This file holds the handle and its settings; the rest is by concern:
 //! [`state`] (records, owner fence, queries), [`start`], [`control`] (kill,
 //! wait, input), [`settle`] (settlement, notices, teardown), [`guards`],
-//! [`output_ops`] (reads, views, milestones) and [`memory`] (the host-wide
-//! bound on output kept in memory).
+//! [`output_ops`] (reads, views, milestones), [`memory`] (the host-wide
+//! bound on output kept in memory) and [`restore`] (records a store kept
+//! from an earlier process, and their owners' next instances).
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::output::{FileTarget, OutputFiles, OutputLimits, OutputLog};
+use super::store::{MemoryStore, StoreError, TaskStore};
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
 use crate::ids::{SessionId, TaskId, is_valid_kind};
@@ -44,6 +46,7 @@ mod control;
 mod guards;
 mod memory;
 mod output_ops;
+mod restore;
 mod settle;
 mod start;
 mod state;
@@ -144,11 +147,39 @@ struct Shared {
     output_dir: std::sync::OnceLock<std::path::PathBuf>,
     /// The output every log holds in memory, and who leaves memory first.
     output_memory: memory::OutputMemory,
+    /// Where records are written at each transition (see [`super::store`]).
+    store: Arc<dyn TaskStore>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("task registry state poisoned")
+    }
+
+    /// Records who was told of `record`'s end. A store that cannot write is
+    /// logged: at worst a notice is told again after a restart.
+    fn store_reporting(&self, record: &state::Record) {
+        if let Err(error) = self.store.set_reporting(&record.id, record.reporting.stored()) {
+            tracing::error!(task = %record.id, store = %self.store.describe(), %error, "cannot record who was told of the task's end");
+        }
+    }
+
+    /// Records that a stop of `id` was requested: after a crash, the task is
+    /// settled `killed`, never reported running again.
+    fn store_stop(&self, id: &TaskId) {
+        if let Err(error) = self.store.request_stop(id) {
+            tracing::error!(task = %id, store = %self.store.describe(), %error, "cannot record the stop request in the store");
+        }
+    }
+
+    /// Deletes records from the store (they left the history).
+    fn store_forget(&self, ids: &[TaskId]) {
+        if ids.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.forget(ids) {
+            tracing::error!(tasks = ids.len(), store = %self.store.describe(), %error, "cannot delete records from the store");
+        }
     }
 
     /// Whether an event sent now would reach a subscriber.
@@ -158,7 +189,28 @@ impl Shared {
 }
 
 impl TaskRegistry {
+    /// A registry recording in memory ([`MemoryStore`]).
     pub fn new(agents: AgentRegistry, config: RegistryConfig) -> Self {
+        Self::build(agents, config, Arc::new(MemoryStore::new()))
+    }
+
+    /// A registry recording in `store`, with what the store kept from an
+    /// earlier process restored (see [`restore`]): the id counters, every
+    /// stable owner's records (a task that was live is settled `lost`, or
+    /// `killed` when its kill was requested, and never run again), handed
+    /// to the owner's next instance by [`Self::attach_owner`]. Fails when
+    /// the store cannot be read.
+    pub fn with_store(
+        agents: AgentRegistry,
+        config: RegistryConfig,
+        store: Arc<dyn TaskStore>,
+    ) -> Result<Self, StoreError> {
+        let registry = Self::build(agents, config, store);
+        registry.restore()?;
+        Ok(registry)
+    }
+
+    fn build(agents: AgentRegistry, config: RegistryConfig, store: Arc<dyn TaskStore>) -> Self {
         let registry = Self {
             shared: Arc::new(Shared {
                 output_limits: Arc::new(config.output.clone()),
@@ -172,6 +224,7 @@ impl TaskRegistry {
                 starts_drained: Notify::new(),
                 events: broadcast::channel(TASK_EVENT_BUFFER).0,
                 subscribed: false.into(),
+                store,
             }),
         };
         if let Some(parent) = registry.shared.config.output.spill_dir.clone()

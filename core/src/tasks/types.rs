@@ -15,7 +15,7 @@ use crate::ids::{SessionId, TaskId};
 use crate::tasks::SectionLabel;
 
 /// A task's lifecycle state. `Running` and `Stopping` are live; the other
-/// three are terminal and final.
+/// four are terminal and final.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskStatus {
@@ -25,11 +25,27 @@ pub enum TaskStatus {
     Completed,
     Killed,
     Failed,
+    /// Live when its host stopped (a crash, a restart) and not carried on:
+    /// its work died with the host and is never run again. Terminal.
+    Lost,
 }
 
 impl TaskStatus {
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Killed | Self::Failed)
+        matches!(self, Self::Completed | Self::Killed | Self::Failed | Self::Lost)
+    }
+
+    /// The status named `text` (as [`Self::as_str`] writes it).
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => Self::Running,
+            "stopping" => Self::Stopping,
+            "completed" => Self::Completed,
+            "killed" => Self::Killed,
+            "failed" => Self::Failed,
+            "lost" => Self::Lost,
+            _ => return None,
+        })
     }
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +55,7 @@ impl TaskStatus {
             Self::Completed => "completed",
             Self::Killed => "killed",
             Self::Failed => "failed",
+            Self::Lost => "lost",
         }
     }
 }

@@ -6,4 +6,5 @@ mod model_surface;
 mod output_memory;
 mod registry;
 mod registry_peek;
+mod store;
 mod stress;

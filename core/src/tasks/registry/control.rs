@@ -41,6 +41,7 @@ impl TaskRegistry {
     pub(super) fn report_terminal(&self, mut state: MutexGuard<'_, State>, id: &TaskId) -> Option<TaskSnapshot> {
         let record = state.tasks.get_mut(id)?;
         let held = record.mark_reported();
+        self.shared.store_reporting(record);
         let snapshot = record.snapshot();
         let bucket = record.bucket_key();
         let dropped = prune_history(&mut state, &self.shared, bucket);
@@ -113,6 +114,9 @@ impl TaskRegistry {
             if recorded_cause {
                 record.stop_cause = Some(Box::new(cause));
             }
+            // Write-ahead: a stop requested before a crash is carried out
+            // by the restart (the task is settled killed, never run again).
+            self.shared.store_stop(id);
             (record.control.clone(), recorded_cause)
         };
         let ids = std::slice::from_ref(id);
@@ -131,6 +135,9 @@ impl TaskRegistry {
         match cancelled {
             Ok(()) => {
                 let held = if reports { record.mark_reported() } else { None };
+                if reports {
+                    self.shared.store_reporting(record);
+                }
                 if record.status == TaskStatus::Running {
                     record.status = TaskStatus::Stopping;
                 }
@@ -141,6 +148,9 @@ impl TaskRegistry {
             }
             Err(_) if record.status.is_terminal() => {
                 let held = if reports { record.mark_reported() } else { None };
+                if reports {
+                    self.shared.store_reporting(record);
+                }
                 let snapshot = record.snapshot();
                 drop(state);
                 self.tell_listeners(held);
@@ -353,6 +363,7 @@ impl TaskRegistry {
                 held.extend(release_reporter(record));
             } else {
                 held.extend(record.mark_reported());
+                self.shared.store_reporting(record);
                 reported.push(record.bucket_key());
             }
         }

@@ -158,6 +158,9 @@ impl TaskRegistry {
             let record = fenced_mut(&mut state, id, caller)?;
             let newly_reported = record.status.is_terminal() && record.reporting != state::Reporting::Reported;
             let held = if record.status.is_terminal() { record.mark_reported() } else { None };
+            if newly_reported {
+                self.shared.store_reporting(record);
+            }
             let taken = (record.snapshot(), record.control.clone(), record.output_source());
             if newly_reported {
                 // This read is the report, so older finished tasks may now

@@ -26,6 +26,7 @@
 
 use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
+use crate::tasks::store::StoredEnd;
 
 impl TaskRegistry {
     /// Settles a task whose read ended it (first wins, so an outcome that
@@ -116,6 +117,7 @@ impl TaskRegistry {
             return false;
         }
         record.reporting = Reporting::Noticed;
+        self.shared.store_reporting(record);
         true
     }
 
@@ -170,6 +172,13 @@ impl TaskRegistry {
             } else if record.pending_reporters > 0 && record.reporting == Reporting::Untold {
                 record.reporting = Reporting::Held;
             }
+            // Write-ahead: the end is committed before anyone hears of it.
+            let ended = record.ended.as_deref().expect("set just above");
+            let mut end = StoredEnd::new(status, ended.detail.clone(), ended.finished_at, record.reporting.stored());
+            end.output = ended.output.clone();
+            if let Err(error) = self.shared.store.settle(id, &end) {
+                tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record the task's end in the store");
+            }
             if let Some(output) = &record.output_log {
                 output.stop_stall_watcher();
                 self.shared.output_memory.finished(output);
@@ -178,8 +187,8 @@ impl TaskRegistry {
             // A held end's listeners run when it is delivered or handed back.
             let held = record.reporting == Reporting::Held;
             let settled = record.waits.as_ref().map(|waits| waits.settled.clone());
-            if forced {
-                record.watcher.abort();
+            if forced && let Some(watcher) = &record.watcher {
+                watcher.abort();
             }
             let bucket_key = record.bucket_key();
             if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
@@ -272,6 +281,7 @@ impl TaskRegistry {
                 return;
             }
             record.status = TaskStatus::Stopping;
+            self.shared.store_stop(id);
             (record.control.clone(), record.settled_signal())
         };
         let cancelled = crate::panics::contained(control.cancel(Some(reason))).await;
@@ -361,7 +371,14 @@ impl TaskRegistry {
         let records: Vec<Record> = {
             let mut state = self.shared.lock();
             match state.owner_scopes.remove(&instance) {
-                Some(scope) => scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect(),
+                Some(scope) => {
+                    // A stable owner's records stay in the store for its
+                    // next instance; anyone else's leave with the owner.
+                    if !scope.owner.durable {
+                        self.shared.store_forget(&scope.tasks);
+                    }
+                    scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect()
+                }
                 None => Vec::new(),
             }
         };
@@ -408,6 +425,8 @@ pub(super) fn prune_history(state: &mut State, shared: &Shared, bucket_key: Opti
             taken.push(record);
         }
     }
+    let forgotten: Vec<TaskId> = taken.iter().map(|r| r.id.clone()).collect();
+    shared.store_forget(&forgotten);
     taken
 }
 

@@ -8,8 +8,9 @@
 
 use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
-use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, bucket_mut, unix_nanos};
+use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, State, bucket_mut, unix_nanos};
 use super::*;
+use crate::tasks::store::{StoredOwner, StoredTask};
 
 impl TaskRegistry {
     /// Registers background work: preflight, then `spec.run` exactly once,
@@ -112,32 +113,35 @@ impl TaskRegistry {
             };
             return Err(TaskError::TooManyTasks { owner, limit });
         }
-        if let Some(owner) = owner
-            && !state.owner_scopes.contains_key(&owner.instance())
-        {
-            let cleanup = self.owner_cleanup(owner);
-            let key = owner.add_cleanup(cleanup).map_err(|_| TaskError::OwnerNotLive(owner.id().to_string()))?;
-            state.owner_scopes.insert(
-                owner.instance(),
-                OwnerScope {
-                    owner: Arc::new(Owner {
-                        session: owner.session().clone(),
-                        instance: owner.instance(),
-                        agent: owner.downgrade(),
-                    }),
-                    cleanup: key,
-                    closing: false,
-                    bucket: Bucket::default(),
-                    starts_drained: Arc::new(Notify::new()),
-                    tasks: Vec::new(),
-                },
-            );
+        if let Some(owner) = owner {
+            self.ensure_scope(&mut state, owner)?;
         }
         if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
             bucket.starting += 1;
         }
         state.starts_in_flight += 1;
         Ok(Reservation { registry: Arc::downgrade(&self.shared), bucket_key, armed: true })
+    }
+
+    /// Registers the registry in `owner`'s disposal scope, once per instance.
+    pub(super) fn ensure_scope(&self, state: &mut State, owner: &Agent) -> Result<(), TaskError> {
+        if state.owner_scopes.contains_key(&owner.instance()) {
+            return Ok(());
+        }
+        let cleanup = self.owner_cleanup(owner);
+        let key = owner.add_cleanup(cleanup).map_err(|_| TaskError::OwnerNotLive(owner.id().to_string()))?;
+        state.owner_scopes.insert(
+            owner.instance(),
+            OwnerScope {
+                owner: Arc::new(Owner::of(owner)),
+                cleanup: key,
+                closing: false,
+                bucket: Bucket::default(),
+                starts_drained: Arc::new(Notify::new()),
+                tasks: Vec::new(),
+            },
+        );
+        Ok(())
     }
 
     pub(super) fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
@@ -156,18 +160,32 @@ impl TaskRegistry {
             bucket.live += 1;
         }
 
-        let counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
+        let mut counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
             Some(next) => {
                 *next += 1;
                 *next
             }
             None => 1,
         };
+        // The store may know higher numbers (an earlier process, another
+        // process sharing it): ids are never reused.
+        match self.shared.store.issue_number(&kind, counter) {
+            Ok(issued) if issued > counter => {
+                counter = issued;
+                if let Some(next) = state.next_id_by_kind.get_mut(kind.as_str()) {
+                    *next = issued;
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(kind = %kind, store = %self.shared.store.describe(), %error, "cannot issue an id through the store; issuing from memory");
+            }
+        }
         let id = TaskId::issue(&kind, counter);
         // A valid kind has at most 64 bytes.
         let kind_len = u8::try_from(kind.len()).expect("a valid kind is at most 64 bytes");
-        if counter == 1 {
-            state.next_id_by_kind.insert(kind, 1);
+        if !state.next_id_by_kind.contains_key(kind.as_str()) {
+            state.next_id_by_kind.insert(kind, counter);
         }
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -181,19 +199,11 @@ impl TaskRegistry {
         }
         // The scope outlives every start in flight (its cleanup waits for
         // them), so this is only a fallback.
-        let owner = owner.map(|agent| {
-            owner_ref.unwrap_or_else(|| {
-                Arc::new(Owner {
-                    session: agent.session().clone(),
-                    instance: agent.instance(),
-                    agent: agent.downgrade(),
-                })
-            })
-        });
+        let owner = owner.map(|agent| owner_ref.unwrap_or_else(|| Arc::new(Owner::of(&agent))));
         // Spawned under the lock so the record can hold its abort handle; the
         // watcher's first settle simply waits for this commit to finish.
         let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
-        let watcher = tokio::spawn(Watcher { done, task }).abort_handle();
+        let watcher = Some(tokio::spawn(Watcher { done, task }).abort_handle());
         let output_log = streams_output.then(|| {
             let target = self.shared.output_files.get().map(|files| FileTarget {
                 files: files.clone(),
@@ -205,6 +215,20 @@ impl TaskRegistry {
         });
         if let Some(log) = &output_log {
             self.watch_stalls(&id, log);
+        }
+        // Write-ahead: the record is committed to the store before the id is
+        // returned. A store that cannot write does not stop the task (its
+        // work already runs); it is logged, and the task is not durable.
+        let mut stored = StoredTask::new(
+            id.clone(),
+            &id.as_str()[..usize::from(kind_len)],
+            &*label,
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at),
+        );
+        stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
+        stored.producer_info = producer_info.as_deref().map(str::to_string);
+        if let Err(error) = self.shared.store.record_start(&stored) {
+            tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record the task's start in the store; it will not survive a restart");
         }
         state.tasks.insert(Box::new(Record {
             seq,

@@ -10,6 +10,7 @@
 //! holds one): what only a finished task has is in [`Ended`].
 
 use super::*;
+use crate::tasks::store::ReportState;
 
 #[derive(Default)]
 pub(super) struct State {
@@ -109,6 +110,19 @@ pub(super) struct Owner {
     pub(super) session: SessionId,
     pub(super) instance: u64,
     pub(super) agent: WeakAgent,
+    /// A stable owner: its records outlive the process (see [`crate::tasks::store`]).
+    pub(super) durable: bool,
+}
+
+impl Owner {
+    pub(super) fn of(agent: &Agent) -> Self {
+        Self {
+            session: agent.session().clone(),
+            instance: agent.instance(),
+            agent: agent.downgrade(),
+            durable: agent.is_durable(),
+        }
+    }
 }
 
 /// One task. Kept small, since every live task holds one: what only a
@@ -140,7 +154,8 @@ pub(super) struct Record {
     /// [`Ended::output`].
     pub(super) output_log: Option<Arc<StreamOutput>>,
     /// The task awaiting the producer's `done`; aborted on force-fail.
-    pub(super) watcher: tokio::task::AbortHandle,
+    /// `None` for a record restored from the store (it has no producer).
+    pub(super) watcher: Option<tokio::task::AbortHandle>,
     /// The settlement signal and the waits in progress; made on first
     /// demand, since most tasks are never waited on.
     pub(super) waits: Option<Box<Waits>>,
@@ -222,6 +237,16 @@ pub(super) enum Reporting {
 }
 
 impl Reporting {
+    /// The state as a store records it.
+    pub(super) fn stored(self) -> ReportState {
+        match self {
+            Reporting::Untold => ReportState::Untold,
+            Reporting::Held => ReportState::Held,
+            Reporting::Noticed => ReportState::Noticed,
+            Reporting::Reported => ReportState::Reported,
+        }
+    }
+
     /// What a snapshot shows as `reported`: a held end counts, since a
     /// pending reporter is about to deliver it.
     pub(super) fn is_reported(self) -> bool {

@@ -1,0 +1,197 @@
+//! Records a store kept from an earlier process: restored at construction,
+//! and handed to their owner's next instance when it appears.
+//!
+//! Invariants:
+//! - A task the store says was live is settled in the store first (write-
+//!   ahead, first wins): `lost` when it was running, `killed` when its stop
+//!   was requested. It is never run again: a restored record has no producer.
+//! - Only stable owners' records ([`crate::agents::AgentRegistry::create_durable`])
+//!   come back; others' were live only for a connection that is gone: the
+//!   lost ones stay in the store (to say how they ended) until the next
+//!   restart, when every ended record of a non-stable owner is deleted.
+//! - The id counters continue from the highest number the store holds.
+//! - A restored record belongs to no owner instance until
+//!   [`TaskRegistry::attach_owner`] hands it to the session's next durable
+//!   agent; an end nobody was told of is then told once, by a notice.
+
+use super::state::{Ended, Owner, Record, Reporting, bucket_mut, unix_nanos};
+use super::*;
+use crate::agents::WeakAgent;
+use crate::ids::SessionId;
+use crate::tasks::store::{ReportState, StoreError, StoredEnd};
+
+/// The owner instance of a restored record until its owner appears (no
+/// agent instance has it: instances count up from 0).
+const NO_INSTANCE_YET: u64 = u64::MAX;
+
+/// Why a task that was running when its host stopped was not carried on.
+pub const LOST_DETAIL: &str = "the server stopped (a crash or a restart) while the task ran; \
+its work stopped with the server and was not run again";
+
+/// Why a task whose stop was requested before its host stopped is killed.
+pub const KILLED_BY_RESTART_DETAIL: &str =
+    "its stop was requested before the server stopped, and it stopped with the server";
+
+/// A restored record's control: its work is gone, so there is nothing to cancel.
+struct NoProducer;
+
+#[async_trait::async_trait]
+impl TaskControl for NoProducer {
+    async fn cancel(&self, _reason: Option<&str>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn streams_output(&self) -> bool {
+        false
+    }
+}
+
+impl TaskRegistry {
+    /// Reads the store and restores what it kept (see the module invariants).
+    pub(super) fn restore(&self) -> Result<(), StoreError> {
+        let store = &self.shared.store;
+        let stored = store.load()?;
+        let now = SystemTime::now();
+        let mut forget = Vec::new();
+        let mut owners: HashMap<SessionId, Arc<Owner>> = HashMap::default();
+        let (mut restored, mut lost) = (0usize, 0usize);
+        let mut state = self.shared.lock();
+        for (kind, last) in stored.counters {
+            let counter = state.next_id_by_kind.entry(kind).or_default();
+            *counter = (*counter).max(last);
+        }
+        for mut task in stored.tasks {
+            let Some(number) = task.number().filter(|_| is_valid_kind(&task.kind)) else {
+                tracing::warn!(task = %task.id, kind = %task.kind, "a stored record with a malformed id is left alone");
+                continue;
+            };
+            let counter = state.next_id_by_kind.entry(task.kind.clone()).or_default();
+            *counter = (*counter).max(number);
+            let durable = task.owner.as_ref().is_some_and(|owner| owner.durable);
+            if !task.status.is_terminal() {
+                let (status, detail) = if task.status == TaskStatus::Stopping {
+                    (TaskStatus::Killed, KILLED_BY_RESTART_DETAIL)
+                } else {
+                    (TaskStatus::Lost, LOST_DETAIL)
+                };
+                // Nobody is left to tell of a non-stable owner's task; an
+                // end already reported (an owner's accepted kill) stays so.
+                let reporting = match task.reporting {
+                    _ if !durable => ReportState::Reported,
+                    told @ (ReportState::Reported | ReportState::Noticed) => told,
+                    _ => ReportState::Untold,
+                };
+                let end = StoredEnd::new(status, Some(detail.to_string()), now, reporting);
+                store.settle(&task.id, &end)?;
+                lost += 1;
+                tracing::warn!(
+                    task = %task.id,
+                    owner = task.owner.as_ref().map(|o| o.session.as_str()).unwrap_or("-"),
+                    status = %status,
+                    "a task live when the server stopped is settled; it is not run again"
+                );
+                (task.status, task.detail, task.finished_at, task.reporting) =
+                    (status, Some(detail.to_string()), Some(now), reporting);
+            } else if !durable {
+                forget.push(task.id.clone());
+                continue;
+            }
+            let Some(stored_owner) = task.owner.take().filter(|owner| owner.durable) else {
+                continue;
+            };
+            let owner = owners
+                .entry(stored_owner.session.clone())
+                .or_insert_with(|| {
+                    Arc::new(Owner {
+                        session: stored_owner.session,
+                        instance: NO_INSTANCE_YET,
+                        agent: WeakAgent::none(),
+                        durable: true,
+                    })
+                })
+                .clone();
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            let Ok(kind_len) = u8::try_from(task.kind.len()) else { continue };
+            state.tasks.insert(Box::new(Record {
+                seq,
+                id: task.id,
+                kind_len,
+                label: task.label.into_boxed_str(),
+                owner: Some(owner),
+                status: task.status,
+                ended: Some(Box::new(Ended {
+                    finished_at: task.finished_at.unwrap_or(now),
+                    detail: task.detail,
+                    output: task.output,
+                })),
+                started_at: unix_nanos(task.started_at),
+                reporting: match task.reporting {
+                    ReportState::Noticed => Reporting::Noticed,
+                    ReportState::Reported => Reporting::Reported,
+                    // A held end's reporters died with the old process.
+                    _ => Reporting::Untold,
+                },
+                pending_reporters: 0,
+                producer_info: task.producer_info.map(String::into_boxed_str),
+                input: TaskInput::Unsupported,
+                control: Arc::new(NoProducer),
+                output_log: None,
+                watcher: None,
+                waits: None,
+                stop_cause: None,
+            }));
+            restored += 1;
+        }
+        drop(state);
+        store.forget(&forget)?;
+        tracing::info!(store = %store.describe(), restored, lost, forgotten = forget.len(), "task store restored");
+        Ok(())
+    }
+
+    /// Hands the records restored for `owner`'s session to `owner` (a
+    /// durable agent just created): they join its history (and its bound),
+    /// and each end nobody was told of is returned, so the caller can inject
+    /// its completion notice ([`Self::inject_completion_notice`]) once.
+    /// Does nothing for an agent that is not durable.
+    pub fn attach_owner(&self, owner: &Agent) -> Vec<TaskSnapshot> {
+        if !owner.is_durable() {
+            return Vec::new();
+        }
+        let (untold, dropped) = {
+            let mut state = self.shared.lock();
+            let mut mine: Vec<(u64, TaskId)> = state
+                .tasks
+                .values()
+                .filter(|r| {
+                    r.owner.as_ref().is_some_and(|o| o.instance == NO_INSTANCE_YET && &o.session == owner.session())
+                })
+                .map(|r| (r.seq, r.id.clone()))
+                .collect();
+            if mine.is_empty() || self.ensure_scope(&mut state, owner).is_err() {
+                return Vec::new();
+            }
+            mine.sort();
+            let scope_owner = state.owner_scopes[&owner.instance()].owner.clone();
+            let mut untold = Vec::new();
+            for (_, id) in &mine {
+                if let Some(record) = state.tasks.get_mut(id) {
+                    record.owner = Some(scope_owner.clone());
+                    if record.reporting == Reporting::Untold {
+                        untold.push(record.snapshot());
+                    }
+                }
+            }
+            if let Some(scope) = state.owner_scopes.get_mut(&owner.instance()) {
+                scope.tasks.extend(mine.iter().map(|(_, id)| id.clone()));
+            }
+            if let Some(bucket) = bucket_mut(&mut state, Some(owner.instance())) {
+                bucket.finished.extend(mine.into_iter().map(|(_, id)| id));
+            }
+            let dropped = settle::prune_history(&mut state, &self.shared, Some(owner.instance()));
+            (untold, dropped)
+        };
+        self.release_records(dropped);
+        untold
+    }
+}

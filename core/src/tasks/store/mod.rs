@@ -1,0 +1,204 @@
+//! The task store seam: where the registry records what must outlive the
+//! process (task records, their ends, who was told, the id counters), and
+//! the in-memory backend ([`MemoryStore`]); the host's SQLite backend and a
+//! later cluster backend implement the same [`TaskStore`].
+//!
+//! Invariants every backend keeps:
+//! - **Synchronous and short.** The registry calls the store under its own
+//!   lock, which is never held across an `.await`: a call is a local write
+//!   (an in-memory map, a SQLite transaction in WAL mode), never a network
+//!   round trip on the caller's thread.
+//! - **Ids are never reused.** [`TaskStore::record_start`] refuses an id it
+//!   holds, and raises the kind's counter to at least the id's number; the
+//!   counters survive every record's deletion.
+//! - **First wins.** [`TaskStore::settle`] and [`TaskStore::request_stop`]
+//!   are compare-and-set transitions on the stored status: a settlement of a
+//!   record already terminal changes nothing and says so; a stop request
+//!   moves only `running` to `stopping`.
+//! - **Write-ahead.** A start's record, a stop request and a settlement are
+//!   committed when the call returns (they decide what happens after a
+//!   crash); the reporting state may lag by a crash, which at worst repeats
+//!   no notice (a record noticed but not yet marked is told again once).
+//!
+//! Where the later steps plug in: the launch fence (a record written before
+//! the producer's runner, confirmed by the commit) and the re-adoption of
+//! live trees are [`StoredTask`] fields and one more transition each; the
+//! time to live is a deadline column the registry's sweeper reads.
+
+mod memory;
+
+use std::time::SystemTime;
+
+use crate::ids::{SessionId, TaskId};
+use crate::tasks::TaskStatus;
+
+pub use memory::MemoryStore;
+
+/// Who owns a stored task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredOwner {
+    pub session: SessionId,
+    /// A stable owner (an HTTP token, `serve --owner`): its records outlive
+    /// the process and are handed to its next instance. Other owners'
+    /// records are kept only to say how they ended.
+    pub durable: bool,
+}
+
+impl StoredOwner {
+    pub fn new(session: SessionId, durable: bool) -> Self {
+        Self { session, durable }
+    }
+}
+
+/// Who was told of a task's end (the registry's reporting state as stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReportState {
+    /// Nobody was told yet (or the task has not ended).
+    Untold,
+    /// Ended while a wait or kill was pending; after a restart none is, so
+    /// it counts as untold.
+    Held,
+    /// The completion notice was put in the owner's session.
+    Noticed,
+    /// The end was delivered, or nobody is left to tell.
+    Reported,
+}
+
+impl ReportState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Untold => "untold",
+            Self::Held => "held",
+            Self::Noticed => "noticed",
+            Self::Reported => "reported",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "untold" => Self::Untold,
+            "held" => Self::Held,
+            "noticed" => Self::Noticed,
+            "reported" => Self::Reported,
+            _ => return None,
+        })
+    }
+}
+
+/// One task as the store holds it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct StoredTask {
+    pub id: TaskId,
+    pub kind: String,
+    pub label: String,
+    pub owner: Option<StoredOwner>,
+    pub status: TaskStatus,
+    pub detail: Option<String>,
+    pub started_at: SystemTime,
+    pub finished_at: Option<SystemTime>,
+    pub producer_info: Option<String>,
+    pub reporting: ReportState,
+    /// A final-output kind's output (stream kinds keep theirs in their log).
+    pub output: Option<String>,
+}
+
+impl StoredTask {
+    /// A task just started: running, untold.
+    pub fn new(id: TaskId, kind: impl Into<String>, label: impl Into<String>, started_at: SystemTime) -> Self {
+        Self {
+            id,
+            kind: kind.into(),
+            label: label.into(),
+            owner: None,
+            status: TaskStatus::Running,
+            detail: None,
+            started_at,
+            finished_at: None,
+            producer_info: None,
+            reporting: ReportState::Untold,
+            output: None,
+        }
+    }
+
+    /// The number in `<kind>-<n>`.
+    pub fn number(&self) -> Option<u64> {
+        self.id.as_str().strip_prefix(self.kind.as_str())?.strip_prefix('-')?.parse().ok()
+    }
+}
+
+/// How a task ended, as [`TaskStore::settle`] records it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct StoredEnd {
+    pub status: TaskStatus,
+    pub detail: Option<String>,
+    pub finished_at: SystemTime,
+    pub reporting: ReportState,
+    pub output: Option<String>,
+}
+
+impl StoredEnd {
+    pub fn new(status: TaskStatus, detail: Option<String>, finished_at: SystemTime, reporting: ReportState) -> Self {
+        Self { status, detail, finished_at, reporting, output: None }
+    }
+}
+
+/// Everything a store holds, as read at start-up.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct StoredState {
+    /// The last number issued per kind.
+    pub counters: Vec<(String, u64)>,
+    /// Every record, oldest start first.
+    pub tasks: Vec<StoredTask>,
+}
+
+/// A store that cannot do what was asked. The text names the store (its
+/// file) and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+impl StoreError {
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// Where the registry records tasks. See the module invariants.
+pub trait TaskStore: Send + Sync + 'static {
+    /// What this registry takes over: the counters and every record no
+    /// other live registry holds (a store shared by several processes
+    /// claims a dead one's records here, atomically, so two never restore
+    /// the same record).
+    fn load(&self) -> Result<StoredState, StoreError>;
+
+    /// The number of the next id of `kind`: above every number the store
+    /// ever issued or recorded for it, and at least `at_least` (what the
+    /// registry would issue on its own). Committed when it returns.
+    fn issue_number(&self, kind: &str, at_least: u64) -> Result<u64, StoreError>;
+
+    /// Records a start (the task running, untold) and raises its kind's
+    /// counter. Refuses an id already held.
+    fn record_start(&self, task: &StoredTask) -> Result<(), StoreError>;
+
+    /// `running` → `stopping`: a stop was requested. False when the record
+    /// is not running (already stopping, ended, or unknown).
+    fn request_stop(&self, id: &TaskId) -> Result<bool, StoreError>;
+
+    /// Records the end unless the record already ended (first wins). True
+    /// if this call settled it.
+    fn settle(&self, id: &TaskId, end: &StoredEnd) -> Result<bool, StoreError>;
+
+    /// Records who was told of the end.
+    fn set_reporting(&self, id: &TaskId, reporting: ReportState) -> Result<(), StoreError>;
+
+    /// Deletes records (the counters stay).
+    fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError>;
+
+    /// A short name for logs and errors (`memory`, the SQLite file's path).
+    fn describe(&self) -> String;
+}
