@@ -438,20 +438,25 @@ pub struct ServedPlugin {
 /// [`ReloadablePlugin`] (its versions, live tasks per version and reloads
 /// are what `serve --watch` and the web dashboard use).
 pub async fn served_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
-    served_from_config_gated(config, base_dir, LoadGate::open_now(), None).await
+    served_from_config_gated(config, base_dir, LoadGate::open_now(), None, None).await
 }
 
 /// As [`served_from_config`], with the background loads of plugins served
 /// from cached descriptors (and the engine they need) held until `gate`
 /// opens: `serve` opens it once its first tool listing is answered. Plugin
-/// files pass `trust` (when given) at load and on every reload.
+/// files pass `trust` (when given) at load and on every reload. Tasks are
+/// recorded in `store` (its earlier records restored), else in memory.
 pub async fn served_from_config_gated(
     config: &Config,
     base_dir: &Path,
     gate: LoadGate,
     trust: Option<Arc<TrustPolicy>>,
+    store: Option<Arc<dyn taskhost_core::tasks::store::TaskStore>>,
 ) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
-    let host = Host::new(&config.tasks)?;
+    let host = match store {
+        Some(store) => Host::with_store(&config.tasks, store)?,
+        None => Host::new(&config.tasks)?,
+    };
     let mut runtime = PluginRuntime::new(config).with_gate(gate).with_trust(trust);
     let producers = config.effective_producers();
     let subagents = Subagents::for_host(&host, &config.subagents)?;

@@ -12,6 +12,7 @@ pub mod demo;
 pub mod dev;
 pub mod new;
 pub mod out;
+pub mod ps;
 pub mod serve;
 pub mod target;
 pub mod trust;
@@ -52,6 +53,8 @@ pub enum Command {
     Trust(trust::TrustArgs),
     /// Remove the trust records of files.
     Untrust(trust::UntrustArgs),
+    /// List the tasks the task store holds, without a server (--all: finished ones too).
+    Ps(ps::PsArgs),
 }
 
 /// Parses the command line, runs the subcommand, and reports its error.
@@ -62,7 +65,12 @@ pub fn main() -> ExitCode {
         // only repeat the narrated line.
         Command::Demo(_) => "error",
         // Their stdout is the answer; only problems belong on stderr.
-        Command::Check(_) | Command::Call(_) | Command::New(_) | Command::Trust(_) | Command::Untrust(_) => "warn",
+        Command::Check(_)
+        | Command::Call(_)
+        | Command::New(_)
+        | Command::Trust(_)
+        | Command::Untrust(_)
+        | Command::Ps(_) => "warn",
         _ => "info",
     };
     init_logging(default_filter);
@@ -84,6 +92,7 @@ pub fn main() -> ExitCode {
             Command::Demo(args) => demo::run(args).await.map(|()| true),
             Command::Trust(args) => trust::run(args).map(|()| true),
             Command::Untrust(args) => trust::run_untrust(args).map(|()| true),
+            Command::Ps(args) => ps::run(args).map(|()| true),
         }
     });
     // A read of stdin blocked in the runtime's thread pool cannot be

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Reload a `.wasm` plugin when its file changes (make-before-break: running tasks stay on their version)
     #[arg(long)]
     pub watch: bool,
+    /// The stdio connection's stable owner [default: [serve] owner]: its tasks' records survive a
+    /// restart of the server, and the next `serve --owner NAME` gets them back (lost ones told once)
+    #[arg(long, value_name = "NAME")]
+    pub owner: Option<String>,
 }
 
 /// Loads the configuration the way `serve` documents it, with the
@@ -83,7 +87,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // plugins load at once; otherwise once the first tool listing is
     // answered (or a call needs one).
     let gate = if args.http.is_some() || args.watch { LoadGate::open_now() } else { LoadGate::closed() };
-    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone(), Some(trust)).await?;
+    let owner = args.owner.clone().or_else(|| config.serve.owner.clone());
+    if let Some(owner) = &owner {
+        crate::mcp::settings::check_owner_name(owner).context("--owner")?;
+    }
+    let state = StateDir::open_configured(&config.state)?;
+    let store = state.task_store(&config.state)?;
+    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone(), Some(trust), Some(store)).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     // Over HTTP the dashboard follows every plugin's reloads from its start:
@@ -151,7 +161,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let signals = tokio::spawn(stop_on_signal(listen_for_signals(), shutdown.clone()));
 
     let served = match args.http {
-        None => stdio::serve_connection(server, tokio::io::stdin(), tokio::io::stdout(), shutdown.clone()).await,
+        None => {
+            stdio::serve_connection_as(
+                server,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+                shutdown.clone(),
+                owner.as_deref(),
+            )
+            .await
+        }
         Some(address) => {
             let address = if address.is_empty() { config.serve.http.listen.clone() } else { address };
             // Tokens first: a server nobody may call must not start.

@@ -25,12 +25,32 @@ pub struct ServeSettings {
     pub progress_interval_ms: u64,
     /// `[serve.http]`: the streamable HTTP transport.
     pub http: HttpSettings,
+    /// The stable owner of the stdio connection (`serve --owner NAME`):
+    /// its tasks' records outlive the server, and the next server with the
+    /// same owner hands them back (lost ones told once). Unset: the
+    /// connection owns its tasks, and they end with it.
+    pub owner: Option<String>,
 }
 
 impl Default for ServeSettings {
     fn default() -> Self {
-        Self { max_argument_bytes: 1024 * 1024, progress_interval_ms: 1000, http: HttpSettings::default() }
+        Self { max_argument_bytes: 1024 * 1024, progress_interval_ms: 1000, http: HttpSettings::default(), owner: None }
     }
+}
+
+/// The longest stable owner name.
+pub const MAX_OWNER_NAME: usize = 64;
+
+/// Checks a stable owner name (`serve --owner`, `[serve] owner`): 1 to
+/// [`MAX_OWNER_NAME`] bytes of ASCII letters, digits, `.`, `_` and `-`.
+pub fn check_owner_name(name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !name.is_empty()
+            && name.len() <= MAX_OWNER_NAME
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')),
+        "owner name {name:?} must be 1 to {MAX_OWNER_NAME} ASCII letters, digits, '.', '_' or '-'"
+    );
+    Ok(())
 }
 
 /// `[serve.http]`: the streamable HTTP transport (`taskhost serve --http`).
@@ -203,6 +223,9 @@ impl ServeSettings {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_argument_bytes > 0, "[serve] max_argument_bytes must be positive");
         anyhow::ensure!(self.progress_interval_ms > 0, "[serve] progress_interval_ms must be positive");
+        if let Some(owner) = &self.owner {
+            check_owner_name(owner).context("[serve] owner")?;
+        }
         let http = &self.http;
         http.listen.parse::<std::net::SocketAddr>().map_err(|e| {
             anyhow::anyhow!("[serve.http] listen = {:?} is not a socket address like 127.0.0.1:8765: {e}", http.listen)

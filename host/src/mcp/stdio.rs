@@ -82,8 +82,33 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let name = format!("stdio-{}", NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
-    let owner = server.host().create_agent(name.as_str(), name.as_str())?;
+    serve_connection_as(server, reader, writer, shutdown, None).await
+}
+
+/// As [`serve_connection`], for the stable owner `owner` when given
+/// (`serve --owner`): the connection's agent is the session `owner:NAME`,
+/// whose records the task store keeps across restarts and hands back here.
+pub async fn serve_connection_as<R, W>(
+    server: Arc<McpServer>,
+    reader: R,
+    writer: W,
+    shutdown: CancellationToken,
+    owner: Option<&str>,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (name, owner) = match owner {
+        Some(stable) => {
+            let name = format!("owner:{stable}");
+            (name.clone(), server.host().create_durable_agent(name.as_str(), name.as_str())?)
+        }
+        None => {
+            let name = format!("stdio-{}", NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
+            (name.clone(), server.host().create_agent(name.as_str(), name.as_str())?)
+        }
+    };
     let span = tracing::info_span!("mcp_connection", connection = %name, owner = %name);
     async move {
         let (transport, pumps) = Gate::start(server.clone(), owner.clone(), reader, writer);
@@ -101,7 +126,8 @@ where
             Err(rmcp::service::ServerInitializeError::Cancelled) => Ok(()),
             Err(error) => Err(anyhow::Error::new(error).context(format!("initializing MCP connection {name}"))),
         };
-        // The owner's tasks die with the connection.
+        // The owner's tasks die with the connection (a stable owner's
+        // records stay in the store, saying how they ended).
         owner.dispose().await;
         tracing::info!("owner disposed");
         pumps.finish().await;

@@ -56,7 +56,8 @@ impl TokenTable {
                 token.name
             );
             let id = format!("http:{}", token.name);
-            let owner = server.host().create_agent(id.as_str(), id.as_str())?;
+            // A token is a stable owner: its records survive a restart.
+            let owner = server.host().create_durable_agent(id.as_str(), id.as_str())?;
             let http = &server.settings().http;
             entries.push(TokenEntry {
                 name: token.name.clone(),

@@ -9,6 +9,8 @@
 //!   ([`StateDir::cache_key`]).
 //! - `spill/`: the spill root of every server of the user (each makes its
 //!   own `0700` directory in it; see `taskhost_process::ProcessHost`).
+//! - `tasks.sqlite3` (with its `-wal`, `-shm` files) and `tasks.servers/`:
+//!   the durable task store and its servers' locks ([`store`]).
 //!
 //! Invariants:
 //! - The directory is created `0700`. An existing one is used only when it
@@ -24,6 +26,7 @@
 //!   `[state] dir` does not move: a configuration never chooses where its
 //!   own trust is looked up.
 
+pub mod store;
 pub mod trust;
 
 use std::io::{Read as _, Write as _};
@@ -42,6 +45,19 @@ pub struct StateSettings {
     /// store). Default: [`default_dir`]. Trust records stay in the default
     /// directory whatever this says.
     pub dir: Option<PathBuf>,
+    /// Where `serve` records tasks: `sqlite` (default: the file
+    /// `tasks.sqlite3` here, so stable owners' records, ids and lost tasks
+    /// survive a restart) or `memory` (nothing survives the process).
+    pub store: StoreKind,
+}
+
+/// `[state] store`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    Sqlite,
+    Memory,
 }
 
 impl StateSettings {
@@ -147,6 +163,17 @@ impl StateDir {
         let root = self.file(SPILL_DIR);
         private_dir(&root, "[state] dir").with_context(|| format!("the spill root {}", root.display()))?;
         Ok(root)
+    }
+
+    /// The task store `settings` ask for: SQLite in this directory, or memory.
+    pub fn task_store(
+        &self,
+        settings: &StateSettings,
+    ) -> anyhow::Result<std::sync::Arc<dyn taskhost_core::tasks::store::TaskStore>> {
+        Ok(match settings.store {
+            StoreKind::Memory => std::sync::Arc::new(taskhost_core::tasks::store::MemoryStore::new()),
+            StoreKind::Sqlite => std::sync::Arc::new(store::SqliteStore::open(&self.file(store::STORE_FILE))?),
+        })
     }
 
     /// The compile cache's key: read from `cache.key`, or created there

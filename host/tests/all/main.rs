@@ -8,6 +8,7 @@ mod cold_start;
 mod common;
 mod dashboard;
 mod dev_watch;
+mod durable;
 mod http_limits;
 mod mcp_ext_tasks;
 mod mcp_http;

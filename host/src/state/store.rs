@@ -1,0 +1,411 @@
+//! The durable task store: SQLite in WAL mode, one file (`tasks.sqlite3`)
+//! in the state directory, behind `taskhost_core`'s [`TaskStore`] seam.
+//!
+//! Invariants:
+//! - The file is created `0600` in the `0700` state directory (SQLite gives
+//!   its `-wal` and `-shm` files the same mode); a symlink is refused.
+//! - Schema versioned by `PRAGMA user_version` and marked as taskhost's by
+//!   `PRAGMA application_id`; an older schema is migrated forward on open.
+//!   A file of a newer schema, of another application, or that SQLite cannot
+//!   read is refused with an error naming the file and what to do; nothing
+//!   is ever deleted or rewritten then.
+//! - `synchronous = NORMAL` in WAL mode: every committed write survives a
+//!   crash of the server (SIGKILL, OOM); a power loss may lose the last
+//!   commits, never corrupt the file.
+//! - Several servers may share a store: each marks its records with its own
+//!   server id and holds `servers/<id>.lock` (`flock`) while it runs. A
+//!   server taking over ([`TaskStore::load`]) claims, in one transaction,
+//!   only the records of servers whose lock nobody holds.
+
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::os::unix::io::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{Connection, OptionalExtension as _, params};
+use taskhost_core::ids::{SessionId, TaskId};
+use taskhost_core::tasks::TaskStatus;
+use taskhost_core::tasks::store::{
+    ReportState, StoreError, StoredEnd, StoredOwner, StoredState, StoredTask, TaskStore,
+};
+
+/// The store's file in the state directory.
+pub const STORE_FILE: &str = "tasks.sqlite3";
+/// The schema this build writes.
+pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id`: "tskh".
+const APPLICATION_ID: i64 = 0x7473_6b68;
+/// How long a write waits for another server's write to the same file.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, version by version: `MIGRATIONS[n]` takes version `n` to `n + 1`.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE counters (kind TEXT PRIMARY KEY, last INTEGER NOT NULL) STRICT;
+    CREATE TABLE tasks (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        label TEXT NOT NULL,
+        owner TEXT,
+        owner_durable INTEGER NOT NULL,
+        server TEXT NOT NULL,
+        status TEXT NOT NULL,
+        detail TEXT,
+        started_at_ns INTEGER NOT NULL,
+        finished_at_ns INTEGER,
+        producer_info TEXT,
+        reporting TEXT NOT NULL,
+        output TEXT
+    ) STRICT;
+    CREATE INDEX tasks_by_server ON tasks (server);
+"];
+
+/// The SQLite task store of one server.
+pub struct SqliteStore {
+    path: PathBuf,
+    connection: Mutex<Connection>,
+    /// This server's id in the `server` column.
+    server: String,
+    /// `servers/<server>.lock`, held (`flock`) while the server runs.
+    _lock: std::fs::File,
+    servers_dir: PathBuf,
+}
+
+fn nanos(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+fn time(nanos: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
+}
+
+/// Whether `file` could be locked exclusively without waiting (and locks it).
+fn try_lock(file: &std::fs::File) -> bool {
+    // SAFETY: flock on a file descriptor this function borrows.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store `file`; `servers_dir` holds the servers'
+    /// lock files (both inside the state directory).
+    pub fn open(file: &Path) -> Result<Self, StoreError> {
+        let refuse = |why: String| {
+            StoreError::new(format!(
+                "the task store {} {why}. Nothing was changed or deleted; move the file away (or set \
+                 [state] store = \"memory\", or another [state] dir) to start with an empty store",
+                file.display()
+            ))
+        };
+        // Created 0600 (never through a symlink) before SQLite opens it.
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(file)
+            .map_err(|error| refuse(format!("cannot be opened: {error}")))?;
+        let connection = Connection::open_with_flags(
+            file,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|error| refuse(format!("cannot be opened: {error}")))?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(|error| refuse(error.to_string()))?;
+        let read = |pragma: &str| -> Result<i64, StoreError> {
+            connection
+                .query_row(&format!("PRAGMA {pragma}"), [], |row| row.get(0))
+                .map_err(|error| refuse(format!("is not a readable SQLite database ({error})")))
+        };
+        let application = read("application_id")?;
+        let version = read("user_version")?;
+        let tables: i64 = connection
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+            .map_err(|error| refuse(format!("is not a readable SQLite database ({error})")))?;
+        if application != APPLICATION_ID && !(application == 0 && version == 0 && tables == 0) {
+            return Err(refuse(format!("is not a taskhost task store (application id {application:#x})")));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(refuse(format!(
+                "has schema version {version}, newer than this taskhost's {SCHEMA_VERSION} (a newer taskhost wrote it): \
+                 run that taskhost, or"
+            )));
+        }
+        let integrity: String = connection
+            .query_row("PRAGMA quick_check", [], |row| row.get(0))
+            .map_err(|error| refuse(format!("is corrupt ({error})")))?;
+        if integrity != "ok" {
+            return Err(refuse(format!("is corrupt ({integrity})")));
+        }
+        let mode: String = connection
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .map_err(|error| refuse(format!("cannot use write-ahead logging ({error})")))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(refuse(format!("cannot use write-ahead logging (journal mode {mode})")));
+        }
+        connection.pragma_update(None, "synchronous", "NORMAL").map_err(|error| refuse(error.to_string()))?;
+        for (from, migration) in MIGRATIONS.iter().enumerate().skip(usize::try_from(version).unwrap_or(0)) {
+            let to = from + 1;
+            connection
+                .execute_batch(&format!(
+                    "BEGIN IMMEDIATE; {migration}; PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {to}; COMMIT;"
+                ))
+                .map_err(|error| {
+                    let _ = connection.execute_batch("ROLLBACK");
+                    refuse(format!("cannot be migrated from schema version {from} to {to} ({error})"))
+                })?;
+            tracing::info!(file = %file.display(), from, to, "task store schema migrated");
+        }
+        let servers_dir = file.with_extension("servers");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&servers_dir)
+            .or_else(|error| if servers_dir.is_dir() { Ok(()) } else { Err(error) })
+            .map_err(|error| refuse(format!("has no servers directory {} ({error})", servers_dir.display())))?;
+        let server = random_id();
+        let lock_path = servers_dir.join(format!("{server}.lock"));
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|error| refuse(format!("cannot take its lock {} ({error})", lock_path.display())))?;
+        if !try_lock(&lock) {
+            return Err(refuse(format!("cannot lock {}", lock_path.display())));
+        }
+        Ok(Self { path: file.to_path_buf(), connection: Mutex::new(connection), server, _lock: lock, servers_dir })
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn connection(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.connection.lock().expect("task store connection poisoned")
+    }
+
+    fn error(&self, doing: &str, error: rusqlite::Error) -> StoreError {
+        StoreError::new(format!("task store {}: {doing}: {error}", self.path.display()))
+    }
+
+    /// The servers whose records may be claimed: those whose lock file
+    /// nobody holds (their lock files are removed once claimed).
+    fn dead_servers(&self, servers: Vec<String>) -> Vec<(String, Option<PathBuf>)> {
+        servers
+            .into_iter()
+            .filter(|server| server != &self.server)
+            .filter_map(|server| {
+                let valid = server.len() == 32 && server.bytes().all(|b| b.is_ascii_hexdigit());
+                let lock_path = self.servers_dir.join(format!("{server}.lock"));
+                match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&lock_path) {
+                    Ok(file) if valid => try_lock(&file).then_some((server, Some(lock_path))),
+                    // No lock file: nobody can hold it.
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some((server, None)),
+                    _ => Some((server, None)).filter(|_| !valid),
+                }
+            })
+            .collect()
+    }
+}
+
+fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn stored_task(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredTask> {
+    let status: String = row.get("status")?;
+    let reporting: String = row.get("reporting")?;
+    let id: String = row.get("id")?;
+    let kind: String = row.get("kind")?;
+    let label: String = row.get("label")?;
+    let mut task = StoredTask::new(TaskId::new(id), kind, label, time(row.get("started_at_ns")?));
+    task.owner = row
+        .get::<_, Option<String>>("owner")?
+        .map(|session| StoredOwner::new(SessionId::new(session), row.get::<_, i64>("owner_durable").unwrap_or(0) != 0));
+    // An unknown word (a newer writer's) reads as the safest meaning: a
+    // live task (settled lost on restore), an end already told.
+    task.status = TaskStatus::parse(&status).unwrap_or(TaskStatus::Running);
+    task.detail = row.get("detail")?;
+    task.finished_at = row.get::<_, Option<i64>>("finished_at_ns")?.map(time);
+    task.producer_info = row.get("producer_info")?;
+    task.reporting = ReportState::parse(&reporting).unwrap_or(ReportState::Reported);
+    task.output = row.get("output")?;
+    Ok(task)
+}
+
+impl TaskStore for SqliteStore {
+    fn load(&self) -> Result<StoredState, StoreError> {
+        let mut connection = self.connection();
+        let servers: Vec<String> = connection
+            .prepare("SELECT DISTINCT server FROM tasks")
+            .and_then(|mut statement| statement.query_map([], |row| row.get(0))?.collect())
+            .map_err(|error| self.error("listing servers", error))?;
+        let dead = self.dead_servers(servers);
+        let transaction = connection.transaction().map_err(|error| self.error("claiming records", error))?;
+        for (server, _) in &dead {
+            transaction
+                .execute("UPDATE tasks SET server = ?1 WHERE server = ?2", params![self.server, server])
+                .map_err(|error| self.error("claiming records", error))?;
+        }
+        let counters = transaction
+            .prepare("SELECT kind, last FROM counters")
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|error| self.error("reading counters", error))?
+            .into_iter()
+            .map(|(kind, last)| (kind, u64::try_from(last).unwrap_or(0)))
+            .collect();
+        let tasks = transaction
+            .prepare("SELECT * FROM tasks WHERE server = ?1 ORDER BY seq")
+            .and_then(|mut statement| statement.query_map([&self.server], stored_task)?.collect::<Result<Vec<_>, _>>())
+            .map_err(|error| self.error("reading records", error))?;
+        transaction.commit().map_err(|error| self.error("claiming records", error))?;
+        for (_, lock) in dead {
+            if let Some(lock) = lock {
+                let _ = std::fs::remove_file(lock);
+            }
+        }
+        let mut state = StoredState::default();
+        state.counters = counters;
+        state.tasks = tasks;
+        Ok(state)
+    }
+
+    fn issue_number(&self, kind: &str, at_least: u64) -> Result<u64, StoreError> {
+        let at_least = i64::try_from(at_least).unwrap_or(i64::MAX);
+        let issued: i64 = self
+            .connection()
+            .query_row(
+                "INSERT INTO counters (kind, last) VALUES (?1, ?2)
+                 ON CONFLICT (kind) DO UPDATE SET last = max(last + 1, ?2) RETURNING last",
+                params![kind, at_least],
+                |row| row.get(0),
+            )
+            .map_err(|error| self.error("issuing an id", error))?;
+        Ok(u64::try_from(issued).unwrap_or(0))
+    }
+
+    fn record_start(&self, task: &StoredTask) -> Result<(), StoreError> {
+        let number = task.number().and_then(|n| i64::try_from(n).ok()).unwrap_or(0);
+        let mut connection = self.connection();
+        let transaction = connection.transaction().map_err(|error| self.error("recording a start", error))?;
+        transaction
+            .execute(
+                "INSERT INTO counters (kind, last) VALUES (?1, ?2)
+                 ON CONFLICT (kind) DO UPDATE SET last = max(last, ?2)",
+                params![task.kind, number],
+            )
+            .map_err(|error| self.error("recording a start", error))?;
+        transaction
+            .execute(
+                "INSERT INTO tasks (id, kind, label, owner, owner_durable, server, status, detail, started_at_ns,
+                                    finished_at_ns, producer_info, reporting, output)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                params![
+                    task.id.as_str(),
+                    task.kind,
+                    task.label,
+                    task.owner.as_ref().map(|o| o.session.as_str()),
+                    task.owner.as_ref().is_some_and(|o| o.durable),
+                    self.server,
+                    task.status.as_str(),
+                    task.detail,
+                    nanos(task.started_at),
+                    task.finished_at.map(nanos),
+                    task.producer_info,
+                    task.reporting.as_str(),
+                    task.output,
+                ],
+            )
+            .map_err(|error| self.error(&format!("recording the start of {}", task.id), error))?;
+        transaction.commit().map_err(|error| self.error("recording a start", error))
+    }
+
+    fn request_stop(&self, id: &TaskId) -> Result<bool, StoreError> {
+        let changed = self
+            .connection()
+            .execute("UPDATE tasks SET status = 'stopping' WHERE id = ?1 AND status = 'running'", [id.as_str()])
+            .map_err(|error| self.error("recording a stop request", error))?;
+        Ok(changed == 1)
+    }
+
+    fn settle(&self, id: &TaskId, end: &StoredEnd) -> Result<bool, StoreError> {
+        let changed = self
+            .connection()
+            .execute(
+                "UPDATE tasks SET status = ?2, detail = ?3, finished_at_ns = ?4, reporting = ?5, output = ?6
+                 WHERE id = ?1 AND status IN ('running', 'stopping')",
+                params![
+                    id.as_str(),
+                    end.status.as_str(),
+                    end.detail,
+                    nanos(end.finished_at),
+                    end.reporting.as_str(),
+                    end.output
+                ],
+            )
+            .map_err(|error| self.error("recording an end", error))?;
+        Ok(changed == 1)
+    }
+
+    fn set_reporting(&self, id: &TaskId, reporting: ReportState) -> Result<(), StoreError> {
+        self.connection()
+            .execute("UPDATE tasks SET reporting = ?2 WHERE id = ?1", params![id.as_str(), reporting.as_str()])
+            .map_err(|error| self.error("recording who was told", error))?;
+        Ok(())
+    }
+
+    fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {
+        let mut connection = self.connection();
+        let transaction = connection.transaction().map_err(|error| self.error("deleting records", error))?;
+        {
+            let mut delete = transaction
+                .prepare("DELETE FROM tasks WHERE id = ?1")
+                .map_err(|error| self.error("deleting records", error))?;
+            for id in ids {
+                delete.execute([id.as_str()]).map_err(|error| self.error("deleting records", error))?;
+            }
+        }
+        transaction.commit().map_err(|error| self.error("deleting records", error))
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Every record of the store at `file`, read-only (for `taskhost ps`: no
+/// server needed; a running server's writes are seen as of their commit).
+pub fn read_all(file: &Path) -> Result<Vec<StoredTask>, StoreError> {
+    let refuse = |why: String| StoreError::new(format!("the task store {} {why}", file.display()));
+    let connection = Connection::open_with_flags(
+        file,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|error| refuse(format!("cannot be opened: {error}")))?;
+    connection.busy_timeout(BUSY_TIMEOUT).map_err(|error| refuse(error.to_string()))?;
+    let version: i64 = connection
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|error| refuse(format!("is not a readable SQLite database ({error})")))?;
+    if version > SCHEMA_VERSION {
+        return Err(refuse(format!("has schema version {version}, newer than this taskhost's {SCHEMA_VERSION}")));
+    }
+    let table: Option<String> = connection
+        .query_row("SELECT name FROM sqlite_schema WHERE name = 'tasks'", [], |row| row.get(0))
+        .optional()
+        .map_err(|error| refuse(format!("is not a readable SQLite database ({error})")))?;
+    if table.is_none() {
+        return Ok(Vec::new());
+    }
+    connection
+        .prepare("SELECT * FROM tasks ORDER BY seq")
+        .and_then(|mut statement| statement.query_map([], stored_task)?.collect())
+        .map_err(|error| refuse(format!("cannot be read ({error})")))
+}

@@ -1,0 +1,187 @@
+//! The durable task store through `taskhost serve` (issue 31, first part):
+//! a stable owner's task live when the server is SIGKILLed is told lost
+//! once by the next server with the same owner, never run again, and ids
+//! continue; a store file the server cannot use is refused, untouched.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Client, call, is_error, log_file, only_text, serve_command, state_home, temp_dir, texts};
+use rmcp::ServiceExt as _;
+use serde_json::json;
+
+/// The store's file of the servers a test runs in `dir`.
+fn store_file(dir: &Path) -> PathBuf {
+    state_home(dir).join("taskhost").join("tasks.sqlite3")
+}
+
+/// `taskhost serve [--owner NAME]` over stdio in `dir`, and a client on it.
+async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Child) {
+    let mut command = serve_command(dir, None);
+    if let Some(owner) = owner {
+        command.arg("--owner").arg(owner);
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve");
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+    (client, child)
+}
+
+/// SIGKILLs the server and waits for it to be gone.
+async fn sigkill(mut child: tokio::process::Child, client: Client) {
+    child.start_kill().expect("SIGKILL the server");
+    child.wait().await.expect("the server is reaped");
+    drop(client);
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+#[tokio::test]
+async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_again() {
+    let dir = temp_dir("durable-lost");
+    let marker = dir.join("marker");
+    let command = format!("echo ran >> {}; sleep 600", marker.display());
+
+    let (client, child) = serve(&dir, Some("alice")).await;
+    let peer = client.peer().clone();
+    let started = call(&peer, "bash", json!({"command": command, "run_in_background": true})).await;
+    assert!(!is_error(&started), "{started:?}");
+    assert_eq!(only_text(&started), "started background task bash-1");
+    // The command ran once (the id was returned after its record was committed).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while lines(&marker) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the command never ran");
+        // The marker file is the only event a shell command offers here.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sigkill(child, client).await;
+
+    // The same owner again: the first result carries exactly one lost notice.
+    let (client, child) = serve(&dir, Some("alice")).await;
+    let peer = client.peer().clone();
+    let first = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(first.len(), 2, "the list and one notice: {first:?}");
+    assert!(first[0].starts_with("bash-1 [bash] lost"), "{first:?}");
+    assert!(
+        first[1].starts_with("background task bash-1 (bash: ")
+            && first[1].contains("[status: lost")
+            && first[1].contains("was not run again"),
+        "{first:?}"
+    );
+    // Told once: the next result has no notice, and the task stays lost.
+    let second = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(second, [first[0].clone()]);
+    let output = only_text(&call(&peer, "task_output", json!({"task_id": "bash-1"})).await);
+    assert!(output.ends_with("]") && output.contains("[status: lost"), "{output}");
+    // Ids continue after the restart.
+    let next = call(&peer, "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&next), "started background task bash-2");
+    assert_eq!(lines(&marker), 1, "the lost command never ran again");
+    // `taskhost ps` reads the store beside the running server.
+    let live = ps(&dir, &["--json"]).await;
+    let live: Vec<(&str, &str, &str)> = live
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t["owner"].as_str().unwrap(), t["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(live, [("bash-2", "owner:alice", "running")]);
+    let all = ps(&dir, &["--all", "--json"]).await;
+    let statuses: Vec<&str> = all.as_array().unwrap().iter().map(|t| t["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["lost", "running"]);
+    sigkill(child, client).await;
+
+    // A third server: bash-1 is not told again, and bash-2 is told lost once.
+    let (client, child) = serve(&dir, Some("alice")).await;
+    let peer = client.peer().clone();
+    let third = texts(&call(&peer, "task_list", json!({})).await);
+    let notices: Vec<&String> = third.iter().filter(|text| text.starts_with("background task")).collect();
+    assert_eq!(notices.len(), 1, "bash-2's loss only, bash-1 never told twice: {third:?}");
+    assert!(notices[0].starts_with("background task bash-2 (bash: sleep 600) was lost"), "{third:?}");
+    assert_eq!(lines(&marker), 1, "the lost command never ran again");
+    sigkill(child, client).await;
+}
+
+#[tokio::test]
+async fn another_owner_and_a_plain_connection_see_none_of_a_stable_owners_tasks() {
+    let dir = temp_dir("durable-fence");
+    let (client, child) = serve(&dir, Some("alice")).await;
+    let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background task bash-1");
+    sigkill(child, client).await;
+
+    for owner in [Some("bob"), None] {
+        let (client, child) = serve(&dir, owner).await;
+        let peer = client.peer().clone();
+        assert_eq!(texts(&call(&peer, "task_list", json!({})).await), ["(no background tasks)"], "{owner:?}");
+        let foreign = call(&peer, "task_output", json!({"task_id": "bash-1"})).await;
+        assert!(is_error(&foreign), "{owner:?}: {foreign:?}");
+        sigkill(child, client).await;
+    }
+}
+
+/// `taskhost ps ARGS` with the state directory of the servers in `dir`.
+async fn ps(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let output = tokio::process::Command::new(common::BIN)
+        .arg("ps")
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_STATE_HOME", state_home(dir))
+        .output()
+        .await
+        .expect("run taskhost ps");
+    assert!(output.status.success(), "taskhost ps: {output:?}");
+    serde_json::from_slice(&output.stdout).expect("ps --json prints JSON")
+}
+
+/// Runs a server over `dir` that must refuse to start; returns its stderr.
+async fn refused(dir: &Path) -> String {
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        serve_command(dir, None).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output(),
+    )
+    .await
+    .expect("the server exits within 30 s")
+    .expect("run taskhost serve");
+    assert!(!output.status.success(), "the server started: {output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn a_corrupt_or_newer_store_is_refused_with_the_file_and_the_fix_and_left_untouched() {
+    let dir = temp_dir("durable-corrupt");
+    let file = store_file(&dir);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let garbage = b"this is not a database, but it is the user's file\n".repeat(200);
+    std::fs::write(&file, &garbage).unwrap();
+    let stderr = refused(&dir).await;
+    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+    assert!(stderr.contains("move the file away"), "{stderr}");
+    assert_eq!(std::fs::read(&file).unwrap(), garbage, "the file was changed");
+
+    let dir = temp_dir("durable-newer");
+    let file = store_file(&dir);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    {
+        let connection = rusqlite::Connection::open(&file).unwrap();
+        connection
+            .execute_batch("PRAGMA application_id = 1953721192; PRAGMA user_version = 99; CREATE TABLE later (x);")
+            .unwrap();
+    }
+    let before = std::fs::read(&file).unwrap();
+    let stderr = refused(&dir).await;
+    assert!(stderr.contains(&file.display().to_string()) && stderr.contains("schema version 99"), "{stderr}");
+    assert_eq!(std::fs::read(&file).unwrap(), before, "the file was changed");
+}
