@@ -67,6 +67,12 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     sigkill(child, client).await;
+    // The store and its write-ahead log are the server user's alone.
+    for file in [store_file(&dir), store_file(&dir).with_extension("sqlite3-wal")] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
 
     // The same owner again: the first result carries exactly one lost notice.
     let (client, child) = serve(&dir, Some("alice")).await;
