@@ -237,6 +237,11 @@ impl ReloadablePlugin {
         let _ = self.trust.set(policy);
     }
 
+    /// The trust records' file reloads pass, when they are guarded.
+    pub fn trust_records_file(&self) -> Option<&Path> {
+        self.trust.get().map(|policy| policy.records_file())
+    }
+
     /// Whether the bytes of `path` that hash to `sha256` may be served: an
     /// error that names the file and the command to run when not.
     pub fn admit_file(&self, path: &Path, sha256: &str) -> anyhow::Result<()> {

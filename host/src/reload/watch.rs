@@ -107,6 +107,9 @@ enum Change {
     Partial,
     /// Metadata only (`IN_ATTRIB`): the content did not change.
     Metadata,
+    /// The trust records were rewritten (`taskhost trust`): content refused
+    /// as untrusted may be admitted now.
+    Trust,
 }
 
 /// Keeps the watch alive; dropping it stops watching.
@@ -135,11 +138,17 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
     let file_name = path.file_name().map(|n| n.to_os_string()).context("the plugin path names no file")?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let trust_records = plugin.trust_records_file().map(Path::to_path_buf);
     let mut watcher = notify::recommended_watcher({
         let file_name = file_name.clone();
+        let trust_records = trust_records.clone();
         move |event: notify::Result<notify::Event>| match event {
             Ok(event) => {
-                if let Some(change) = classify(&event, &file_name) {
+                let change = match &trust_records {
+                    Some(records) if records_rewritten(&event, records) => Some(Change::Trust),
+                    _ => classify(&event, &file_name),
+                };
+                if let Some(change) = change {
                     let _ = tx.send(change);
                 }
             }
@@ -148,6 +157,14 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
     })
     .context("cannot create a file watcher")?;
     watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("cannot watch {}", dir.display()))?;
+    // A refused build is retried when `taskhost trust` records it, without
+    // another touch of the plugin file. Without the records' directory (no
+    // trust recorded yet on this machine) only a change of the file retries.
+    if let Some(records_dir) = trust_records.as_deref().and_then(Path::parent).filter(|d| *d != dir)
+        && let Err(error) = watcher.watch(records_dir, RecursiveMode::NonRecursive)
+    {
+        tracing::warn!(dir = %records_dir.display(), %error, "cannot watch the trust records; a trusted build loads at its next change");
+    }
     tracing::info!(tool = plugin.tool(), path = %path.display(), "watching the plugin file");
     let task = tokio::spawn(run(plugin, path.clone(), options, rx));
     Ok(WatchHandle { _watcher: watcher, task, path })
@@ -178,6 +195,17 @@ fn classify(event: &notify::Event, file_name: &OsStr) -> Option<Change> {
     }
 }
 
+/// Whether `event` put new trust records in place (they are written to a
+/// temporary file and renamed onto `records`).
+fn records_rewritten(event: &notify::Event, records: &Path) -> bool {
+    match event.kind {
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => event.paths.last().is_some_and(|p| p == records),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To))
+        | EventKind::Access(AccessKind::Close(AccessMode::Write)) => event.paths.iter().any(|p| p == records),
+        _ => false,
+    }
+}
+
 /// A file that has another link was created by `link(2)` from existing
 /// content, not opened empty by a writer.
 #[cfg(unix)]
@@ -198,7 +226,7 @@ async fn quiet(first: Change, options: &WatchOptions, rx: &mut mpsc::UnboundedRe
     let fast = |change: Change, was: bool| match change {
         Change::Complete => options.complete_quiet.is_some(),
         Change::Partial => false,
-        Change::Metadata => was,
+        Change::Metadata | Change::Trust => was,
     };
     let mut complete = fast(first, false);
     loop {
@@ -224,8 +252,26 @@ async fn run(
     // A load that failed after a complete write and was not reported yet:
     // the content's hash and the error.
     let mut unreported: Option<(String, anyhow::Error)> = None;
+    // The hash of the content last refused as untrusted: a rewrite of the
+    // trust records retries it (once admitted, it loads like any change).
+    let mut refused: Option<String> = None;
     let mut next = rx.recv().await;
     while let Some(first) = next.take() {
+        if first == Change::Trust {
+            if let Some(hash) = refused.clone()
+                && let Ok(bytes) = tokio::fs::read(&path).await
+                && content_hash(&bytes) == hash
+                && plugin.admit_file(&path, &hash).is_ok()
+            {
+                tracing::info!(tool = plugin.tool(), "a refused plugin build is trusted now; loading it");
+                refused = None;
+                let started = Instant::now();
+                let loaded = plugin.engine().load_file_bytes(&path, bytes).await;
+                let _ = plugin.serve_loaded(started, loaded).await;
+            }
+            next = rx.recv().await;
+            continue;
+        }
         let Some(complete) = quiet(first, &options, &mut rx).await else { return };
         if !complete {
             // Wait until the file stopped changing; a change meanwhile
@@ -261,12 +307,14 @@ async fn run(
         }
         // Bytes that are not trusted are refused at once, whoever wrote them
         // and however: the serving version stays.
-        if let Err(refused) = plugin.admit_file(&path, &hash) {
+        if let Err(untrusted) = plugin.admit_file(&path, &hash) {
             unreported = None;
-            let _ = plugin.serve_loaded(started, Err(refused)).await;
+            refused = Some(hash);
+            let _ = plugin.serve_loaded(started, Err(untrusted)).await;
             next = rx.recv().await;
             continue;
         }
+        refused = None;
         let loaded = match unreported.take() {
             // Settled on the content that failed: report that failure.
             Some((failed, error)) if !complete && failed == hash => Err(error),
