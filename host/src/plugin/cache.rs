@@ -1,48 +1,33 @@
-//! The compile cache: compiled components on disk, never foreign code.
+//! The compile cache: compiled components (native code the host will run) and `describe`
+//! answers on disk, one [`CompileCache`] per engine, never loading foreign code.
 //!
-//! Model: a compiled component (`Component::serialize`) is native code the
-//! host will run. One [`CompileCache`] per engine keeps them in a directory,
-//! one file per key (`<content sha-256>-<engine compatibility hash>`), each
-//! file a header (magic, then an HMAC-SHA256 of the entry's kind, its key
-//! and the artifact) followed by the artifact. The MAC key is 32 random
-//! bytes kept in the state directory ([`crate::state::StateDir::cache_key`]),
-//! never in the cache directory.
+//! Model: one file per key (`<content sha-256>-<engine compatibility hash>`; descriptor entries
+//! `desc-<content sha-256>-<config hash>.desc`, see [`descriptor_key`]), each a header (magic,
+//! then an HMAC-SHA256 of the entry's kind, its key and the artifact) then the artifact. The
+//! MAC key is 32 random bytes in the state directory
+//! ([`crate::state::StateDir::cache_key`]), never in the cache directory. Descriptor entries
+//! get the same header, checks, writes and trimming; they are never code, and the real
+//! `describe` that always follows catches a wrong one (see `super::producer`).
 //!
 //! Invariants:
-//! - The directory is created `0700`. An existing one is used only when it is
-//!   a real directory (not a symlink), owned by the server's effective uid and
-//!   writable by nobody else; otherwise the cache is off, with one warning
-//!   naming the directory and the fix. An owner-only directory with group or
-//!   world read bits is tightened to `0700`.
-//! - An entry is loaded only when it opens with `O_NOFOLLOW` (no symlink), is
-//!   a regular file owned by the server's uid with no group or other
-//!   permission bits, and is at most `cache_max_bytes` long. It is read into
-//!   memory whole and its MAC checked before anything is deserialized from
-//!   those bytes (`Component::deserialize`, which copies them): no live mapping
-//!   of a file that anyone can still change ever becomes code.
-//! - An entry that fails any check is logged, deleted and recompiled; the
-//!   fresh compile replaces it.
-//! - Writes are atomic: a `0600` temporary file (`O_EXCL | O_NOFOLLOW`) in
-//!   the directory, renamed over the entry.
-//! - After each store the directory is trimmed to `cache_max_bytes`, least
-//!   recently used first (a hit refreshes an entry's mtime); an artifact larger
-//!   than the cap is not stored at all.
-//!
-//! - Descriptor entries (`desc-<content sha-256>-<config hash>.desc`, see
-//!   [`descriptor_key`]) hold a plugin's `describe` answer for one instance
-//!   config and host version, as JSON, with the same header, checks, atomic
-//!   writes and trimming. They are never code: a wrong one is caught by the
-//!   real `describe` that always follows (see `super::producer`).
-//!
-//! Trust: the MAC catches a partial rewrite of an artifact, an artifact
-//! swapped for another (even a valid one: the key and the kind are in the
-//! MAC), and an entry forged by anyone who can write the cache directory but
-//! not read the key (a process tree that reached the directory, say, by
-//! moving `~/.cache` away): without the key there is no valid entry to
-//! write. A bad MAC is a miss (logged, deleted, recompiled), never a load.
-//! Both directories are among the paths no process tree may read or write
-//! ([`taskhost_process::ProcessHostConfig::protected_paths`]); the key is
-//! what still holds when that protection is carried away.
+//! - The directory is created `0700`; an existing one is used only if it is a real directory
+//!   (not a symlink), owned by the effective uid and writable by nobody else, else the cache
+//!   is off with one warning naming it and the fix. Group or world read bits on a directory
+//!   only its owner can write are taken away (`0700`).
+//! - An entry is loaded only if it opens with `O_NOFOLLOW`, is a regular file owned by the
+//!   server's uid with no group or other bits, and is at most `cache_max_bytes` long. It is
+//!   read whole and its MAC checked before `Component::deserialize` (which copies): no mapping
+//!   of a file anyone can still change ever becomes code.
+//! - An entry failing any check, a bad MAC included, is a miss: logged, deleted, recompiled and
+//!   replaced. The MAC catches a partial rewrite, a swapped artifact (even a valid one: key and
+//!   kind are in it) and an entry forged by anyone who can write the directory but cannot read
+//!   the key.
+//! - Writes are atomic (a `0600` temporary file, `O_EXCL | O_NOFOLLOW`, renamed over the
+//!   entry). Each store trims the directory to `cache_max_bytes`, least recently used first (a
+//!   hit refreshes the mtime); an artifact larger than the cap is not stored.
+//! - Both directories are paths no process tree may read or write
+//!   ([`taskhost_process::ProcessHostConfig::protected_paths`]); the key is what still holds
+//!   when that protection is carried away (a tree that moves `~/.cache` away, say).
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};

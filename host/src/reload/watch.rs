@@ -1,56 +1,29 @@
-//! Watching a plugin file and reloading it when it changes.
+//! Watching a plugin file and reloading it when it changes. The parent directory is watched
+//! (build tools and `cp` replace files by rename, which would end a watch on the old inode);
+//! a notify callback classifies each event and a task turns them into loads.
 //!
-//! Model: a notify callback classifies each event on the file (the parent
-//! directory is watched) as a *complete* write, a *partial* one or a
-//! metadata change, and a task turns the stream of those into loads.
-//!
-//! - **Complete writes** reload at once: the writer said it is done. They
-//!   are `IN_CLOSE_WRITE` (a writer closed the file after writing),
-//!   `IN_MOVED_TO` (a file renamed onto the name: `cp`-then-`mv`, atomic
-//!   writers, most build tools) and an `IN_CREATE` of a file that already
-//!   has another link (a hard link: cargo uplifts a built artifact from
-//!   `deps/` into the target directory this way, after removing the old
-//!   name). After one, events are coalesced for
-//!   [`WatchOptions::complete_quiet`] (a few ms) and the file is loaded
-//!   without a settle check.
-//! - **Partial writes** (`IN_MODIFY`, a plain create, anything unknown) wait
-//!   as before: until the directory has been quiet for
-//!   [`WatchOptions::debounce`], then until the file's size and mtime stay
-//!   the same over [`WatchOptions::settle`]. A complete write arriving while
-//!   that wait runs makes it a complete one.
-//! - Metadata changes (`IN_ATTRIB`) say nothing about the content: they
-//!   extend the current wait without changing its kind.
+//! - *Complete* writes reload after [`WatchOptions::complete_quiet`] of coalescing, with no
+//!   settle check: `IN_CLOSE_WRITE`, `IN_MOVED_TO` (a rename onto the name) and an
+//!   `IN_CREATE` of a file with another link (cargo uplifts artifacts by hard link).
+//! - *Partial* writes (`IN_MODIFY`, a plain create, anything unknown) wait until the directory
+//!   was quiet for [`WatchOptions::debounce`], then until size and mtime hold over
+//!   [`WatchOptions::settle`]. A complete write during that wait makes it a complete one.
+//! - Metadata changes (`IN_ATTRIB`) extend the current wait without changing its kind.
+//! - With `complete_quiet: None` every change takes the partial-write path.
 //!
 //! Invariants:
-//! - A half-written file is never served: it either is still changing (and
-//!   is waited for) or fails to compile or validate while the previous
-//!   version keeps serving. A failed load after a complete write is not
-//!   reported at once (it may be the first close of a writer that opens
-//!   the file again): the file is waited for as after a partial write, and
-//!   the failure is reported only if the content is still the one that
-//!   failed. A reported failure waits for the next change of the file. A
-//!   failure never ends the watch.
-//! - A rebuild reloads once per complete write: the events of one write
-//!   (truncate, chunks, close; a rename and its pair; a rename then a
-//!   `touch`) coalesce or leave the content the serving version already has.
-//!   The explicit rule for a writer that closes the file several times: each
-//!   close followed by [`WatchOptions::complete_quiet`] without another event
-//!   is a finished write. If the content at that moment is a valid plugin
-//!   it is served (so a tool that writes a valid plugin and then rewrites it
-//!   more than a few ms later makes two versions); if not (a torn first
-//!   step), nothing is reported and the last close serves the final content.
-//!   A writer that wants one reload for several steps writes elsewhere and
-//!   renames onto the file.
-//! - Content identical to the serving version (a `touch`, a no-op rebuild)
-//!   does not make a new version.
-//! - The bytes read are the bytes hashed, admitted by the plugin's trust
-//!   policy ([`ReloadablePlugin::admit_file`]) and loaded; bytes it does not
-//!   admit are reported as a failed reload at once.
-//! - With `complete_quiet: None` every change takes the partial-write path
-//!   (the behaviour before complete writes were recognized).
-//!
-//! The parent directory is watched, not the file: build tools and `cp`
-//! replace files by rename, which would end a watch on the old inode.
+//! - A half-written file is never served: it is waited for, or fails to compile or validate
+//!   while the previous version keeps serving. A load that fails after a complete write is
+//!   waited for as after a partial one and reported only if the content is still the one that
+//!   failed; a reported failure waits for the next change. No failure ends the watch.
+//! - One reload per complete write: a write's events (truncate, chunks, close; a rename pair;
+//!   a rename then `touch`) coalesce. Each close followed by `complete_quiet` without another
+//!   event is a finished write: served if the content is a valid plugin (so closes more than
+//!   a few ms apart make two versions), else nothing is reported and the last close serves.
+//!   A writer that wants one reload for several steps writes elsewhere and renames.
+//! - Content identical to the serving version (a `touch`, a no-op rebuild) is no new version.
+//! - The bytes read are the bytes hashed, admitted by the trust policy
+//!   ([`ReloadablePlugin::admit_file`]) and loaded; bytes not admitted fail the reload at once.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
