@@ -5,7 +5,7 @@
 //! `max_connections` slots. When every slot is taken, a new connection closes the oldest
 //! still-unauthenticated one and takes its slot; only when every slot is held by authenticated
 //! connections is it refused (`503`). A connection's first request with a valid token
-//! authenticates it ([`Connection::authenticate`]) and takes one of that token's
+//! authenticates it (`Connection::authenticate`) and takes one of that token's
 //! `max_connections_per_token` slots (beyond them: `429`, closed). Each request of a token holds
 //! one of its `max_requests_per_token` in-flight slots ([`RequestSlot`]; beyond: `429` with
 //! `Retry-After`). Dashboard event streams are capped per token as well ([`super::dashboard`]).

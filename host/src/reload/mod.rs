@@ -1,6 +1,6 @@
 //! Hot reload of wasm plugins, make-before-break and never orphaning a task: a
 //! [`ReloadablePlugin`] is one tool instance whose plugin can be replaced while it runs;
-//! [`watch`] reloads it when its file changes.
+//! [`watch()`](watch::watch) reloads it when its file changes.
 //!
 //! A reload: 1. load the new bytes (compile or take the compile cache, validate against the
 //! `plugin` world, pre-instantiate: [`PluginEngine`]); 2. `describe` them with this instance's
