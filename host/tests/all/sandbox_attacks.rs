@@ -181,7 +181,7 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
         std::os::unix::fs::chown(&run_socket, Some(uid), Some(uid)).unwrap();
     }
 
-    let mut command = common::taskhost_as(uid, &base);
+    let mut command = common::taskhost_as(uid);
     command
         .arg("serve")
         .current_dir(&workspace)

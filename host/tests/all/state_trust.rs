@@ -53,7 +53,7 @@ impl Place {
     /// `taskhost <args>` as the server's user, in the workspace, with this
     /// test's state, cache and home.
     pub fn taskhost(&self, args: &[&str]) -> tokio::process::Command {
-        let mut command = common::taskhost_as(self.uid, &self.base);
+        let mut command = common::taskhost_as(self.uid);
         command
             .args(args)
             .current_dir(&self.work)
