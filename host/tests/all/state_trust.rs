@@ -44,6 +44,17 @@ impl Place {
     }
 
     /// Gives everything below `base` to the server's user.
+    /// The ticker as `plugins/beats.wasm` in the workspace: the directory,
+    /// the file and its bytes.
+    pub fn workspace_plugin(&self) -> (PathBuf, PathBuf, Vec<u8>) {
+        let plugins = self.work.join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let file = plugins.join("beats.wasm");
+        let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
+        std::fs::write(&file, &original).unwrap();
+        (plugins, file, original)
+    }
+
     pub fn chown(&self) {
         if let Some(uid) = self.uid {
             chown_tree(&self.base, uid);
@@ -361,11 +372,7 @@ async fn a_forged_compile_cache_entry_is_recompiled_not_run_by_an_unprivileged_s
 /// refuses to start with them until the user trusts that build.
 async fn swapped_plugin(tag: &str, uid: Option<u32>) {
     let place = Place::new(tag, uid);
-    let plugins = place.work.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let file = plugins.join("beats.wasm");
-    let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
-    std::fs::write(&file, &original).unwrap();
+    let (plugins, file, original) = place.workspace_plugin();
     // The tree's build: the same behaviour, another hash.
     let tree_bytes = common::rebuilt(&original, "a tree's build");
     std::fs::write(place.work.join("tree.wasm"), &tree_bytes).unwrap();
@@ -444,11 +451,7 @@ async fn a_plugin_a_tree_replaced_is_never_served_by_an_unprivileged_server() {
 /// loads nothing.
 async fn trusted_after_refusal(tag: &str, uid: Option<u32>) {
     let place = Place::new(tag, uid);
-    let plugins = place.work.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let file = plugins.join("beats.wasm");
-    let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
-    std::fs::write(&file, &original).unwrap();
+    let (plugins, file, original) = place.workspace_plugin();
     let config = place.work.join("taskhost.toml");
     std::fs::write(&config, "[[producer]]\ntool = \"beats\"\nplugin = \"plugins/beats.wasm\"\n").unwrap();
     let other = place.work.join("other.wasm");
