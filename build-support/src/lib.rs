@@ -1,35 +1,24 @@
-//! Builds taskhost's WebAssembly guest workspaces from a build script.
-//!
-//! The plugins (`plugins/`) and the test fixtures (`tests/fixtures/`) are
-//! Cargo workspaces of their own, compiled for `wasm32-wasip2`, whose output
-//! is already a WASI 0.2 component. A crate that needs them (the host embeds
-//! its built-in plugins; the end-to-end tests load the fixtures) calls
-//! [`build_guests`] from its `build.rs`, which runs a nested
-//! `cargo build --release --target wasm32-wasip2`.
+//! Builds taskhost's WebAssembly guest workspaces from a build script. The plugins
+//! (`plugins/`) and test fixtures (`tests/fixtures/`) are Cargo workspaces of their own, built
+//! for `wasm32-wasip2`; a crate that needs them calls [`build_guests`] from its `build.rs`.
 //!
 //! Invariants:
-//! - The nested cargo uses its own target directory,
-//!   `<outer target dir>/wasm-guests/<checkout key>`. The outer cargo holds
-//!   the lock of its target directory while build scripts run, so sharing it
-//!   would deadlock. The guest workspaces of one checkout share it (their
-//!   lock files pin the same registry crates, so the bindings generator and
-//!   the guest-side libraries are compiled once, not once per workspace; a
-//!   second nested build waits for the first's lock), and each checkout gets
-//!   its own: artifacts of path crates from two checkouts would collide.
-//!   Guest crate names are therefore unique across the checkout's guest
-//!   workspaces (their components land side by side; the architecture test
-//!   checks it). `TASKHOST_GUEST_TARGET_DIR` (an absolute path) names the
-//!   directory instead: CI builds the guests there itself, beside the host's
-//!   dependencies, so the build scripts find them fresh and the nested
-//!   cargo is not left alone on the build's critical path.
-//! - The outer build's compiler settings never leak into the guest build:
-//!   flags meant for the host target (`RUSTFLAGS` and friends), a forced
-//!   `--target`, a pinned toolchain or a clippy wrapper are cleared.
-//! - The build script reruns only when the guest sources, the extra watched
-//!   paths (the WIT package, a shared SDK) or this crate change, so a no-op
-//!   outer build does not even start the nested cargo.
-//! - Failures panic with a message that says what to do (a build script
-//!   reports errors by failing).
+//! - The nested `cargo build --release --target wasm32-wasip2` uses its own target directory,
+//!   `<outer target dir>/wasm-guests/<checkout key>`: the outer cargo holds its target
+//!   directory's lock while build scripts run, so sharing it would deadlock. One checkout's
+//!   guest workspaces share it (their lock files pin the same registry crates, so those
+//!   compile once; a second nested build waits for the first's lock); each checkout gets its
+//!   own, as artifacts of path crates from two checkouts would collide.
+//! - Guest crate names are unique across the checkout's guest workspaces: their components
+//!   land side by side (the architecture test checks it).
+//! - `TASKHOST_GUEST_TARGET_DIR` (an absolute path) names the directory instead: CI builds
+//!   the guests there itself, so the build scripts find them fresh.
+//! - The outer build's compiler settings never leak into the guest build: flags meant for the
+//!   host target (`RUSTFLAGS` and friends), a forced `--target`, a pinned toolchain or a
+//!   clippy wrapper are cleared.
+//! - The build script reruns only when the guest sources, the extra watched paths (the WIT
+//!   package, a shared SDK) or this crate change: a no-op outer build starts no nested cargo.
+//! - Failures panic with a message that says what to do (a build script reports by failing).
 
 use std::env;
 use std::ffi::OsString;

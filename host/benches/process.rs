@@ -1,33 +1,26 @@
-//! Benchmarks of the `process` capability against plain tokio/std baselines.
+//! Benchmarks of the `process` capability against plain tokio/std baselines. Run:
+//! `cargo bench -p taskhost --bench process` (`-- --quick` for a short run: still 500 rounds of
+//! the start measurements, so their p99 rests on 500 samples). Prints one table, which
+//! docs/benchmarks-log.md quotes.
 //!
-//! Run: `cargo bench -p taskhost --bench process` (add `-- --quick` for a
-//! short run: the same 500 rounds of the start
-//! measurements, so their p99 rests on 500 samples). Prints one table;
-//! docs/benchmarks-log.md quotes it.
+//! 1. Start latency of `bash -c true` from the spawn call until a handle is returned (when a
+//!    task id can be registered), p50/p90/p99, through `ProcessHost::spawn`, each interleaved
+//!    in one run with `tokio::process::Command::spawn` of the same command:
+//!    - fully confined, with the default tree limits in a cgroup where the host can create
+//!      one, through the warm keeper;
+//!    - the same with the keeper exec'd on demand (the warm keeper off);
+//!    - the same warm, waiting for the zygote's acknowledgement (off by default);
+//!    - the same without limits; PID namespace only; process group only.
 //!
-//! 1. Start latency: `bash -c true` from the spawn call until a handle is
-//!    returned (the moment a task id can be registered), through
-//!    `ProcessHost::spawn` (fully confined, with the default tree limits in
-//!    a cgroup where the host can create one, through the warm keeper; the
-//!    same with the keeper exec'd on demand, i.e. the warm keeper off: the
-//!    start before it; the same warm, waiting for the zygote's
-//!    acknowledgement (off by default); the same without limits; PID namespace only; process
-//!    group only; each warm start waits until the replacement zygote of the
-//!    previous one is ready, as a start that is not back to back with
-//!    another finds it), vs
-//!    `tokio::process::Command::spawn` of the same command, interleaved in
-//!    one run; p50, p90 and p99 over the iterations. Then the anchor a user
-//!    would otherwise pick: `bwrap --unshare-all --die-with-parent
-//!    --ro-bind / / bash -c true` against bare `bash -c true`, each run to
-//!    completion, interleaved (skipped with a note when `bwrap` is missing).
-//! 2. The full tool path: `Host::call_tool("bash", {command: "true",
-//!    run_in_background: true})` through the built-in wasm bash plugin
-//!    (schema validation, a fresh store, `label`, `run`, the spawn, the
-//!    registry commit) until the task id is returned, vs the same tokio
-//!    spawn, interleaved.
-//!
-//! `PROCESS_BENCH_ONLY=tool` runs part 2 only (for a profile of the tool
-//! path, or a quick before/after).
+//!    Each warm start waits until the replacement zygote of the previous one is ready, as a
+//!    start that is not back to back with another finds it. Then the anchor a user would
+//!    otherwise pick: `bwrap --unshare-all --die-with-parent --ro-bind / / bash -c true`
+//!    against bare `bash -c true`, each run to completion, interleaved (skipped with a note
+//!    when `bwrap` is missing).
+//! 2. The full tool path: `Host::call_tool("bash", {command: "true", run_in_background: true})`
+//!    through the built-in wasm bash plugin (schema validation, a fresh store, `label`, `run`,
+//!    the spawn, the registry commit) until the task id is returned, vs the same tokio spawn,
+//!    interleaved. `PROCESS_BENCH_ONLY=tool` runs this part only.
 //!
 //! Output throughput (raw pipe, capability, registry) is `benches/stream.rs`.
 

@@ -1,32 +1,27 @@
-//! Building a [`Host`] from a [`Config`]: the one place that turns
-//! `[[producer]]` entries into served tools.
+//! Building a [`Host`] from a [`Config`]: the one place that turns `[[producer]]` entries into
+//! served tools. [`build_producer`] turns each entry into a producer and wires in the
+//! capabilities it needs (the subagents service, the process host).
 //!
-//! Every `plugin` value is parsed once, with the configuration, into a
-//! [`ProducerSource`] (`native:<name>`, `builtin:<name>`, or a path to a
-//! `.wasm` component); anything else is an error that lists what is
-//! supported, so a typo never serves a half-configured host.
-//! [`build_producer`] turns each source into a producer, and is where the
-//! capabilities a producer needs are wired in (the subagents service, the
-//! process host). The plugin engine is created only when a wasm producer is
-//! configured, and lives as long as the plugins loaded into it.
-//!
-//! Start from cached descriptors ([`served_from_config_gated`]): a wasm
-//! entry's bytes are read, hashed (a built-in plugin's bytes are neither
-//! copied nor hashed: `build.rs` hashed them) and its grants checked first; when the
-//! compile cache holds a descriptor for (bytes, config, host version), the
-//! tool is served at once by a [`LoadingProducer`] and the rest (engine on a
-//! thread of its own, load, validation, `describe`) runs in the background
-//! once the [`LoadGate`] opens. Otherwise the entry is loaded and described
-//! before serving, as always, and its descriptor is cached for next time.
-//! A plugin file is read once; with a trust policy ([`PluginRuntime::with_trust`],
-//! what the commands give) it is admitted by the hash of those bytes before
-//! anything else, and its reloads are guarded the same way
-//! ([`crate::reload`]). Plugin files, like taskhost's own state, are handed
-//! to the process host as paths no tree may write.
-//! The process host's spill directory is made at once; its start-ahead work
-//! (tree limiter and its cgroups, the sweep of dead hosts' spill
-//! directories, confinement probe, warm keeper) begins when a producer using
-//! it is built.
+//! Invariants:
+//! - Every `plugin` value is parsed once, with the configuration, into a [`ProducerSource`]
+//!   (`native:<name>`, `builtin:<name>`, or a path to a `.wasm` component); anything else is
+//!   an error that lists what is supported, so a typo never serves a half-configured host.
+//! - The plugin engine is created only when a wasm producer is configured, and lives as long
+//!   as the plugins loaded into it.
+//! - A plugin file is read once; with a trust policy ([`PluginRuntime::with_trust`], what the
+//!   commands give) it is admitted by the hash of those bytes before anything else, and its
+//!   reloads are guarded the same way ([`crate::reload`]). Plugin files, like taskhost's own
+//!   state, are handed to the process host as paths no tree may write.
+//! - Start from cached descriptors ([`served_from_config_gated`]): a wasm entry's bytes are
+//!   read and hashed (a built-in plugin's are neither copied nor hashed: `build.rs` hashed
+//!   them) and its grants checked first. When the compile cache holds a descriptor for
+//!   (bytes, config, host version), a [`LoadingProducer`] serves the tool at once and the rest
+//!   (engine on a thread of its own, load, validation, `describe`) runs in the background once
+//!   the [`LoadGate`] opens. Otherwise the entry is loaded and described before serving, and
+//!   its descriptor is cached for next time.
+//! - The process host's spill directory is made at once; its start-ahead work (tree limiter
+//!   and its cgroups, the sweep of dead hosts' spill directories, confinement probe, warm
+//!   keeper) begins when a producer using it is built.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

@@ -369,13 +369,22 @@ impl Process {
         }
         let forwarding = self.shared.forward.get().expect("set just above");
         for (stream, buffer) in [(Stream::Stdout, &mut *stdout), (Stream::Stderr, &mut *stderr)] {
+            let dropped = buffer.dropped_range().zip(buffer.spill());
             let unread = buffer.take();
             if unread.dropped {
-                let notice = match &unread.spill_path {
-                    Some(path) => format!("[some output was dropped from memory; full output: {}]\n", path.display()),
-                    None => "[some output was dropped from memory]\n".to_string(),
-                };
-                forwarding.sink.append(&notice);
+                // Output that outran the memory cap before forwarding began
+                // (a fast command on a loaded host) is in the spill file:
+                // it is forwarded from there, so the task's log holds the
+                // whole output. Only a gap beyond the bound (or past the
+                // spill cap) is left as a pointer to the file.
+                let backfill = dropped.and_then(|(range, spill)| backfill(&spill, range));
+                match (backfill, &unread.spill_path) {
+                    (Some(bytes), _) => forwarding.push(stream == Stream::Stderr, &bytes, false),
+                    (None, Some(path)) => forwarding
+                        .sink
+                        .append(&format!("[some output was dropped from memory; full output: {}]\n", path.display())),
+                    (None, None) => forwarding.sink.append("[some output was dropped from memory]\n"),
+                }
             }
             forwarding.push(stream == Stream::Stderr, &unread.data, unread.closed);
         }
@@ -595,6 +604,31 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// The most output [`Process::forward_output`] copies from a spill file into
+/// the sink at once (it holds the buffer locks, and the sink holds the copy
+/// until the host's log takes it).
+pub(crate) const MAX_BACKFILL: u64 = 8 << 20;
+
+/// The bytes `range` of the stream `spill` holds, when the file holds all of
+/// them (not past its cap) and they are at most [`MAX_BACKFILL`].
+fn backfill(spill: &crate::output::SpillFile, range: std::ops::Range<u64>) -> Option<Vec<u8>> {
+    use std::io::{Read as _, Seek as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let len = range.end.checked_sub(range.start)?;
+    if len > MAX_BACKFILL || range.end > spill.output_bytes() {
+        return None;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(spill.path())
+        .ok()?;
+    file.seek(std::io::SeekFrom::Start(range.start)).ok()?;
+    let mut bytes = vec![0; len as usize];
+    file.read_exact(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Moves one stream's output into its buffer (and spill file) until it ends.

@@ -104,6 +104,12 @@ impl SpillFile {
         &self.path
     }
 
+    /// Bytes of output the file holds (or is about to: reserved before each
+    /// write); a note that the file was capped comes after them.
+    pub(crate) fn output_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+
     /// Takes up to `want` bytes of its owner's cap for this file (they go
     /// back when the file is dropped); returns how many. Write no more.
     pub fn reserve(&self, want: u64) -> u64 {
@@ -173,11 +179,22 @@ pub(crate) struct StreamBuffer {
     eof: bool,
     spill: Option<Arc<SpillFile>>,
     last_take: Option<Instant>,
+    /// `total` at the last take: where the bytes not taken yet begin.
+    taken_to: u64,
 }
 
 impl StreamBuffer {
     pub(crate) fn new(memory_cap: usize) -> Self {
-        Self { pending: Vec::new(), memory_cap, dropped: false, total: 0, eof: false, spill: None, last_take: None }
+        Self {
+            pending: Vec::new(),
+            memory_cap,
+            dropped: false,
+            total: 0,
+            eof: false,
+            spill: None,
+            last_take: None,
+            taken_to: 0,
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -241,8 +258,16 @@ impl StreamBuffer {
         self.spill.clone()
     }
 
+    /// The bytes dropped from memory since the last take, as offsets into
+    /// the stream (which are its spill file's: the file holds the stream
+    /// from its first byte, up to the spill cap); `None` when none were.
+    pub(crate) fn dropped_range(&self) -> Option<std::ops::Range<u64>> {
+        self.dropped.then(|| self.taken_to..self.total - self.pending.len() as u64)
+    }
+
     /// Takes everything unread.
     pub(crate) fn take(&mut self) -> StreamChunk {
+        self.taken_to = self.total;
         let data = std::mem::take(&mut self.pending);
         self.last_take = Some(Instant::now());
         let dropped = std::mem::take(&mut self.dropped);

@@ -783,6 +783,30 @@ async fn a_full_sink_holds_the_program_until_the_host_takes() {
     assert_no_marked(&mark).await;
 }
 
+/// A command that outruns its memory cap before forwarding begins (a fast
+/// command while the plugin's next step waits for a core): the bytes that
+/// left memory come back from the spill file, so the sink gets the whole
+/// output in order, not a pointer to the file in the middle of it.
+#[tokio::test]
+async fn output_dropped_from_memory_before_forwarding_is_forwarded_from_the_spill_file() {
+    let host = host();
+    let mark = marker("forward-backfill");
+    let script = "seq 1 20000; echo warn >&2; seq 20001 20100";
+    let request = SpawnRequest { memory_cap: Some(4096), ..bash(script, &mark) };
+    let process = host.spawn(&bash_grant(), request, &tracing::Span::none()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), process.finished()).await.expect("the command ended");
+    let mut reader = SinkReader::new(1 << 20);
+    process.forward_output(reader.sink.clone()).unwrap();
+    assert_eq!(reader.follow_to_end(&process).await, ExitStatus::Code(0));
+    let stdout: String = (1..=20100).map(|n| format!("{n}\n")).collect();
+    assert!(!reader.text.contains("dropped from memory"), "{}", &reader.text[..200.min(reader.text.len())]);
+    // Each stream whole and in order; the stderr line sits where the host
+    // read it (the streams were read apart while nobody took them).
+    let without_stderr = reader.text.replace("[stderr]\nwarn\n[stdout]\n", "").replace("[stderr]\nwarn\n", "");
+    assert_eq!(without_stderr, stdout);
+    assert_eq!(reader.text.matches("warn").count(), 1);
+}
+
 #[tokio::test]
 async fn forwarded_invalid_utf8_is_replaced_and_split_characters_are_joined() {
     let host = host();

@@ -37,6 +37,38 @@ macro_rules! stop_reason_replies {
     };
 }
 
+/// The offline subagent backend every subagent suite runs: a `scripted`
+/// backend named `offline` with the stop-reason cases and the prompts the
+/// suites use ("slow", "ticker then fail", "hold a ticker", "hold a bash",
+/// "ticker", anything else). A prompt takes the first reply whose `when` it
+/// contains, so the longer prompts come before "ticker". "hold a bash" runs
+/// `__HOLD_BASH_COMMAND__`, which a suite with a `bash` tool replaces.
+#[macro_export]
+macro_rules! offline_subagent_backend {
+    () => {
+        concat!(
+            r#"
+[subagents.backends.offline]
+kind = "scripted"
+replies = [
+"#,
+            $crate::stop_reason_replies!(),
+            r#"  { when = "slow", text = "slow done", delay_ms = 60000 },
+  { when = "ticker then fail", stop_reason = "error", detail = "gave up", delay_ms = 200, tool_calls = [
+      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
+  { when = "hold a ticker", text = "never", delay_ms = 60000, tool_calls = [
+      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
+  { when = "hold a bash", text = "never", delay_ms = 60000, tool_calls = [
+      { tool = "bash", args = { command = "__HOLD_BASH_COMMAND__", run_in_background = true } } ] },
+  { when = "ticker", text = "child: {tool_results}", delay_ms = 200, tool_calls = [
+      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
+  { text = "answer to: {prompt}", delay_ms = 20 },
+]
+"#
+        )
+    };
+}
+
 /// Calls `tool` with `args` as the context's agent.
 pub async fn call(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
     match host.call_tool(tool, args, context).await {

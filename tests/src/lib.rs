@@ -84,13 +84,16 @@ pub fn tool_path() -> std::ffi::OsString {
 
 /// The plugin engine of a test: `PluginRuntimeConfig::default()` as `edit`
 /// changes it, with a compile cache of its own in a new private directory
-/// (`tempfile`: a random name, mode 0700; never an earlier run's). Tests run
-/// one a process under nextest, so a cache per engine loses nothing.
+/// (`tempfile`: a random name, mode 0700; never an earlier run's) unless
+/// `edit` names one. Tests run one a process under nextest, so a cache per
+/// engine loses nothing.
 pub fn engine(edit: impl FnOnce(&mut taskhost::plugin::PluginRuntimeConfig)) -> taskhost::plugin::PluginEngine {
     logs::init();
     let mut config = taskhost::plugin::PluginRuntimeConfig::default();
     edit(&mut config);
-    let cache = tempfile::Builder::new().prefix("taskhost-test-cache-").tempdir().expect("a temporary directory");
-    config.cache_dir = Some(cache.keep());
+    if config.cache_dir.is_none() {
+        let cache = tempfile::Builder::new().prefix("taskhost-test-cache-").tempdir().expect("a temporary directory");
+        config.cache_dir = Some(cache.keep());
+    }
     taskhost::plugin::PluginEngine::new(config).expect("engine")
 }

@@ -1,41 +1,29 @@
-//! The output the host keeps of each stream task: every read, view and peek
-//! is served from it.
+//! The output the host keeps of each stream task, an [`OutputLog`]: everything the task
+//! printed, in order, addressed by byte offset from 0, within bounds; every read, view and
+//! peek is served from it.
 //!
-//! Model: a producer hands each byte of output out once. The registry pulls
-//! it into the task's [`OutputLog`] as it appears (on the producer's output
-//! signal) and before every read, so the log holds everything the task
-//! printed, in order, addressed by byte offset from 0:
-//! - a memory window with the last [`OutputLimits::memory_bytes`] bytes (up
-//!   to twice that between compactions), while the log is in memory;
-//! - a log file ([`files`]) with the output from its first byte, up to
-//!   [`OutputLimits::spill_bytes`] and whatever budget the file counts
-//!   against: made once the output outgrew the window, when a consuming
-//!   read skips output (so the read can name it), or when the log leaves
-//!   memory. The host makes it in the owner's own directory, which the
-//!   owner's commands see read-only.
-//! - Under the host-wide bound ([`OutputLimits::memory_total_bytes`], see
-//!   [`MemoryMeter`]) a log may leave memory for good ([`OutputLog::evict`]):
-//!   its window is freed and its output lives in the file only; reads, views
-//!   and peeks then read the file.
-//!
-//! Output past both the window and the file is not kept; reads and views say
-//! how much is missing. The owner's consuming read ([`OutputLog::take_new`])
-//! moves a cursor; the views ([`view`]) and the dashboard's peek never do.
+//! Model: a producer hands each byte out once; the registry pulls it into the log on the
+//! producer's output signal and before every read. The log has a memory window with the last
+//! [`OutputLimits::memory_bytes`] (up to twice that between compactions) while in memory, and
+//! a log file ([`files`]) from the first byte, up to [`OutputLimits::spill_bytes`] and the
+//! budget it counts against, in the owner's own directory (read-only to the owner's commands),
+//! made once the output outgrew the window, when a consuming read skips output (so it can name
+//! it), or when the log leaves memory. Under the host-wide
+//! [`OutputLimits::memory_total_bytes`] ([`MemoryMeter`]) a log may leave memory for good
+//! ([`OutputLog::evict`]); reads, views and peeks then read the file. Output past both is not
+//! kept; reads and views say how much is missing. Only the owner's consuming read
+//! ([`OutputLog::take_new`]) moves a cursor; views ([`view`]) and the dashboard's peek never do.
 //!
 //! Invariants:
-//! - Memory per task is bounded by twice the window plus one carried line
-//!   ([`LINE_LIMIT`]), and none once evicted; views read the file in bounded
-//!   chunks.
+//! - Memory per task is at most twice the window plus one carried line ([`LINE_LIMIT`]), and
+//!   none once evicted; views read the file in bounded chunks.
 //! - The file is a prefix of the log: its byte `n` is the log's byte `n`.
-//! - A consuming read returns at most [`OutputLimits::read_bytes`] of new
-//!   output; what it skips is named exactly (bytes, lines, and the file's
-//!   path when the file holds them) and stays readable through the `lines`
-//!   view. A read that begins inside a labelled section (stderr) starts with
-//!   the section's label line.
-//! - Line numbers count every line the task printed, from 1, whether or not
-//!   the line is still kept.
-//! - The file is removed when the log is dropped (the record left the
-//!   registry).
+//! - A consuming read returns at most [`OutputLimits::read_bytes`] of new output; what it skips
+//!   is named exactly (bytes, lines, and the file's path when the file holds them) and stays
+//!   readable through the `lines` view. A read that begins inside a labelled section (stderr)
+//!   starts with the section's label line.
+//! - Line numbers count every line the task printed, from 1, kept or not.
+//! - The file is removed when the log is dropped (the record left the registry).
 
 mod files;
 mod reads;

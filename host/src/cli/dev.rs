@@ -1,31 +1,23 @@
-//! `taskhost dev <plugin.wasm|taskhost.toml> [--watch]`: the producer
-//! developer's console.
+//! `taskhost dev <plugin.wasm|taskhost.toml> [--watch]`: the producer developer's console.
+//! Serves the plugin (or every wasm producer of a configuration) on an in-process host with
+//! one agent, the console's session, and reads commands.
 //!
-//! Serves the plugin (or every wasm producer of a configuration) on an
-//! in-process host with one agent, the console's session, and reads commands:
-//! call the tool in the foreground or background with JSON arguments, list
-//! tasks with the plugin version each runs on, read output (consuming, or
-//! waiting for the end), kill, show the tool definitions. Completion notices
-//! and reload events are printed as they arrive. With `--watch`, a plugin
-//! file that changes is reloaded make-before-break ([`crate::reload`]); a
-//! build that fails is reported and the previous version keeps serving.
-//!
-//! On a terminal the console has line editing and history (rustyline) and
-//! prints asynchronous lines above the prompt. When stdin is not a terminal
-//! it reads plain lines with no prompt and no escape codes. Logs go to
-//! stderr; the console writes to stdout.
-//!
-//! Script mode (`--script FILE`, `-` for stdin) is for scripts and tests: it
-//! reads one command, runs it to its end, prints what it printed and the
-//! completion notices that arrived meanwhile, and only then reads the next
-//! (nothing is read ahead, so a script piped in may depend on earlier
-//! answers). Each command is echoed as `> <command>` first. A `reload`
-//! prints its outcome itself. The first command that fails (a console
-//! error, a tool answer that is an error, a failed reload) stops the script:
-//! every task is disposed and `dev` exits 1 with `script <file> line <n>:
-//! <command>: <why>` on stderr. A script that ends (or `quit`) exits 0.
-//! `wait <id>...` waits for a task to end (the model's `task_wait`), so a
-//! script never needs a sleep.
+//! - Commands: call the tool in the foreground or background with JSON arguments, list tasks
+//!   with the plugin version each runs on, read output (consuming, or waiting for the end),
+//!   kill, show the tool definitions. Completion notices and reload events print as they come.
+//! - `--watch`: a plugin file that changes is reloaded make-before-break ([`crate::reload`]);
+//!   a build that fails is reported and the previous version keeps serving.
+//! - On a terminal: line editing and history (rustyline), asynchronous lines printed above the
+//!   prompt. Otherwise plain lines, with no prompt and no escape codes. Logs go to stderr; the
+//!   console writes to stdout.
+//! - Script mode (`--script FILE`, `-` for stdin): each command is echoed as `> <command>`, run
+//!   to its end and printed with the completion notices that arrived meanwhile before the next
+//!   is read (nothing is read ahead, so a piped script may depend on earlier answers); a
+//!   `reload` prints its outcome. The first command that fails (a console error, a tool answer
+//!   that is an error, a failed reload) stops the script: every task is disposed and `dev`
+//!   exits 1 with `script <file> line <n>: <command>: <why>` on stderr. A script that ends (or
+//!   `quit`) exits 0. `wait <id>...` waits for a task's end (the model's `task_wait`), so a
+//!   script never needs a sleep.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;

@@ -1,24 +1,23 @@
-//! `taskhost serve [--config PATH] [--http [ADDR]] [--watch]`: every tool over MCP.
+//! `taskhost serve [--config PATH] [--http [ADDR]] [--watch]`: every tool over MCP, on stdio
+//! unless `--http` is given (`--http` alone listens on `[serve.http] listen`, and also serves
+//! the web dashboard at `/`).
 //!
-//! Configuration: `--config PATH`, else `./taskhost.toml` when it exists,
-//! else the built-in defaults. A configuration file that lies where process
-//! trees can write (the working directory and below, a grant's
-//! `working_dirs` or `read_write_paths`) is loaded only when `taskhost
-//! trust` recorded exactly its bytes; otherwise `serve` exits 1 naming the
-//! file, why, and the command to run. The same holds for every `.wasm`
-//! plugin file it names, at start (exit 1) and on each `--watch` reload (the
-//! reload fails and the previous version keeps serving). A configuration with inline HTTP tokens inside
-//! the served workspace (the working directory or below) is warned about at
-//! start, naming `token_env` / `token_file` as the fix. Transport: stdio unless `--http` is given
-//! (`--http` alone listens on `[serve.http] listen`; it also serves the web
-//! dashboard at `/`). `--watch` reloads each `.wasm` plugin when its file
-//! changes. A plugin served from its cached descriptor while it loads
-//! (`setup`) joins the server, and its file watch starts, when the load
-//! ends; over HTTP (whose dashboard follows every plugin from its start) the
-//! server waits for those loads before listening. Those loads begin after
-//! the first `tools/list` answer on stdio, at once over HTTP or with `--watch`. SIGINT and SIGTERM
-//! stop serving and dispose the host — every agent, every task — before
-//! the process exits, so no task outlives the server.
+//! - Configuration: `--config PATH`, else `./taskhost.toml` when it exists, else the defaults.
+//! - Trust: a configuration file that lies where process trees can write (the working
+//!   directory and below, a grant's `working_dirs` or `read_write_paths`) is loaded only when
+//!   `taskhost trust` recorded exactly its bytes; otherwise `serve` exits 1 naming the file,
+//!   why, and the command to run. The same holds for every `.wasm` plugin file it names, at
+//!   start (exit 1) and on each `--watch` reload (the reload fails, the previous version keeps
+//!   serving).
+//! - Inline HTTP tokens in a configuration inside the served workspace (the working directory
+//!   or below) are warned about at start, naming `token_env` / `token_file` as the fix.
+//! - `--watch` reloads each `.wasm` plugin when its file changes.
+//! - A plugin served from its cached descriptor while it loads (`setup`) joins the server, and
+//!   its file watch starts, when the load ends. The loads begin after the first `tools/list`
+//!   answer on stdio, at once over HTTP or with `--watch`; over HTTP (whose dashboard follows
+//!   every plugin from its start) the server waits for them before listening.
+//! - SIGINT and SIGTERM stop serving and dispose the host (every agent, every task) before the
+//!   process exits, so no task outlives the server.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

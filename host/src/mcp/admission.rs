@@ -1,37 +1,26 @@
-//! Who gets the HTTP listener's capacity: connection slots for clients that
-//! have not shown a token, and each token's share once they have.
+//! Who gets the HTTP listener's capacity: connection slots for clients that have not shown a
+//! token, and each token's share once they have.
 //!
-//! Model: every accepted connection is a [`Connection`], first
-//! *unauthenticated*, and holds one of `max_connections` slots. When every
-//! slot is taken, a new connection closes the oldest connection that is
-//! still unauthenticated and takes its slot: clients without a token (idle,
-//! slow, or many) can never hold the slots a token holder needs, and a
-//! token holder's new connection is served as soon as it arrives. Only when
-//! every slot is held by authenticated connections is a new one refused
-//! (`503`). A connection becomes *authenticated* by its first request with a
-//! valid token ([`Connection::authenticate`]), and then takes one of that
-//! token's `max_connections_per_token` slots (a connection beyond them gets
-//! `429` and is closed), so one token cannot hold every slot either. Each
-//! request of a token holds one of its `max_requests_per_token` in-flight
-//! slots ([`RequestSlot`]); one more gets `429` with `Retry-After`.
-//! Dashboard event streams are capped per token as well
-//! ([`super::dashboard`]).
+//! Model: every accepted connection is a [`Connection`], first unauthenticated, holding one of
+//! `max_connections` slots. When every slot is taken, a new connection closes the oldest
+//! still-unauthenticated one and takes its slot; only when every slot is held by authenticated
+//! connections is it refused (`503`). A connection's first request with a valid token
+//! authenticates it (`Connection::authenticate`) and takes one of that token's
+//! `max_connections_per_token` slots (beyond them: `429`, closed). Each request of a token holds
+//! one of its `max_requests_per_token` in-flight slots ([`RequestSlot`]; beyond: `429` with
+//! `Retry-After`). Dashboard event streams are capped per token as well ([`super::dashboard`]).
 //!
-//! Why no fixed share for unauthenticated connections: a connection is
-//! unauthenticated until its first request is parsed, so a fixed small share
-//! (16 of 256) closed token holders' own connections in any burst larger
-//! than the share before they could show their token (measured: 284 of 300
-//! simultaneous calls with a valid token dropped). Closing the oldest
-//! unauthenticated connection only when the slots run out keeps bursts
-//! whole and still never lets connections without a token crowd out one
-//! with a token: to close a newcomer, a client would have to open more new
-//! connections than the server has slots between the newcomer's connect and
-//! its first request.
-//!
-//! Invariants: every slot is a semaphore permit owned by what uses it (the
-//! connection's task, the request, the stream), so it is given back however
-//! that ends; an authenticated connection is never closed to make room; the
-//! unauthenticated connections are ordered under one lock.
+//! Invariants:
+//! - Clients without a token never hold the slots a token holder needs (to close a newcomer a
+//!   client must open more connections than there are slots before the newcomer's first
+//!   request), and one token cannot hold every slot.
+//! - There is no fixed share for unauthenticated connections: every connection is one until
+//!   its first request is parsed, so a share would close token holders' own connections in any
+//!   burst larger than it.
+//! - Every slot is a semaphore permit owned by what uses it (the connection's task, the
+//!   request, the stream), so it is given back however that ends.
+//! - An authenticated connection is never closed to make room.
+//! - The unauthenticated connections are ordered under one lock.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

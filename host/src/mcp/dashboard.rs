@@ -1,43 +1,31 @@
-//! The web dashboard of `taskhost serve --http`: a page that shows, tails
-//! and stops tasks and shows plugin versions and reloads, live.
+//! The web dashboard of `taskhost serve --http`: a page that shows, tails and stops tasks and
+//! shows plugin versions and reloads, live, behind the tokens of the MCP endpoint.
 //!
-//! Model:
-//! - `GET /` (and `/dashboard/app.js`, `/dashboard/app.css`) is a static
-//!   shell embedded in the binary: no CDN, no inline script, a strict CSP.
-//!   It is the only thing served without a token. The page asks for a
-//!   bearer token once, keeps it in `sessionStorage` and sends it as
-//!   `Authorization: Bearer`, never in a URL.
-//! - The JSON API under `/dashboard/api/` takes the same tokens as the MCP
-//!   endpoint. A token sees its own owner's tasks (and unowned ones); a
-//!   token with `admin = true` in `[serve.http] tokens` sees every owner's,
-//!   grouped by owner, and may kill them. A task the viewer may not see is
+//! Invariants:
+//! - `GET /` (and `/dashboard/app.js`, `/dashboard/app.css`) is a static shell embedded in the
+//!   binary (no CDN, no inline script, a strict CSP), the only thing served without a token.
+//!   The page keeps the bearer token in `sessionStorage` and sends it as `Authorization:
+//!   Bearer`, never in a URL.
+//! - The JSON API under `/dashboard/api/` takes the MCP endpoint's tokens. A token sees its own
+//!   owner's tasks (and unowned ones); an `admin = true` token in `[serve.http] tokens` sees
+//!   every owner's, grouped by owner, and may kill them. A task the viewer may not see is a
 //!   `404` with the same JSON error as an unknown one.
-//! - Output is read with [`taskhost_core::tasks::TaskRegistry::peek`], which never
-//!   consumes: the model's next `task_output` still gets everything new.
-//! - Kill stops the task as the dashboard
-//!   ([`taskhost_core::tasks::TaskRegistry::stop`] with
-//!   [`StopCause::Dashboard`]), answering `task_kill`'s reply text. It is
-//!   not the owner's request, so it reports nothing: the owner's model is
-//!   told with one notice (`… was killed from the dashboard [status: …]`)
-//!   unless it collects or kills the task first.
-//! - Live updates are server-sent events (`GET /dashboard/api/events`) fed
-//!   by [`taskhost_core::tasks::TaskRegistry::subscribe`] and the plugins' reload
-//!   events; nothing polls the registry. The stream starts with a
-//!   `snapshot` of the viewer's tasks and sends a new one when the
-//!   broadcast receiver lagged. A keep-alive comment after [`PING`] without
-//!   an event (axum's `KeepAlive`) lets a dead
-//!   client be noticed. Streams end when the server shuts down.
-//! - Every dashboard request passes the `Host` check of `allowed_hosts`; an
-//!   `Origin`, when sent, must be this server's own origin
-//!   (`http://<Host>`) or one of `allowed_origins`, else `403`.
-//!
-//! Bounds: at most [`MAX_EVENT_STREAMS`] event streams at once (each also
-//! holds one of `max_connections`; one more gets `503`), and at most
-//! `[serve.http] max_event_streams_per_token` (8) of one token (one more
-//! gets `429`), so one token cannot take the streams from the others; a
-//! request with a valid token makes its connection an authenticated one
-//! ([`super::admission`]); task ids over
-//! [`MAX_TASK_ID_BYTES`] are refused; output is the peek's bounded tail.
+//! - Output is read with [`taskhost_core::tasks::TaskRegistry::peek`], which never consumes.
+//!   Kill is [`taskhost_core::tasks::TaskRegistry::stop`] with [`StopCause::Dashboard`],
+//!   answering `task_kill`'s reply text. It reports nothing: the owner's model gets one notice
+//!   (`… was killed from the dashboard [status: …]`) unless it collects or kills the task first.
+//! - Live updates are server-sent events (`GET /dashboard/api/events`) fed by
+//!   [`taskhost_core::tasks::TaskRegistry::subscribe`] and the reload events; nothing polls.
+//!   A stream starts with a `snapshot` of the viewer's tasks, sends a new one when its
+//!   receiver lagged, sends a keep-alive after [`PING`] without an event (so a dead client is
+//!   noticed), and ends when the server shuts down.
+//! - Every request passes the `allowed_hosts` check of `Host`; an `Origin`, when sent, must be
+//!   this server's own (`http://<Host>`) or one of `allowed_origins`, else `403`.
+//! - Bounds: at most [`MAX_EVENT_STREAMS`] event streams (each also holds one of
+//!   `max_connections`; one more gets `503`) and `max_event_streams_per_token` (8) per token
+//!   (one more gets `429`); task ids over [`MAX_TASK_ID_BYTES`] are refused; output is the
+//!   peek's bounded tail. A request with a valid token authenticates its connection
+//!   ([`super::admission`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;

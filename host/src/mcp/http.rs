@@ -1,41 +1,30 @@
-//! MCP over streamable HTTP (axum), with bearer-token owners.
+//! MCP over streamable HTTP (axum, served by hyper), one owner per bearer token; the same
+//! listener serves the web dashboard ([`super::dashboard`]) at `/` and under `/dashboard/`.
 //!
-//! Model:
-//! - Every request must carry `Authorization: Bearer <token>` matching one
-//!   of `[serve.http] tokens`; anything else gets `401` before rmcp sees it.
-//!   Tokens are compared in constant time, against every configured token
-//!   (no early exit that would tell which one came close).
-//! - Each token name is one owner: a long-lived agent `http:<name>` created
-//!   when the server starts and disposed when it stops. Every request of
-//!   that token runs as that agent, whatever MCP session it belongs to, so a
-//!   client may reconnect and find its tasks again, and no client can reach
-//!   another token's tasks.
-//! - rmcp runs stateless (one handler per request), the mode the 2026-07-28
-//!   protocol requires and older clients accept. A closed response stream
-//!   cancels the request, which cancels a foreground run.
-//! - `Host` headers are checked against `allowed_hosts` (DNS rebinding);
-//!   an `Origin` header must be one of `allowed_origins` (none by default;
-//!   requests without `Origin` are accepted), else `403`.
-//! - Every body passes the same JSON-RPC gate as stdio ([`super::jsonrpc`])
-//!   before rmcp, and every refusal — the gate's, the auth layer's, rmcp's
-//!   own plain-text ones — is a JSON-RPC error body (with the request's id
-//!   when it was readable). The rule for protocol generations is per
-//!   request: each request is judged by its own `MCP-Protocol-Version`
-//!   header and `_meta`, as rmcp's stateless mode does; a 2025-11-25 request
-//!   gets the v1 tasks bridge ([`super::tasks_v1`]).
-//! - Connections are served by hyper directly (not `axum::serve`), with
-//!   its header-read timer on: headers must arrive within
-//!   `header_timeout_ms` of opening or of the previous answer (an idle
-//!   keep-alive connection closes then), and a body within as long after
-//!   its headers. At most `max_connections` are served at once; when all
-//!   are taken, a new connection closes the oldest one that has not shown a
-//!   valid token yet, and when every slot is held by authenticated
-//!   connections it gets `503` with a JSON-RPC error body and is closed. Each
-//!   token holds at most `max_connections_per_token` connections and
-//!   `max_requests_per_token` requests in flight; beyond either, `429` with
-//!   `Retry-After` ([`super::admission`]).
-//! - The same listener serves the web dashboard ([`super::dashboard`]) at
-//!   `/` and under `/dashboard/`, with the same tokens.
+//! Invariants:
+//! - Every request needs `Authorization: Bearer <token>` matching one of `[serve.http] tokens`,
+//!   else `401` before rmcp sees it. Tokens are compared in constant time against every
+//!   configured token (no early exit that would tell which one came close).
+//! - Each token name is one owner: a long-lived agent `http:<name>` made when the server
+//!   starts and disposed when it stops. Every request of that token runs as it, whatever its
+//!   MCP session, so a client may reconnect to its tasks and never reach another token's.
+//! - rmcp runs stateless (one handler per request, as 2026-07-28 requires and older clients
+//!   accept). A closed response stream cancels the request, which cancels a foreground run.
+//!   `Host` must be one of `allowed_hosts` (DNS rebinding); an `Origin`, when sent, one of
+//!   `allowed_origins` (none by default); else `403`.
+//! - Every body passes the same JSON-RPC gate as stdio ([`super::jsonrpc`]) before rmcp, and
+//!   every refusal (the gate's, the auth layer's, rmcp's own plain-text ones) is a JSON-RPC
+//!   error body, with the request's id when it was readable. Each request is judged by its own
+//!   `MCP-Protocol-Version` header and `_meta`; a 2025-11-25 request gets the v1 tasks bridge
+//!   ([`super::tasks_v1`]).
+//! - hyper serves connections directly (not `axum::serve`) with its header-read timer on:
+//!   headers must arrive within `header_timeout_ms` of opening or of the previous answer (an
+//!   idle keep-alive connection closes then), and a body within as long after its headers.
+//! - Admission ([`super::admission`]): at most `max_connections` at once; when all are taken a
+//!   new connection closes the oldest one without a valid token yet, or, when every slot is
+//!   authenticated, gets `503` with a JSON-RPC error body and is closed. Per token at most
+//!   `max_connections_per_token` connections and `max_requests_per_token` requests in flight;
+//!   beyond either, `429` with `Retry-After`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

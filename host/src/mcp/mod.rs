@@ -1,40 +1,29 @@
-//! The MCP surface: every tool of a [`Host`] served over the Model Context
-//! Protocol (rmcp), on stdio ([`stdio`]) and streamable HTTP ([`http`]).
+//! The MCP surface: every tool of a [`Host`] served over the Model Context Protocol (rmcp), on
+//! stdio ([`stdio`]) and streamable HTTP ([`http`], which also serves the web [`dashboard`] on
+//! the same listener, behind the same tokens).
 //!
-//! Model:
-//! - One [`McpServer`] per process holds the host (registry, agents,
-//!   producers) and the serve settings. Protocol handlers ([`McpHandler`])
-//!   are cheap views onto it: rmcp builds one per connection, and under the
-//!   2026-07-28 protocol one per HTTP request, so nothing that must outlive a
-//!   request lives in a handler.
-//! - Every tool call runs as an *owner* agent. On stdio the owner is the
-//!   connection (one agent created at connect, disposed — tasks cancelled and
-//!   awaited — at disconnect). On HTTP the owner is the authenticated bearer
-//!   token's name (one long-lived agent per configured token), never a
-//!   string the client picks.
-//! - After each tool call, the owner's unread session messages (completion
-//!   notices) are appended to the result, one text block each. The agent
-//!   hands out each message once, so each notice reaches the model once.
-//! - A refused call (unknown tool, bad arguments, foreign or unknown task)
-//!   is an MCP tool result with `isError: true` and the library's message:
-//!   the model can read and fix it, and the server keeps serving.
-//! - The request's cancellation (a `notifications/cancelled`, a closed HTTP
-//!   stream, a closed stdio connection) cancels the call's
-//!   [`taskhost_core::tools::CallContext::cancel`], which stops a foreground run.
-//! - A client that declares the tasks extension gets foreground producer
-//!   calls answered as MCP tasks backed by the registry ([`tasks`]); a
-//!   2025-11-25 client gets the same tasks through that revision's
-//!   experimental tasks ([`tasks_v1`]).
-//! - Every message passes a JSON-RPC gate ([`jsonrpc`]) before rmcp: each
-//!   request gets exactly one answer with its id, and the bounds of a
-//!   connection (line length, nesting, requests in flight, queued answers)
-//!   are the gate's (`docs/mcp.md` lists them).
-//! - A plugin served from its cached descriptor loads in the background
-//!   once the server's [`LoadGate`] opens: on the first `tools/list` answer
-//!   (on stdio once it is written to the client), or the first call of that
-//!   tool. Until then a start does nothing else.
-//! - `serve --http` also serves a web dashboard ([`dashboard`]) on the same
-//!   listener, behind the same tokens.
+//! Invariants:
+//! - One [`McpServer`] per process holds the host (registry, agents, producers) and the serve
+//!   settings. Protocol handlers ([`McpHandler`]) are cheap views onto it that rmcp builds per
+//!   connection (per HTTP request under 2026-07-28): nothing that outlives a request lives there.
+//! - Every tool call runs as an owner agent: on stdio the connection's (created at connect,
+//!   disposed, its tasks cancelled and awaited, at disconnect); on HTTP the authenticated
+//!   bearer token's name (one long-lived agent per token), never a string the client picks.
+//! - After each call the owner's unread session messages (completion notices) are appended to
+//!   the result, one text block each; the agent hands each out once, so the model sees it once.
+//! - A refused call (unknown tool, bad arguments, foreign or unknown task) is a tool result with
+//!   `isError: true` and the library's message: the model can fix it, the server keeps serving.
+//! - A request's cancellation (`notifications/cancelled`, a closed HTTP stream or stdio
+//!   connection) cancels [`taskhost_core::tools::CallContext::cancel`]: a foreground run stops.
+//! - A client that declares the tasks extension gets foreground producer calls answered as MCP
+//!   tasks backed by the registry ([`tasks`]); a 2025-11-25 client gets them as that
+//!   revision's experimental tasks ([`tasks_v1`]).
+//! - Every message passes a JSON-RPC gate ([`jsonrpc`]) before rmcp: each request gets exactly
+//!   one answer with its id, and a connection's bounds (line length, nesting, requests in
+//!   flight, queued answers) are the gate's (`docs/mcp.md` lists them).
+//! - A plugin served from its cached descriptor loads in the background only once the server's
+//!   [`LoadGate`] opens: at the first `tools/list` answer (on stdio once it is written to the
+//!   client), or at that tool's first call.
 
 pub mod admission;
 pub mod dashboard;

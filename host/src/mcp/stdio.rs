@@ -1,39 +1,29 @@
-//! MCP over a byte stream (stdio): one connection, one owner.
+//! MCP over a byte stream (stdio): one connection, one owner agent (`stdio-N`), disposed (its
+//! tasks cancelled and awaited) before [`serve_connection`] returns. Between the client and
+//! rmcp sits a gate, which is rmcp's transport.
 //!
-//! A connection gets its own agent (`stdio-N`) at connect; every call on it
-//! runs as that agent, and when the client disconnects the agent is disposed:
-//! its tasks are cancelled and awaited before [`serve_connection`] returns.
-//!
-//! Between the client and rmcp sits a gate, which is rmcp's transport:
-//!
-//! - Every line passes [`jsonrpc::check`]. What is not a well-formed
-//!   JSON-RPC message of a known method is answered by the gate itself
-//!   (`-32700`/`-32600`/`-32601`/`-32602`, with the id whenever it is
-//!   readable); rmcp only ever receives messages it can read.
-//! - Lifecycle: before a protocol is chosen, notifications and stray
-//!   responses are ignored (rmcp would end the connection on them) and
-//!   requests other than `ping`/`initialize` are refused with a message. The
-//!   first `initialize` chooses the handshake protocol; a first request
-//!   carrying the 2026-07-28 `_meta` chooses the per-request protocol. The
-//!   rule then holds for the whole connection: a second `initialize`, or an
-//!   `initialize` on a 2026-07-28 connection, is refused.
-//! - Requests in flight are tracked by id: a request reusing the id of one
-//!   still in flight is refused (`-32600`, naming the id) — the first keeps
-//!   its answer — and at most [`MAX_IN_FLIGHT`] requests are in flight; the
-//!   next is refused (`-32000`, naming the bound).
-//! - Memory is bounded in both directions: lines are read up to
-//!   [`MAX_LINE_BYTES`] (a longer one is skipped and answered), and
-//!   everything written to the client goes through one queue of
-//!   [`OUTBOUND_QUEUE`] messages. When the client stops reading, the queue
-//!   fills, the gate's answers wait for room, and the gate stops reading the
-//!   client: a client that does not read is not read.
-//! - A 2025-11-25 connection gets the v1 tasks bridge ([`super::tasks_v1`]).
-//! - Every line written to the client is written whole by one writer.
-//! - The server's [`LoadGate`] opens once the first `tools/list` answer has
-//!   been written and flushed (not when rmcp produced it): background plugin
-//!   loads and the process host's start-ahead work do not compete with the
-//!   answer a start is measured by. The first call of a still-loading tool
-//!   opens it too ([`crate::plugin::producer::LoadingProducer`]).
+//! Invariants:
+//! - Every line passes [`jsonrpc::check`]: what is not a well-formed JSON-RPC message of a
+//!   known method is answered by the gate itself (`-32700`/`-32600`/`-32601`/`-32602`, with the
+//!   id whenever it is readable); rmcp only receives messages it can read.
+//! - Lifecycle: before a protocol is chosen, notifications and stray responses are ignored
+//!   (rmcp would end the connection on them) and requests other than `ping`/`initialize` are
+//!   refused. The first `initialize` chooses the handshake protocol, a first request carrying
+//!   the 2026-07-28 `_meta` the per-request one, for the whole connection: a second
+//!   `initialize`, or one on a 2026-07-28 connection, is refused. A 2025-11-25 connection gets
+//!   the v1 tasks bridge ([`super::tasks_v1`]).
+//! - A request reusing the id of one still in flight is refused (`-32600`, naming the id; the
+//!   first keeps its answer); at most [`MAX_IN_FLIGHT`] requests are in flight, the next is
+//!   refused (`-32000`, naming the bound).
+//! - Memory is bounded both ways: lines are read up to [`MAX_LINE_BYTES`] (a longer one is
+//!   skipped and answered); everything written to the client goes through one queue of
+//!   [`OUTBOUND_QUEUE`] messages. When the client stops reading, the queue fills, the gate's
+//!   answers wait for room and the gate stops reading: a client that does not read is not read.
+//! - Every line written to the client is written whole, by one writer.
+//! - The server's [`LoadGate`] opens once the first `tools/list` answer was written and flushed
+//!   (not when rmcp produced it), so background plugin loads and the process host's start-ahead
+//!   work do not compete with it; the first call of a still-loading tool opens it too
+//!   ([`crate::plugin::producer::LoadingProducer`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

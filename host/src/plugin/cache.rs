@@ -1,48 +1,33 @@
-//! The compile cache: compiled components on disk, never foreign code.
+//! The compile cache: compiled components (native code the host will run) and `describe`
+//! answers on disk, one [`CompileCache`] per engine, never loading foreign code.
 //!
-//! Model: a compiled component (`Component::serialize`) is native code the
-//! host will run. One [`CompileCache`] per engine keeps them in a directory,
-//! one file per key (`<content sha-256>-<engine compatibility hash>`), each
-//! file a header (magic, then an HMAC-SHA256 of the entry's kind, its key
-//! and the artifact) followed by the artifact. The MAC key is 32 random
-//! bytes kept in the state directory ([`crate::state::StateDir::cache_key`]),
-//! never in the cache directory.
+//! Model: one file per key (`<content sha-256>-<engine compatibility hash>`; descriptor entries
+//! `desc-<content sha-256>-<config hash>.desc`, see [`descriptor_key`]), each a header (magic,
+//! then an HMAC-SHA256 of the entry's kind, its key and the artifact) then the artifact. The
+//! MAC key is 32 random bytes in the state directory
+//! ([`crate::state::StateDir::cache_key`]), never in the cache directory. Descriptor entries
+//! get the same header, checks, writes and trimming; they are never code, and the real
+//! `describe` that always follows catches a wrong one (see `super::producer`).
 //!
 //! Invariants:
-//! - The directory is created `0700`. An existing one is used only when it is
-//!   a real directory (not a symlink), owned by the server's effective uid and
-//!   writable by nobody else; otherwise the cache is off, with one warning
-//!   naming the directory and the fix. An owner-only directory with group or
-//!   world read bits is tightened to `0700`.
-//! - An entry is loaded only when it opens with `O_NOFOLLOW` (no symlink), is
-//!   a regular file owned by the server's uid with no group or other
-//!   permission bits, and is at most `cache_max_bytes` long. It is read into
-//!   memory whole and its MAC checked before anything is deserialized from
-//!   those bytes (`Component::deserialize`, which copies them): no live mapping
-//!   of a file that anyone can still change ever becomes code.
-//! - An entry that fails any check is logged, deleted and recompiled; the
-//!   fresh compile replaces it.
-//! - Writes are atomic: a `0600` temporary file (`O_EXCL | O_NOFOLLOW`) in
-//!   the directory, renamed over the entry.
-//! - After each store the directory is trimmed to `cache_max_bytes`, least
-//!   recently used first (a hit refreshes an entry's mtime); an artifact larger
-//!   than the cap is not stored at all.
-//!
-//! - Descriptor entries (`desc-<content sha-256>-<config hash>.desc`, see
-//!   [`descriptor_key`]) hold a plugin's `describe` answer for one instance
-//!   config and host version, as JSON, with the same header, checks, atomic
-//!   writes and trimming. They are never code: a wrong one is caught by the
-//!   real `describe` that always follows (see `super::producer`).
-//!
-//! Trust: the MAC catches a partial rewrite of an artifact, an artifact
-//! swapped for another (even a valid one: the key and the kind are in the
-//! MAC), and an entry forged by anyone who can write the cache directory but
-//! not read the key (a process tree that reached the directory, say, by
-//! moving `~/.cache` away): without the key there is no valid entry to
-//! write. A bad MAC is a miss (logged, deleted, recompiled), never a load.
-//! Both directories are among the paths no process tree may read or write
-//! ([`taskhost_process::ProcessHostConfig::protected_paths`]); the key is
-//! what still holds when that protection is carried away.
+//! - The directory is created `0700`; an existing one is used only if it is a real directory
+//!   (not a symlink), owned by the effective uid and writable by nobody else, else the cache
+//!   is off with one warning naming it and the fix. Group or world read bits on a directory
+//!   only its owner can write are taken away (`0700`).
+//! - An entry is loaded only if it opens with `O_NOFOLLOW`, is a regular file owned by the
+//!   server's uid with no group or other bits, and is at most `cache_max_bytes` long. It is
+//!   read whole and its MAC checked before `Component::deserialize` (which copies): no mapping
+//!   of a file anyone can still change ever becomes code.
+//! - An entry failing any check, a bad MAC included, is a miss: logged, deleted, recompiled and
+//!   replaced. The MAC catches a partial rewrite, a swapped artifact (even a valid one: key and
+//!   kind are in it) and an entry forged by anyone who can write the directory but cannot read
+//!   the key.
+//! - Writes are atomic (a `0600` temporary file, `O_EXCL | O_NOFOLLOW`, renamed over the
+//!   entry). Each store trims the directory to `cache_max_bytes`, least recently used first (a
+//!   hit refreshes the mtime); an artifact larger than the cap is not stored.
+//! - Both directories are paths no process tree may read or write
+//!   ([`taskhost_process::ProcessHostConfig::protected_paths`]); the key is what still holds
+//!   when that protection is carried away (a tree that moves `~/.cache` away, say).
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
@@ -80,7 +65,61 @@ pub enum Lookup {
     Hit(Vec<u8>),
     Miss,
     /// An entry existed and was refused (and deleted): why.
-    Refused(String),
+    Refused(EntryRefused),
+}
+
+/// Why a compile cache directory cannot be trusted; each says what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheDirRefused {
+    #[error("cannot create it: {0}")]
+    Create(#[source] std::io::Error),
+    #[error("cannot inspect it: {0}")]
+    Inspect(#[source] std::io::Error),
+    #[error("it is a symlink; point [plugins] cache_dir at a real directory")]
+    Symlink,
+    #[error("it is not a directory")]
+    NotADirectory,
+    #[error(
+        "it is owned by uid {owner}, not by the server's uid {server}; remove it or set [plugins] cache_dir \
+         to a directory of the server's user"
+    )]
+    ForeignOwner { owner: u32, server: u32 },
+    #[error(
+        "it is writable by group or others (mode {mode:04o}); anyone who can write it could make the server \
+         run their code: `chmod 700` it after checking its contents, or remove it"
+    )]
+    WritableByOthers { mode: u32 },
+    #[error("cannot restrict its mode {mode:04o} to 0700: {source}")]
+    Restrict { mode: u32, source: std::io::Error },
+}
+
+/// Why a cache entry was refused (and deleted): it is recompiled instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EntryRefused {
+    #[error("it is a symlink")]
+    Symlink,
+    #[error("cannot open it: {0}")]
+    Open(#[source] std::io::Error),
+    #[error("cannot inspect it: {0}")]
+    Inspect(#[source] std::io::Error),
+    #[error("it is not a regular file")]
+    NotAFile,
+    #[error("it is owned by uid {owner}, not by the server's uid {server}")]
+    ForeignOwner { owner: u32, server: u32 },
+    #[error("its mode is {mode:04o}; entries must be 0600")]
+    Mode { mode: u32 },
+    #[error("its size {len} is outside {HEADER_LEN}..={max} bytes")]
+    Size { len: u64, max: u64 },
+    #[error("cannot read it: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("it changed size while being read")]
+    ChangedWhileRead,
+    #[error("it does not start with the taskhost cache header (an old or foreign file)")]
+    Header,
+    #[error("its MAC does not match its contents and key (modified, swapped or forged)")]
+    Mac,
 }
 
 fn euid() -> u32 {
@@ -92,36 +131,25 @@ impl CompileCache {
     /// Creates (`0700`) or checks the directory; entries are authenticated
     /// with `key`. The error says why the directory cannot be trusted and
     /// what to do about it.
-    pub fn open(dir: &Path, max_bytes: u64, key: CacheKey) -> Result<Self, String> {
-        match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-            Ok(()) => {}
-            Err(e) => return Err(format!("cannot create it: {e}")),
-        }
-        let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect it: {e}"))?;
+    pub fn open(dir: &Path, max_bytes: u64, key: CacheKey) -> Result<Self, CacheDirRefused> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(CacheDirRefused::Create)?;
+        let meta = std::fs::symlink_metadata(dir).map_err(CacheDirRefused::Inspect)?;
         if meta.file_type().is_symlink() {
-            return Err("it is a symlink; point [plugins] cache_dir at a real directory".into());
+            return Err(CacheDirRefused::Symlink);
         }
         if !meta.is_dir() {
-            return Err("it is not a directory".into());
+            return Err(CacheDirRefused::NotADirectory);
         }
         if meta.uid() != euid() {
-            return Err(format!(
-                "it is owned by uid {}, not by the server's uid {}; remove it or set [plugins] cache_dir \
-                 to a directory of the server's user",
-                meta.uid(),
-                euid()
-            ));
+            return Err(CacheDirRefused::ForeignOwner { owner: meta.uid(), server: euid() });
         }
         let mode = meta.permissions().mode() & 0o7777;
         if mode & 0o022 != 0 {
-            return Err(format!(
-                "it is writable by group or others (mode {mode:04o}); anyone who can write it could make \
-                 the server run their code: `chmod 700` it after checking its contents, or remove it"
-            ));
+            return Err(CacheDirRefused::WritableByOthers { mode });
         }
         if mode & 0o077 != 0 {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| format!("cannot restrict its mode {mode:04o} to 0700: {e}"))?;
+                .map_err(|source| CacheDirRefused::Restrict { mode, source })?;
         }
         Ok(Self { dir: dir.to_path_buf(), max_bytes, key, next_tmp: AtomicU64::new(0) })
     }
@@ -193,7 +221,7 @@ impl CompileCache {
         }
     }
 
-    fn read_checked(&self, key: &str, path: &Path) -> Result<Option<Vec<u8>>, String> {
+    fn read_checked(&self, key: &str, path: &Path) -> Result<Option<Vec<u8>>, EntryRefused> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             // No symlink as the last component; a FIFO must not block the open.
@@ -202,34 +230,34 @@ impl CompileCache {
         let mut file = match file {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symlink".into()),
-            Err(e) => return Err(format!("cannot open it: {e}")),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(EntryRefused::Symlink),
+            Err(e) => return Err(EntryRefused::Open(e)),
         };
-        let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+        let meta = file.metadata().map_err(EntryRefused::Inspect)?;
         if !meta.is_file() {
-            return Err("it is not a regular file".into());
+            return Err(EntryRefused::NotAFile);
         }
         if meta.uid() != euid() {
-            return Err(format!("it is owned by uid {}, not by the server's uid {}", meta.uid(), euid()));
+            return Err(EntryRefused::ForeignOwner { owner: meta.uid(), server: euid() });
         }
         let mode = meta.permissions().mode() & 0o7777;
         if mode & 0o7077 != 0 {
-            return Err(format!("its mode is {mode:04o}; entries must be 0600"));
+            return Err(EntryRefused::Mode { mode });
         }
         if meta.len() > self.max_bytes || meta.len() < HEADER_LEN as u64 {
-            return Err(format!("its size {} is outside {HEADER_LEN}..={} bytes", meta.len(), self.max_bytes));
+            return Err(EntryRefused::Size { len: meta.len(), max: self.max_bytes });
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
-        (&mut file).take(self.max_bytes + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+        (&mut file).take(self.max_bytes + 1).read_to_end(&mut bytes).map_err(EntryRefused::Read)?;
         if bytes.len() as u64 > self.max_bytes || bytes.len() < HEADER_LEN {
-            return Err("it changed size while being read".into());
+            return Err(EntryRefused::ChangedWhileRead);
         }
         if &bytes[..MAGIC.len()] != MAGIC {
-            return Err("it does not start with the taskhost cache header (an old or foreign file)".into());
+            return Err(EntryRefused::Header);
         }
         let (header, artifact) = bytes.split_at(HEADER_LEN);
         if self.mac(path, key, artifact).verify_slice(&header[MAGIC.len()..]).is_err() {
-            return Err("its MAC does not match its contents and key (modified, swapped or forged)".into());
+            return Err(EntryRefused::Mac);
         }
         // Least recently used is judged by mtime (atime is often not kept).
         let _ = file.set_modified(std::time::SystemTime::now());
@@ -374,7 +402,7 @@ mod tests {
         *bytes.last_mut().unwrap() ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let Lookup::Refused(why) = cache.load("k") else { panic!("a flipped byte must be refused") };
-        assert!(why.contains("MAC"), "{why}");
+        assert!(matches!(why, EntryRefused::Mac), "{why}");
         assert!(!path.exists(), "a refused entry is deleted");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -385,7 +413,7 @@ mod tests {
         let cache = CompileCache::open(&dir, 1 << 20, key(1)).unwrap();
         cache.store("a", b"code of a").unwrap();
         std::fs::rename(cache.entry_path("a"), cache.entry_path("b")).unwrap();
-        assert!(matches!(cache.load("b"), Lookup::Refused(why) if why.contains("MAC")));
+        assert!(matches!(cache.load("b"), Lookup::Refused(EntryRefused::Mac)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -400,11 +428,11 @@ mod tests {
         assert!(matches!(forger.load("k"), Lookup::Hit(b) if b == b"forged code"), "valid under the forger's key");
         forger.store("k", b"forged code").unwrap();
         let Lookup::Refused(why) = cache.load("k") else { panic!("a forged entry must be refused") };
-        assert!(why.contains("MAC"), "{why}");
+        assert!(matches!(why, EntryRefused::Mac), "{why}");
         // A descriptor moved to a component's name does not verify either.
         cache.store_descriptor("d", b"{}").unwrap();
         std::fs::rename(cache.descriptor_path("d"), cache.entry_path("d")).unwrap();
-        assert!(matches!(cache.load("d"), Lookup::Refused(why) if why.contains("MAC")));
+        assert!(matches!(cache.load("d"), Lookup::Refused(EntryRefused::Mac)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -413,7 +441,7 @@ mod tests {
         let dir = temp("mode");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let why = CompileCache::open(&dir, 1 << 20, key(1)).unwrap_err();
+        let why = CompileCache::open(&dir, 1 << 20, key(1)).unwrap_err().to_string();
         assert!(why.contains("writable by group or others (mode 0777)") && why.contains("chmod 700"), "{why}");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         CompileCache::open(&dir, 1 << 20, key(1)).unwrap();

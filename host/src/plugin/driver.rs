@@ -1,63 +1,30 @@
-//! The driver of one wasm task: the only code that touches its store.
-//!
-//! Model: after a guest's `run` returned a `task`, one tokio task owns the
-//! store and loops: `task.subscribe` → await the returned pollable host-side
-//! in the store's `ResourceTable` → `task.done`, while awaiting serving
-//! `read-output` and `cancel` requests that arrive on a channel (a
-//! `tokio::select!`, so requests never race the loop: all calls into the
-//! guest are made by this one task, one at a time). A cancel ends the wait
-//! early so `done` is asked again at once.
+//! The driver of one wasm task: a single tokio task owns the store and makes every guest
+//! call, one at a time, looping `subscribe` → await the pollable → `done` while it serves
+//! read, input and cancel requests from a channel (a cancel asks `done` again at once).
 //!
 //! Invariants:
-//! - Every call into the guest is armed with the per-call deadline; a fault
-//!   in any export (trap, deadline, memory limit) settles the task `failed`
-//!   with a detail naming the export and the cause, and drops the store. No
-//!   fault reaches another task or the host.
-//! - When `done` returns an outcome, `read-output` is called once more and the
-//!   remainder is kept in a host-side buffer (`pulled`); the store is dropped
-//!   before `done` settles. Reads after that take the buffer, so every byte of
-//!   output is delivered exactly once.
-//! - The driver pulls a stream task's output itself: while the registry
-//!   watches its output, every readiness round that is not the end calls
-//!   `read-output` and appends to `pulled` (at most [`bounds::MAX_CHUNK_BYTES`]
-//!   waiting; beyond that the guest keeps its output until it is taken), then
-//!   raises the output signal. Once such a pull returned output, the guest is
-//!   known to signal new output, and the registry takes `pulled` directly
-//!   ([`TaskControl::take_pulled_output`]) instead of asking for a read: a
-//!   read costs no guest call. A read served by the loop returns `pulled`
-//!   first, then what the guest gave, so output is never reordered. A round
-//!   whose pull returned output is progress, never a spin (a stream whose
-//!   reader lags is always ready at once, and must not be backed off).
-//! - `pulled` is the store's task output sink ([`OutputSink`]), where a
-//!   process the guest forwards (`process.forward-output`) appends its output
-//!   itself, as it is read: such a task is known to signal its output from
-//!   the moment it forwards, and its output reaches the registry with no
-//!   guest call at all. Guest text and forwarded text share the one sink, so
-//!   they keep the order in which they were produced.
-//! - A read that was in flight when the task ended (above all, the read
-//!   whose own call faulted) answers with [`ReadEndedTask`]: its caller
-//!   learns the end from that read instead of reading `running` while the
-//!   settlement is still on its way. Reads made after the end take the
-//!   remainder as plain output, as the [`TaskControl`] contract says.
-//! - Guest-returned pollables are dropped with `HostPollable::drop` (which
-//!   also frees a parent it owns), never `ResourceTable::delete`.
-//! - The loop is cooperative: it spends tokio budget every round, so a guest
-//!   whose pollable is always ready cannot monopolise a worker thread; and
-//!   after [`bounds::SPIN_ROUNDS`] rounds in a row that were ready at once
-//!   yet not done, it backs off (1 ms doubling to 100 ms), so such a guest
-//!   cannot keep a core busy either. Reads and cancels are served at once
-//!   during a back-off; only a cancel or a read that returned output starts
-//!   the count again (the registry drains output on every readiness, so
-//!   empty reads come with every round of a spinning guest).
-//! - Every string the guest returns is bounded ([`bounds`]): a `read-output`
-//!   result over 1 MiB, a detail over 4 KiB are cut with a notice.
-//! - Input ([`TaskControl::write_input`]) is one more request served by the
-//!   same loop (`task.write-input`, armed like every call); input sent to a
-//!   task that ended meanwhile is refused with the task's end, never lost
-//!   silently.
-//! - [`TaskControl::abandon`] aborts the driver, which drops the store at
-//!   once, even in the middle of a guest call. Dropping every handle to the
-//!   control (the registry forgot the task) does the same.
+//! - Every guest call is armed with the per-call deadline; a fault in any export (trap,
+//!   deadline, memory limit) settles the task `failed` naming the export and the cause, and
+//!   drops the store. No fault reaches another task or the host.
+//! - Every byte of output is delivered once, in the order it was produced. `pulled`, the
+//!   store's [`OutputSink`], holds what the driver took from the guest and what a forwarded
+//!   process (`process.forward-output`) appended as it was read; a read returns `pulled`
+//!   first, then the guest's answer. When `done` returns an outcome, `read-output` is called
+//!   once more into `pulled`, and the store is dropped before the task settles.
+//! - While the registry watches a stream task, each readiness round short of the end pulls
+//!   into `pulled` (at most [`bounds::MAX_CHUNK_BYTES`] waiting; the rest stays in the guest)
+//!   and raises the output signal. Once a pull returned output, or the guest forwards a
+//!   process, the registry takes `pulled` directly ([`TaskControl::take_pulled_output`]).
+//! - A read in flight when the task ended (above all one whose own call faulted) answers
+//!   [`ReadEndedTask`]; reads after the end take the remainder as plain output. Input sent
+//!   to a task that ended is refused with the task's end, never lost silently.
+//! - No guest monopolises a worker or a core: every round spends tokio budget, and a pollable
+//!   always ready while `done` stays `none` is backed off as [`bounds`] says (reads and
+//!   cancels still served at once; a round whose pull returned output is progress). Every
+//!   string the guest returns is bounded there too. Guest pollables are dropped with
+//!   `HostPollable::drop` (which frees a parent it owns), never `ResourceTable::delete`.
+//! - [`TaskControl::abandon`], or dropping every handle to the control, aborts the driver and
+//!   drops the store at once, even in the middle of a guest call.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,33 +1,25 @@
-//! The shared wasmtime engine and its configuration.
-//!
-//! Model: one [`PluginEngine`] per host. It owns a `wasmtime::Engine` set up
-//! for async calls with epoch interruption, the pooling instance allocator
-//! (sized for [`PluginRuntimeConfig::max_live_stores`] live task stores) and a
-//! compile cache directory. Every loaded plugin version keeps a clone of its
-//! `PluginEngine`, so the engine (and its epoch ticker) lives exactly as long
-//! as anything that can still call into a guest.
+//! The shared wasmtime engine: one [`PluginEngine`] per host owns a `wasmtime::Engine` set up
+//! for async calls with epoch interruption, the pooling instance allocator (sized for
+//! [`PluginRuntimeConfig::max_live_stores`] live task stores) and a compile cache directory.
 //!
 //! Invariants:
-//! - A background thread increments the epoch every
-//!   [`PluginRuntimeConfig::epoch_tick_ms`]; it stops when the last clone of
-//!   the `PluginEngine` drops. Without it no call deadline could ever fire.
-//! - If the pooling allocator cannot reserve its address space the engine
-//!   falls back to on-demand allocation and logs a warning; it never fails
-//!   for that reason alone.
-//! - The compile cache is used only when its directory passes the checks of
-//!   [`super::cache`]; otherwise the engine compiles every load and says so.
-//!   It may be opened before the engine ([`open_cache`], [`PluginEngine::with_cache`]):
-//!   `setup` reads cached descriptors from it while the engine is not built.
-//! - `component-model-async` stays off and `concurrency_support(false)`: the
-//!   plugin ABI is the stable WASI 0.2 component model.
-//! - A pool slot freed by a dropped store is reset before it is reused (a
-//!   new store never sees an old store's memory or tables): the pages the old
-//!   store dirtied, found with `PAGEMAP_SCAN` where the kernel has it (6.7+),
-//!   are zeroed or restored in place up to [`KEEP_RESIDENT_MEMORY_BYTES`] per
-//!   memory and [`KEEP_RESIDENT_TABLE_BYTES`] per table, and the rest are
-//!   decommitted. Keeping them resident spares the next store of the slot the
-//!   page faults of touching them again; the cost is that much RSS per warm
-//!   slot after a burst of tasks.
+//! - Every loaded plugin version keeps a clone of its `PluginEngine`, so the engine (and its
+//!   epoch ticker) lives exactly as long as anything that can still call into a guest.
+//! - A background thread increments the epoch every [`PluginRuntimeConfig::epoch_tick_ms`]
+//!   (without it no call deadline could fire); it stops when the last clone drops.
+//! - If the pooling allocator cannot reserve its address space the engine falls back to
+//!   on-demand allocation and logs a warning; it never fails for that reason alone.
+//! - The compile cache is used only when its directory passes the checks of [`super::cache`];
+//!   otherwise the engine compiles every load and says so. It may be opened before the engine
+//!   ([`open_cache`], [`PluginEngine::with_cache`]): `setup` reads cached descriptors from it
+//!   while the engine is not built.
+//! - `component-model-async` stays off and `concurrency_support(false)`: the plugin ABI is the
+//!   stable WASI 0.2 component model.
+//! - A pool slot freed by a dropped store is reset before reuse (a new store never sees an old
+//!   store's memory or tables): the pages the old store dirtied (found with `PAGEMAP_SCAN` on
+//!   kernels 6.7+) are zeroed or restored in place up to [`KEEP_RESIDENT_MEMORY_BYTES`] per
+//!   memory and [`KEEP_RESIDENT_TABLE_BYTES`] per table, sparing the next store those page
+//!   faults at that much RSS per warm slot; the rest are decommitted.
 
 use std::path::PathBuf;
 use std::sync::Arc;

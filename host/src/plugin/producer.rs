@@ -1,48 +1,33 @@
-//! [`WasmProducer`]: one tool instance served by a wasm plugin.
+//! [`WasmProducer`]: one tool instance (plugin version, instance config JSON) served by a wasm
+//! plugin; [`LoadingProducer`]: the same while its version may still be loading behind a
+//! cached descriptor.
 //!
-//! Model: a tool instance is (plugin version, instance config JSON). At
-//! creation the plugin's `describe(config)` runs in a throwaway store and
-//! becomes the [`Descriptor`]. Each invocation gets its own store from the
-//! version's `InstancePre`: `prepare` calls `label` in it, the returned
-//! [`PreparedRun`] calls `run` in the same store, and the store then belongs
-//! to the task's driver until the task settles.
+//! Model: at creation `describe(config)` runs in a throwaway store and becomes the
+//! [`Descriptor`]. Each invocation gets its own store from the version's `InstancePre`:
+//! `prepare` calls `label` in it, the returned [`PreparedRun`] calls `run` in the same store,
+//! and the store then belongs to the task's driver until the task settles.
 //!
 //! Invariants:
-//! - The current (version, descriptor) pair sits behind one lock and is
-//!   swapped whole by [`WasmProducer::reload`], make-before-break: the new
-//!   version is described first and a failure leaves the old one serving.
-//!   Each task pins the version that prepared it (`producer_info` names it:
-//!   [`ServingVersion::info`], e.g. `ticker@0123456789ab v2`).
-//! - Every version this instance serves gets the next sequence number (v1 at
-//!   creation, then one per successful reload), so two loads of the same
-//!   bytes are still told apart. Reloads are serialized: the kind check and
-//!   the swap see the version that is really serving.
-//! - Every string `describe`, `label` and `run` return is bounded
-//!   ([`super::bounds`]): a description is cut with a notice, a schema over
-//!   its bound refuses the plugin, labels and error messages are cut.
-//! - Errors and faults in `describe`, `label` and `run` refuse the
-//!   instance or the call with the guest's message or the fault detail; no
-//!   task is registered and the store is dropped.
-//!
-//! A version that may still be loading: [`LoadingProducer`]. A start whose
-//! descriptor is in the cache (`super::cache`, keyed by content hash, config
-//! and host version) registers the tool at once with that descriptor and
-//! loads in the background; the load waits for a [`LoadGate`] (`serve` opens
-//! it after its first `tools/list`, a call opens it too), builds the engine,
-//! loads and validates the version and runs a real `describe`, then ends
-//! with a [`WasmProducer`] or an error. Decisions:
-//! - Every call awaits the end of the load ([`Producer::ready`], before its
-//!   arguments are checked), so nothing runs on a version not yet validated
-//!   and arguments are checked against the real schema.
-//! - The real descriptor wins: once loaded, listings come from the
-//!   `WasmProducer` (and the cache entry is rewritten when it differed). No
-//!   `tools/list_changed` is sent (the server sends none for reloads either).
-//! - A failed load leaves the tool listed with the cached descriptor and
-//!   every call answers with the load's error; the entry is deleted, so the
-//!   next start describes the plugin first (and fails there, as an uncached
-//!   start does). The server keeps serving its other tools.
-//! - Reloads (`crate::reload`) work on the loaded `WasmProducer`, as for any
-//!   other start: make-before-break is unchanged.
+//! - The current (version, descriptor) pair sits behind one lock and is swapped whole by
+//!   [`WasmProducer::reload`], make-before-break (the new version is described first; a
+//!   failure leaves the old one serving). Reloads are serialized, so the kind check and the
+//!   swap see the version really serving. Each served version gets the next sequence number
+//!   (v1 at creation, one more per successful reload: two loads of the same bytes differ), and
+//!   each task pins the version that prepared it ([`ServingVersion::info`], e.g.
+//!   `ticker@0123456789ab v2`).
+//! - Strings from `describe`, `label` and `run` are bounded ([`super::bounds`]): descriptions,
+//!   labels and error messages are cut; a schema over its bound refuses the plugin.
+//! - An error or fault in `describe`, `label` or `run` refuses the instance or the call with
+//!   the guest's message or the fault detail; no task is registered and the store is dropped.
+//! - A [`LoadingProducer`] (descriptor from `super::cache`, keyed by content hash, config and
+//!   host version) is listed at once; its load waits for the [`LoadGate`] (opened by `serve`'s
+//!   first `tools/list` or by a call), then builds the engine, loads, validates and runs a
+//!   real `describe`. Every call awaits the load ([`Producer::ready`]) before its arguments
+//!   are checked, against the real schema. Once loaded, the real descriptor wins (the cache
+//!   entry is rewritten if it differed; no `tools/list_changed` is sent), and reloads work on
+//!   the loaded `WasmProducer`. A failed load keeps the tool listed, answers each call with the
+//!   load's error and deletes the cache entry (the next start describes first); the server's
+//!   other tools keep serving.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};

@@ -1,48 +1,30 @@
-//! Hot reload of wasm plugins: make-before-break, and never an orphaned task.
+//! Hot reload of wasm plugins, make-before-break and never orphaning a task: a
+//! [`ReloadablePlugin`] is one tool instance whose plugin can be replaced while it runs;
+//! [`watch()`](watch::watch) reloads it when its file changes.
 //!
-//! A [`ReloadablePlugin`] is one tool instance served from a wasm plugin that
-//! can be replaced while it runs. A reload goes:
-//! 1. load the new bytes: compile (or take the compile cache), validate
-//!    against the `plugin` world and pre-instantiate ([`PluginEngine`]);
-//! 2. `describe` the new version with this instance's config and check that
-//!    the kind did not change ([`WasmProducer::reload`]);
-//! 3. swap the one pointer new starts read.
+//! A reload: 1. load the new bytes (compile or take the compile cache, validate against the
+//! `plugin` world, pre-instantiate: [`PluginEngine`]); 2. `describe` them with this instance's
+//! config and check the kind is unchanged ([`WasmProducer::reload`]); 3. swap the one pointer
+//! new starts read.
 //!
 //! Invariants:
-//! - Nothing changes before step 3. A new version that fails to compile,
-//!   fails validation or fails `describe` leaves the old one serving; the
-//!   failure is returned, logged and broadcast as [`ReloadEvent::Failed`]
-//!   with the reason.
-//! - Start calls are never blocked or refused by a reload: until the swap
-//!   they prepare on the old version, after it on the new one.
-//! - Running tasks stay on the version that started them until they settle
-//!   (each task's store was instantiated from its version's `InstancePre` and
-//!   keeps an `Arc` of it). They stay in the task registry, which owns every
-//!   registration, so they remain readable and killable and their completion
-//!   notices arrive as usual. A plugin never owns a task.
-//! - [`ReloadablePlugin::unload`] removes the tool (no new starts) and
-//!   touches no running task.
-//! - Each version served gets the next sequence number of this instance
-//!   (`v1`, `v2`, …) next to its content hash; tasks record both in
-//!   `producer_info` (see [`ServingVersion::info`]).
-//! - A schema change is visible at once: tool definitions are computed from
-//!   the serving descriptor on every listing.
-//!
-//! A tool `serve` started from a cached descriptor becomes a
-//! `ReloadablePlugin` ([`ReloadablePlugin::attach`]) when its background
-//! load ends; until then there is nothing to reload (and no file watch).
-//!
-//! Trust: a plugin served from a file that lies where process trees can
-//! write gets its server's [`TrustPolicy`] ([`ReloadablePlugin::guard_reloads`]).
-//! Then every reload from a file (`reload_file`, the watcher) reads the file
-//! once, hashes those bytes and loads them only when the policy admits that
-//! hash (trusted by `taskhost trust`, or the file `dev` was started on);
-//! otherwise the reload fails like any other: the old version keeps
-//! serving, and the failure names the file and the command to run.
-//!
-//! [`watch`] adds file watching on top: a write known to be complete (a
-//! close after writing, a rename onto the file, a hard link) reloads at once,
-//! any other change after a debounce and a settle check.
+//! - Nothing changes before step 3: a version that fails to compile, validate or `describe`
+//!   leaves the old one serving; the failure is returned, logged and broadcast as
+//!   [`ReloadEvent::Failed`] with the reason.
+//! - A reload never blocks or refuses a start: before the swap it uses the old version, after
+//!   it the new one. A schema change shows at once (listings read the serving descriptor).
+//! - Running tasks stay on the version that started them until they settle (their store keeps
+//!   an `Arc` of its version's `InstancePre`), and in the task registry, which owns every
+//!   registration: readable, killable, notices as usual. A plugin never owns a task;
+//!   [`ReloadablePlugin::unload`] removes the tool (no new starts) and touches no running task.
+//! - Each version served gets this instance's next sequence number (`v1`, `v2`, …) beside its
+//!   content hash; tasks record both in `producer_info` ([`ServingVersion::info`]).
+//! - Under its server's [`TrustPolicy`] ([`ReloadablePlugin::guard_reloads`], for a file where
+//!   process trees can write), a reload from a file (`reload_file`, the watcher) reads it once,
+//!   hashes those bytes and loads them only if the policy admits the hash (`taskhost trust`, or
+//!   the file `dev` started on); otherwise it fails like any other, naming the file and the fix.
+//! - A tool `serve` started from a cached descriptor becomes reloadable
+//!   ([`ReloadablePlugin::attach`]) when its background load ends; no reload or watch before.
 
 pub mod watch;
 
@@ -235,6 +217,11 @@ impl ReloadablePlugin {
     /// second call changes nothing).
     pub fn guard_reloads(&self, policy: Arc<TrustPolicy>) {
         let _ = self.trust.set(policy);
+    }
+
+    /// The trust records' file reloads pass, when they are guarded.
+    pub fn trust_records_file(&self) -> Option<&Path> {
+        self.trust.get().map(|policy| policy.records_file())
     }
 
     /// Whether the bytes of `path` that hash to `sha256` may be served: an

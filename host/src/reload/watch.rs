@@ -1,56 +1,29 @@
-//! Watching a plugin file and reloading it when it changes.
+//! Watching a plugin file and reloading it when it changes. The parent directory is watched
+//! (build tools and `cp` replace files by rename, which would end a watch on the old inode);
+//! a notify callback classifies each event and a task turns them into loads.
 //!
-//! Model: a notify callback classifies each event on the file (the parent
-//! directory is watched) as a *complete* write, a *partial* one or a
-//! metadata change, and a task turns the stream of those into loads.
-//!
-//! - **Complete writes** reload at once: the writer said it is done. They
-//!   are `IN_CLOSE_WRITE` (a writer closed the file after writing),
-//!   `IN_MOVED_TO` (a file renamed onto the name: `cp`-then-`mv`, atomic
-//!   writers, most build tools) and an `IN_CREATE` of a file that already
-//!   has another link (a hard link: cargo uplifts a built artifact from
-//!   `deps/` into the target directory this way, after removing the old
-//!   name). After one, events are coalesced for
-//!   [`WatchOptions::complete_quiet`] (a few ms) and the file is loaded
-//!   without a settle check.
-//! - **Partial writes** (`IN_MODIFY`, a plain create, anything unknown) wait
-//!   as before: until the directory has been quiet for
-//!   [`WatchOptions::debounce`], then until the file's size and mtime stay
-//!   the same over [`WatchOptions::settle`]. A complete write arriving while
-//!   that wait runs makes it a complete one.
-//! - Metadata changes (`IN_ATTRIB`) say nothing about the content: they
-//!   extend the current wait without changing its kind.
+//! - *Complete* writes reload after [`WatchOptions::complete_quiet`] of coalescing, with no
+//!   settle check: `IN_CLOSE_WRITE`, `IN_MOVED_TO` (a rename onto the name) and an
+//!   `IN_CREATE` of a file with another link (cargo uplifts artifacts by hard link).
+//! - *Partial* writes (`IN_MODIFY`, a plain create, anything unknown) wait until the directory
+//!   was quiet for [`WatchOptions::debounce`], then until size and mtime hold over
+//!   [`WatchOptions::settle`]. A complete write during that wait makes it a complete one.
+//! - Metadata changes (`IN_ATTRIB`) extend the current wait without changing its kind.
+//! - With `complete_quiet: None` every change takes the partial-write path.
 //!
 //! Invariants:
-//! - A half-written file is never served: it either is still changing (and
-//!   is waited for) or fails to compile or validate while the previous
-//!   version keeps serving. A failed load after a complete write is not
-//!   reported at once (it may be the first close of a writer that opens
-//!   the file again): the file is waited for as after a partial write, and
-//!   the failure is reported only if the content is still the one that
-//!   failed. A reported failure waits for the next change of the file. A
-//!   failure never ends the watch.
-//! - A rebuild reloads once per complete write: the events of one write
-//!   (truncate, chunks, close; a rename and its pair; a rename then a
-//!   `touch`) coalesce or leave the content the serving version already has.
-//!   The explicit rule for a writer that closes the file several times: each
-//!   close followed by [`WatchOptions::complete_quiet`] without another event
-//!   is a finished write. If the content at that moment is a valid plugin
-//!   it is served (so a tool that writes a valid plugin and then rewrites it
-//!   more than a few ms later makes two versions); if not (a torn first
-//!   step), nothing is reported and the last close serves the final content.
-//!   A writer that wants one reload for several steps writes elsewhere and
-//!   renames onto the file.
-//! - Content identical to the serving version (a `touch`, a no-op rebuild)
-//!   does not make a new version.
-//! - The bytes read are the bytes hashed, admitted by the plugin's trust
-//!   policy ([`ReloadablePlugin::admit_file`]) and loaded; bytes it does not
-//!   admit are reported as a failed reload at once.
-//! - With `complete_quiet: None` every change takes the partial-write path
-//!   (the behaviour before complete writes were recognized).
-//!
-//! The parent directory is watched, not the file: build tools and `cp`
-//! replace files by rename, which would end a watch on the old inode.
+//! - A half-written file is never served: it is waited for, or fails to compile or validate
+//!   while the previous version keeps serving. A load that fails after a complete write is
+//!   waited for as after a partial one and reported only if the content is still the one that
+//!   failed; a reported failure waits for the next change. No failure ends the watch.
+//! - One reload per complete write: a write's events (truncate, chunks, close; a rename pair;
+//!   a rename then `touch`) coalesce. Each close followed by `complete_quiet` without another
+//!   event is a finished write: served if the content is a valid plugin (so closes more than
+//!   a few ms apart make two versions), else nothing is reported and the last close serves.
+//!   A writer that wants one reload for several steps writes elsewhere and renames.
+//! - Content identical to the serving version (a `touch`, a no-op rebuild) is no new version.
+//! - The bytes read are the bytes hashed, admitted by the trust policy
+//!   ([`ReloadablePlugin::admit_file`]) and loaded; bytes not admitted fail the reload at once.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -107,6 +80,9 @@ enum Change {
     Partial,
     /// Metadata only (`IN_ATTRIB`): the content did not change.
     Metadata,
+    /// The trust records were rewritten (`taskhost trust`): content refused
+    /// as untrusted may be admitted now.
+    Trust,
 }
 
 /// Keeps the watch alive; dropping it stops watching.
@@ -135,11 +111,17 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
     let file_name = path.file_name().map(|n| n.to_os_string()).context("the plugin path names no file")?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let trust_records = plugin.trust_records_file().map(Path::to_path_buf);
     let mut watcher = notify::recommended_watcher({
         let file_name = file_name.clone();
+        let trust_records = trust_records.clone();
         move |event: notify::Result<notify::Event>| match event {
             Ok(event) => {
-                if let Some(change) = classify(&event, &file_name) {
+                let change = match &trust_records {
+                    Some(records) if records_rewritten(&event, records) => Some(Change::Trust),
+                    _ => classify(&event, &file_name),
+                };
+                if let Some(change) = change {
                     let _ = tx.send(change);
                 }
             }
@@ -148,6 +130,14 @@ pub fn watch(plugin: Arc<ReloadablePlugin>, path: &Path, options: WatchOptions) 
     })
     .context("cannot create a file watcher")?;
     watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("cannot watch {}", dir.display()))?;
+    // A refused build is retried when `taskhost trust` records it, without
+    // another touch of the plugin file. Without the records' directory (no
+    // trust recorded yet on this machine) only a change of the file retries.
+    if let Some(records_dir) = trust_records.as_deref().and_then(Path::parent).filter(|d| *d != dir)
+        && let Err(error) = watcher.watch(records_dir, RecursiveMode::NonRecursive)
+    {
+        tracing::warn!(dir = %records_dir.display(), %error, "cannot watch the trust records; a trusted build loads at its next change");
+    }
     tracing::info!(tool = plugin.tool(), path = %path.display(), "watching the plugin file");
     let task = tokio::spawn(run(plugin, path.clone(), options, rx));
     Ok(WatchHandle { _watcher: watcher, task, path })
@@ -178,6 +168,17 @@ fn classify(event: &notify::Event, file_name: &OsStr) -> Option<Change> {
     }
 }
 
+/// Whether `event` put new trust records in place (they are written to a
+/// temporary file and renamed onto `records`).
+fn records_rewritten(event: &notify::Event, records: &Path) -> bool {
+    match event.kind {
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => event.paths.last().is_some_and(|p| p == records),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To))
+        | EventKind::Access(AccessKind::Close(AccessMode::Write)) => event.paths.iter().any(|p| p == records),
+        _ => false,
+    }
+}
+
 /// A file that has another link was created by `link(2)` from existing
 /// content, not opened empty by a writer.
 #[cfg(unix)]
@@ -198,7 +199,7 @@ async fn quiet(first: Change, options: &WatchOptions, rx: &mut mpsc::UnboundedRe
     let fast = |change: Change, was: bool| match change {
         Change::Complete => options.complete_quiet.is_some(),
         Change::Partial => false,
-        Change::Metadata => was,
+        Change::Metadata | Change::Trust => was,
     };
     let mut complete = fast(first, false);
     loop {
@@ -224,8 +225,26 @@ async fn run(
     // A load that failed after a complete write and was not reported yet:
     // the content's hash and the error.
     let mut unreported: Option<(String, anyhow::Error)> = None;
+    // The hash of the content last refused as untrusted: a rewrite of the
+    // trust records retries it (once admitted, it loads like any change).
+    let mut refused: Option<String> = None;
     let mut next = rx.recv().await;
     while let Some(first) = next.take() {
+        if first == Change::Trust {
+            if let Some(hash) = refused.clone()
+                && let Ok(bytes) = tokio::fs::read(&path).await
+                && content_hash(&bytes) == hash
+                && plugin.admit_file(&path, &hash).is_ok()
+            {
+                tracing::info!(tool = plugin.tool(), "a refused plugin build is trusted now; loading it");
+                refused = None;
+                let started = Instant::now();
+                let loaded = plugin.engine().load_file_bytes(&path, bytes).await;
+                let _ = plugin.serve_loaded(started, loaded).await;
+            }
+            next = rx.recv().await;
+            continue;
+        }
         let Some(complete) = quiet(first, &options, &mut rx).await else { return };
         if !complete {
             // Wait until the file stopped changing; a change meanwhile
@@ -261,12 +280,14 @@ async fn run(
         }
         // Bytes that are not trusted are refused at once, whoever wrote them
         // and however: the serving version stays.
-        if let Err(refused) = plugin.admit_file(&path, &hash) {
+        if let Err(untrusted) = plugin.admit_file(&path, &hash) {
             unreported = None;
-            let _ = plugin.serve_loaded(started, Err(refused)).await;
+            refused = Some(hash);
+            let _ = plugin.serve_loaded(started, Err(untrusted)).await;
             next = rx.recv().await;
             continue;
         }
+        refused = None;
         let loaded = match unreported.take() {
             // Settled on the content that failed: report that failure.
             Some((failed, error)) if !complete && failed == hash => Err(error),

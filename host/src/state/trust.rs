@@ -329,6 +329,11 @@ impl TrustPolicy {
         self
     }
 
+    /// The trust records' file: a change to it may admit a refused file.
+    pub fn records_file(&self) -> &Path {
+        self.store.file()
+    }
+
     /// The roots trees can write.
     pub fn writable(&self) -> &[WritableRoot] {
         &self.writable

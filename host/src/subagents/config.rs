@@ -1,36 +1,12 @@
-//! `[subagents]`: the named backends child runs are started on.
+//! `[subagents]`: the named backends child runs are started on (example on
+//! [`SubagentsConfig`]). A subagent tool instance picks one with `profile = "<name>"` in its
+//! `[[producer]] config`; a start that names none uses `default_backend`.
 //!
-//! ```toml
-//! [subagents]
-//! default_backend = "offline"          # used when a start names no profile
-//!
-//! [subagents.backends.offline]
-//! kind = "scripted"
-//! [[subagents.backends.offline.replies]]
-//! when = "ticker"                      # first reply whose `when` occurs in the prompt
-//! text = "started: {tool_results}"
-//! delay_ms = 50
-//! stop_reason = "completed"            # completed | aborted | error | max-tokens | refusal | anything
-//! tool_calls = [{ tool = "ticker", args = { count = 100, interval_ms = 50, run_in_background = true } }]
-//!
-//! [subagents.backends.deepseek]
-//! kind = "openai"
-//! base_url = "https://api.deepseek.com/v1"
-//! model = "deepseek-chat"
-//! api_key_env = "DEEPSEEK_API_KEY"
-//! max_turns = 8
-//!
-//! [subagents.backends.claude]
-//! kind = "acp"
-//! command = ["claude-code-acp"]
-//! pass_env = ["ANTHROPIC_API_KEY"]
-//! ```
-//!
-//! A subagent tool instance picks a backend with `profile = "<name>"` in its
-//! `[[producer]] config`. With no `[subagents]` table at all, the one backend
-//! is `scripted` with no replies (it answers `<description>: done`), so the
-//! demo and the tests need no network and no key. Every table denies unknown
-//! keys; [`SubagentsConfig::validate`] checks what can be checked offline.
+//! Invariants:
+//! - With no `[subagents]` table at all, the one backend is `scripted` with no replies (it
+//!   answers `<description>: done`), so the demo and the tests need no network and no key.
+//! - Every table denies unknown keys; [`SubagentsConfig::validate`] checks what can be
+//!   checked offline.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,6 +17,32 @@ use serde::Deserialize;
 pub const DEFAULT_BACKEND: &str = "default";
 
 /// `[subagents]`.
+///
+/// ```toml
+/// [subagents]
+/// default_backend = "offline"          # used when a start names no profile
+///
+/// [subagents.backends.offline]
+/// kind = "scripted"
+/// [[subagents.backends.offline.replies]]
+/// when = "ticker"                      # first reply whose `when` occurs in the prompt
+/// text = "started: {tool_results}"
+/// delay_ms = 50
+/// stop_reason = "completed"            # completed | aborted | error | max-tokens | refusal | anything
+/// tool_calls = [{ tool = "ticker", args = { count = 100, interval_ms = 50, run_in_background = true } }]
+///
+/// [subagents.backends.deepseek]
+/// kind = "openai"
+/// base_url = "https://api.deepseek.com/v1"
+/// model = "deepseek-chat"
+/// api_key_env = "DEEPSEEK_API_KEY"
+/// max_turns = 8
+///
+/// [subagents.backends.claude]
+/// kind = "acp"
+/// command = ["claude-code-acp"]
+/// pass_env = ["ANTHROPIC_API_KEY"]
+/// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SubagentsConfig {

@@ -1,34 +1,26 @@
-//! The `subagents` capability: child agent runs on the host's backends.
+//! The `subagents` capability: child agent runs on the host's backends. [`Subagents`] is the
+//! service a host builds once from its [`SubagentsConfig`]; [`Subagents::start`] creates a
+//! child run, a real agent of the host ([`AgentRegistry`], its own id and session).
 //!
-//! Model: [`Subagents`] is the service a host builds once from its
-//! [`SubagentsConfig`]. [`Subagents::start`] creates a child run: a real
-//! agent of the host (registered in its [`AgentRegistry`] under its own id
-//! and session), driven by the backend the profile names:
-//! - [`scripted`]: deterministic offline replies, optional tool calls;
-//! - [`openai`]: an OpenAI-compatible chat-completions agent loop in which
-//!   the child calls the host's tools as itself;
-//! - [`acp`]: any Agent Client Protocol agent, run as a child process.
-//!
-//! The [`SubagentRun`] handle gives the result (final text + [`StopReason`]),
-//! `cancel`, and `dispose`, which resolves only after the child agent is
-//! disposed — and since [`taskhost_core::agents::Agent::dispose`] awaits the tasks
-//! the child owns, a child's own background tasks are gone by then too.
+//! Backends, chosen by the profile: [`scripted`] (deterministic offline replies, optional tool
+//! calls), [`openai`] (an OpenAI-compatible chat-completions loop in which the child calls the
+//! host's tools as itself), [`acp`] (any Agent Client Protocol agent, as a child process).
+//! [`producer`] serves the capability natively as a `subagent` tool (the twin of the
+//! `plugins/subagent` guest) and holds [`producer::outcome_of`] (stop reason → task outcome).
+//! The WIT host implementation is `crate::plugin::host::subagents`: this module knows nothing
+//! of WebAssembly.
 //!
 //! Invariants:
-//! - A child never outlives its run: disposal is awaited by whoever owns the
-//!   run (the subagent producer settles its task only after it), and dropping
-//!   the owning [`RunGuard`] (a plugin store dropped for any reason) starts
-//!   disposal.
-//! - Tool calls a child makes carry the child agent as caller, so the tasks
-//!   it starts are owned by the child and fenced from everyone else.
-//! - The service holds the toolbox weakly: a host that is dropped is not
-//!   kept alive by the tools that reach it.
-//!
-//! [`producer`] serves the capability natively as a `subagent` tool (the twin
-//! of the `plugins/subagent` guest) and holds [`producer::outcome_of`], the
-//! stop reason → task outcome mapping. The WIT host implementation plugins
-//! import is `crate::plugin::host::subagents`: this module knows nothing of
-//! WebAssembly.
+//! - A [`SubagentRun`] gives the result (final text + [`StopReason`]), `cancel`, and `dispose`,
+//!   which resolves only after the child agent is disposed, and so (as
+//!   [`taskhost_core::agents::Agent::dispose`] awaits them) after the child's own tasks.
+//! - A child never outlives its run: whoever owns the run awaits disposal (the subagent
+//!   producer settles its task only after it), and dropping the owning [`RunGuard`] (a plugin
+//!   store dropped for any reason) starts it.
+//! - A child's tool calls carry the child agent as caller: the tasks it starts are its own and
+//!   fenced from everyone else.
+//! - The service holds the toolbox weakly: a host that is dropped is not kept alive by the
+//!   tools that reach it.
 
 pub mod acp;
 pub mod config;

@@ -44,7 +44,7 @@ impl Server {
         if let Some(uid) = uid {
             crate::state_trust::chown_tree(&base, uid);
         }
-        let mut command = common::taskhost_as(uid, &base);
+        let mut command = common::taskhost_as(uid);
         command
             .args(["serve", "--http", "127.0.0.1:0", "--config"])
             .arg(&config)

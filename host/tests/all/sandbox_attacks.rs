@@ -91,7 +91,11 @@ r cache_list "ls $H/.cache/taskhost/components"
 r bashrc "echo evil >> $H/.bashrc"
 r bashrc_seen "grep -q clean $H/.bashrc"
 r autostart "mkdir -p $H/.config/autostart && touch $H/.config/autostart/x"
-echo "home_list:$(ls -A $H | grep -v -e '^.bashrc$' -e '^.config$' | tr '\n' ' ')"
+echo "home_list:$(ls -A $H | grep -v -e '^.bashrc$' -e '^.config$' -e '^.local$' | tr '\n' ' ')"
+echo "local_tree:$(cd $H && find .local -maxdepth 3 | sort | tr '\n' ' ')"
+echo "spill_servers:$(ls -A $H/.local/state/taskhost/spill | wc -l)"
+echo "spill_owners:$(ls -Ad $H/.local/state/taskhost/spill/*/* | wc -l)"
+echo "state_entries:$(ls -A $H/.local/state/taskhost | tr '\n' ' ')"
 for f in {creds}; do grep -qs {CANARY} "$H/$f" && echo "cred_read:$f"; done
 echo "creds_checked:1"
 r host_socket "test -e {sock}"
@@ -177,7 +181,7 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
         std::os::unix::fs::chown(&run_socket, Some(uid), Some(uid)).unwrap();
     }
 
-    let mut command = common::taskhost_as(uid, &base);
+    let mut command = common::taskhost_as(uid);
     command
         .arg("serve")
         .current_dir(&workspace)
@@ -274,6 +278,13 @@ fn check(attacked: &Attacked) {
     // The tree's home is empty and its own: no credential, planted before or
     // during the task, was read; writes there stay there.
     expect("home_list", "");
+    // Of the state directory, only the path to this owner's own spill
+    // directory (spill/<server>/<owner>) exists (its output files, named by `full output: <path>`):
+    // no trust record, compile-cache key or other owner's directory.
+    expect("local_tree", ".local .local/state .local/state/taskhost .local/state/taskhost/spill ");
+    expect("state_entries", "spill ");
+    expect("spill_servers", "1");
+    expect("spill_owners", "1");
     expect("creds_checked", "1");
     assert!(!attacked.results.contains_key("cred_read"), "credentials read:\n{}", attacked.raw);
     expect("run_list", "");

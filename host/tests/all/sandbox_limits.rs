@@ -64,7 +64,7 @@ impl Server {
                 std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
             }
         }
-        let mut command = common::taskhost_as(uid, &base);
+        let mut command = common::taskhost_as(uid);
         command
             .arg("serve")
             .arg("--config")

@@ -71,7 +71,7 @@ async fn attack(tag: &str, uid: Option<u32>, pty: &Pty) -> (BTreeMap<String, Str
             std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
         }
     }
-    let mut command = common::taskhost_as(uid, &base);
+    let mut command = common::taskhost_as(uid);
     command
         .arg("serve")
         .current_dir(&workspace)

@@ -44,6 +44,17 @@ impl Place {
     }
 
     /// Gives everything below `base` to the server's user.
+    /// The ticker as `plugins/beats.wasm` in the workspace: the directory,
+    /// the file and its bytes.
+    pub fn workspace_plugin(&self) -> (PathBuf, PathBuf, Vec<u8>) {
+        let plugins = self.work.join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let file = plugins.join("beats.wasm");
+        let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
+        std::fs::write(&file, &original).unwrap();
+        (plugins, file, original)
+    }
+
     pub fn chown(&self) {
         if let Some(uid) = self.uid {
             chown_tree(&self.base, uid);
@@ -53,7 +64,7 @@ impl Place {
     /// `taskhost <args>` as the server's user, in the workspace, with this
     /// test's state, cache and home.
     pub fn taskhost(&self, args: &[&str]) -> tokio::process::Command {
-        let mut command = common::taskhost_as(self.uid, &self.base);
+        let mut command = common::taskhost_as(self.uid);
         command
             .args(args)
             .current_dir(&self.work)
@@ -149,8 +160,9 @@ pub fn chown_tree(path: &Path, uid: u32) {
 /// not root: switching to another uid needs root (CI runs as root).
 pub fn unprivileged() -> Option<u32> {
     // SAFETY: getuid cannot fail.
-    if unsafe { libc::getuid() } != 0 {
-        eprintln!("SKIPPED: switching to another uid needs root (CI runs as root)");
+    if unsafe { libc::getuid() } != 0
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
         return None;
     }
     Some(NOBODY)
@@ -360,11 +372,7 @@ async fn a_forged_compile_cache_entry_is_recompiled_not_run_by_an_unprivileged_s
 /// refuses to start with them until the user trusts that build.
 async fn swapped_plugin(tag: &str, uid: Option<u32>) {
     let place = Place::new(tag, uid);
-    let plugins = place.work.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let file = plugins.join("beats.wasm");
-    let original = std::fs::read(taskhost::builtin::TICKER_PATH).unwrap();
-    std::fs::write(&file, &original).unwrap();
+    let (plugins, file, original) = place.workspace_plugin();
     // The tree's build: the same behaviour, another hash.
     let tree_bytes = common::rebuilt(&original, "a tree's build");
     std::fs::write(place.work.join("tree.wasm"), &tree_bytes).unwrap();
@@ -434,6 +442,59 @@ async fn a_plugin_a_tree_replaced_is_never_served() {
 async fn a_plugin_a_tree_replaced_is_never_served_by_an_unprivileged_server() {
     let Some(uid) = unprivileged() else { return };
     swapped_plugin("trust-plugin-nobody", Some(uid)).await;
+}
+
+/// The developer's own rebuild of a plugin in the workspace is refused like
+/// any untrusted build; once its user runs `taskhost trust` on it, the
+/// running server loads it: the watcher follows the trust records, so no
+/// second touch of the plugin file is needed. Trusting an unrelated file
+/// loads nothing.
+async fn trusted_after_refusal(tag: &str, uid: Option<u32>) {
+    let place = Place::new(tag, uid);
+    let (plugins, file, original) = place.workspace_plugin();
+    let config = place.work.join("taskhost.toml");
+    std::fs::write(&config, "[[producer]]\ntool = \"beats\"\nplugin = \"plugins/beats.wasm\"\n").unwrap();
+    let other = place.work.join("other.wasm");
+    std::fs::write(&other, common::rebuilt(&original, "an unrelated build")).unwrap();
+    place.chown();
+    let (config_path, path) = (config.display().to_string(), file.display().to_string());
+    place.trust(&["trust", &config_path]).await;
+
+    let served = place.serve(&["--watch"]).await;
+    let log_path = place.base.join("stderr.log");
+    common::wait_for_text(&log_path, "watching the plugin file", Duration::from_secs(20)).await;
+    // The rebuild lands the way cargo and most tools write: a new file
+    // renamed onto the name.
+    let next = plugins.join("beats.wasm.next");
+    std::fs::write(&next, common::rebuilt(&original, "the developer's rebuild")).unwrap();
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(&next, Some(uid), Some(uid)).unwrap();
+    }
+    std::fs::rename(&next, &file).unwrap();
+    let log = common::wait_for_text(&log_path, "reload failed", Duration::from_secs(20)).await;
+    let line = log.lines().find(|l| l.contains("reload failed")).unwrap();
+    assert!(line.contains(&format!("taskhost trust {path}")), "{line}");
+    // Trusting something else rewrites the records but admits nothing.
+    place.trust(&["trust", &other.display().to_string()]).await;
+    // Trusting the build loads it, with no further change to the file.
+    place.trust(&["trust", &path]).await;
+    let log = common::wait_for_text(&log_path, "reloaded beats", Duration::from_secs(20)).await;
+    assert_eq!(log.matches("reloaded beats").count(), 1, "{log}");
+    assert_eq!(log.matches("reload failed").count(), 1, "one refusal, not one per records change:\n{log}");
+    let beat = only_text(&call(served.client.peer(), "beats", json!({"count": 1, "interval_ms": 1})).await);
+    assert!(beat.contains("[status: completed"), "{beat}");
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_build_loads_once_its_user_trusts_it() {
+    trusted_after_refusal("trust-retry", None).await;
+}
+
+#[tokio::test]
+async fn a_refused_build_loads_once_its_user_trusts_it_with_an_unprivileged_server() {
+    let Some(uid) = unprivileged() else { return };
+    trusted_after_refusal("trust-retry-nobody", Some(uid)).await;
 }
 
 /// taskhost's own directories inside the workspace. The compile cache and

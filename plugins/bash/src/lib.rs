@@ -1,45 +1,33 @@
-//! `bash`: runs shell commands, in the foreground or as background tasks.
+//! `bash`: runs shell commands as tasks, in the foreground or in the background. Each call
+//! starts `<shell> -c <command>` through the host's `process` capability, which enforces the
+//! grant, confines the process tree, bounds its output and kills it when the store goes away.
 //!
-//! Each call starts `<shell> -c <command>` through the host's `process`
-//! capability; the host enforces the grant (allowed programs, working
-//! directories, environment scrub), confines the process tree, bounds its
-//! output in memory with spill files, and kills the tree when the task's
-//! store goes away. This plugin only turns the process into a task:
-//!
-//! - Background: the process's output is forwarded to the host
-//!   (`process.forward-output`), which appends it to the task's log as it
-//!   is read, stdout as it comes and stderr under a `[stderr]` header (a
-//!   header marks every change of stream, `[stdout]` included, and a read
-//!   that begins inside stderr starts with one); the log keeps it within
-//!   its own bounds (memory, then a log file in the owner's directory,
-//!   which the owner's later commands can read: a read that skips output
-//!   names its lines and that file as `full output: <path>`), so
-//!   `memory_cap_bytes` and `spill_cap_bytes` apply to foreground runs only.
-//!   `read-output` then adds nothing of its own. (Should the host refuse forwarding, it reads
+//! - Background: the output is forwarded to the host (`process.forward-output`), which appends
+//!   it to the task's log as it is read, stdout as it comes and stderr under a `[stderr]`
+//!   header (a header marks every change of stream, `[stdout]` included, and a read that
+//!   begins inside stderr starts with one). The log keeps its own bounds (memory, then a log
+//!   file the owner's commands can read), so `memory_cap_bytes` and `spill_cap_bytes` apply
+//!   to foreground runs only and `read-output` adds nothing. Should the host refuse it, reads are
 //!   consuming deltas in the same format, each preceded by
-//!   `[some output was dropped from memory; full output: <path>]` when a
-//!   reader fell more than the memory cap behind.)
-//! - Interactive (a background start with `interactive: true`): as
-//!   background, and the process gets a stdin pipe; `write-input` writes to
-//!   it (never blocking: the host queues what the pipe cannot take yet) and
-//!   closes it on `close`. Every other run's stdin is `/dev/null`, so a
-//!   command that reads stdin by accident gets end-of-file at once.
+//!   `[some output was dropped from memory; full output: <path>]` after a reader fell more
+//!   than the memory cap behind.
+//! - Interactive (background with `interactive: true`): as background, with a stdin pipe;
+//!   `write-input` writes to it (never blocking: the host queues what the pipe cannot take)
+//!   and `close` closes it. Every other run's stdin is `/dev/null` (end-of-file at once).
 //! - Foreground: the host waits for `done` and reads once: the output, with
-//!   `[output truncated; full output: <path>]` when a stream outgrew the
-//!   memory cap (the tail is kept). `timeout_ms` (default 120 000, at most
-//!   600 000) makes the host kill the process group; the output says so.
-//! - Outcomes: `completed` + `exit code: N`; after a kill or a timeout,
-//!   `killed` + `signal: SIGTERM` (or the code the command exited with).
+//!   `[output truncated; full output: <path>]` when a stream outgrew the memory cap (the tail
+//!   is kept). `timeout_ms` (default 120 000, at most 600 000) kills the process group, and
+//!   the output says so.
+//! - Outcomes: `completed` + `exit code: N`; after a kill or a timeout, `killed` + `signal:
+//!   SIGTERM` (or the code the command exited with).
 //!
-//! Invariants: `subscribe` is ready only when the process tree is gone (the
-//! host drives a task by waiting on it; output alone must not wake it, as
-//! nobody may be reading); `done` is `some` only then, after which one
-//! last `read-output` drains both streams; no byte is returned twice.
+//! Invariants: `subscribe` is ready, and `done` is `some`, only once the process tree is gone
+//! (output alone must not wake the host: nobody may be reading); one last `read-output` then
+//! drains both streams; no byte is returned twice.
 //!
-//! Instance config (the `config` table of the producer): `shell` (default
-//! `bash`), `cwd`, `env` (explicit variables, they win over the host's
-//! scrub), `memory_cap_bytes`, `spill_cap_bytes`, `kill_grace_ms` (each at
-//! most what the grant allows), `default_timeout_ms`, `max_timeout_ms`.
+//! Instance config: `shell` (default `bash`), `cwd`, `env` (wins over the host's scrub),
+//! `memory_cap_bytes`, `spill_cap_bytes`, `kill_grace_ms` (each at most what the grant
+//! allows), `default_timeout_ms`, `max_timeout_ms`.
 
 pub mod format;
 

@@ -23,14 +23,11 @@ fn fresh_dir(name: &str) -> PathBuf {
 }
 
 fn engine_with(dir: &Path, cache_max_bytes: u64) -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(dir.to_path_buf()),
-        cache_max_bytes,
-        pooling: false,
-        ..PluginRuntimeConfig::default()
+    taskhost_tests::engine(|config| {
+        config.cache_dir = Some(dir.to_path_buf());
+        config.cache_max_bytes = cache_max_bytes;
+        config.pooling = false;
     })
-    .expect("engine")
 }
 
 fn engine(dir: &Path) -> PluginEngine {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::plugin::resources::ProcessCapability;
-use taskhost::plugin::{ContractVersion, PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::{ContractVersion, PluginEngine, WasmProducer};
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
@@ -73,7 +73,7 @@ impl Fixture {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_plugin_is_loaded_at_the_version_it_was_built_against() {
-    let engine = PluginEngine::new(PluginRuntimeConfig::default()).expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let legacy = engine.load_file(fixtures::CONTRACT_V0_1_PATH).await.expect("a 0.1.0 plugin loads");
     assert_eq!(legacy.contract(), ContractVersion::V0_1);
     assert_eq!(legacy.contract().to_string(), "taskhost:producer@0.1.0");
@@ -209,7 +209,7 @@ fn the_sdk_carries_the_current_wit_exactly() {
 /// through its 0.2.0 `process` import included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_0_2_0_plugin_is_served_by_the_0_2_1_host() {
-    let engine = PluginEngine::new(PluginRuntimeConfig::default()).expect("engine");
+    let engine = taskhost_tests::engine(|_| {});
     let older = engine.load_file(fixtures::CONTRACT_V0_2_0_PATH).await.expect("a 0.2.0 plugin loads");
     assert_eq!(older.contract(), ContractVersion::V0_2);
     assert!(older.imports().iter().any(|i| i == "taskhost:producer/process@0.2.0"), "{:?}", older.imports());

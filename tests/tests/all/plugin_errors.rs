@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use taskhost::plugin::fault::DEADLINE_FIX;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, PluginVersion, WasmProducer};
+use taskhost::plugin::{PluginVersion, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::tasks::{RegistryConfig, TaskRegistry, TaskStart, TaskStatus};
 use taskhost_tests::fixtures;
@@ -17,13 +17,10 @@ const CALL_DEADLINE_MS: u64 = 1000;
 const BOUND: Duration = Duration::from_secs(20);
 
 async fn misbehave() -> Arc<PluginVersion> {
-    taskhost_tests::logs::init();
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        call_deadline_ms: CALL_DEADLINE_MS,
-        pooling: false,
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|config| {
+        config.call_deadline_ms = CALL_DEADLINE_MS;
+        config.pooling = false;
+    });
     engine.load_file(fixtures::MISBEHAVE_PATH).await.expect("load misbehave")
 }
 

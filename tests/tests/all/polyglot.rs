@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use taskhost::agents::AgentRegistry;
-use taskhost::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
+use taskhost::plugin::WasmProducer;
 use taskhost::producer::{Producer as _, RunMode};
 use taskhost::tasks::{RegistryConfig, TaskEvent, TaskRegistry, TaskStart, TaskStatus};
 
@@ -206,10 +206,8 @@ fn assert_call(example: &Example) {
 /// guest's `cancel` ends it `killed`, `after <n> ticks`, and exactly the
 /// lines 1..=n were streamed.
 async fn assert_kill(example: &Example) {
-    taskhost_tests::logs::init();
-    let engine =
-        PluginEngine::new(PluginRuntimeConfig { cache_dir: Some(components_dir()), ..PluginRuntimeConfig::default() })
-            .expect("engine");
+    // The binary's compile cache, shared with the examples' `taskhost` runs.
+    let engine = taskhost_tests::engine(|config| config.cache_dir = Some(components_dir()));
     let version = engine.load_file(example.wasm()).await.expect("the example loads");
     let producer = WasmProducer::new(version, json!({})).await.expect("describe");
 

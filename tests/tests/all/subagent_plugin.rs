@@ -49,24 +49,8 @@ tool = "subagent_fork"
 plugin = "builtin:subagent"
 background = false
 config = { profile = "offline", description = "Fork this conversation into a subagent." }
-
-[subagents.backends.offline]
-kind = "scripted"
-replies = [
 "#,
-    taskhost_tests::stop_reason_replies!(),
-    r#"  { when = "slow", text = "slow done", delay_ms = 60000 },
-  { when = "ticker then fail", stop_reason = "error", detail = "gave up", delay_ms = 200, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { when = "hold a ticker", text = "never", delay_ms = 60000, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { when = "hold a bash", text = "never", delay_ms = 60000, tool_calls = [
-      { tool = "bash", args = { command = "__HOLD_BASH_COMMAND__", run_in_background = true } } ] },
-  { when = "ticker", text = "child: {tool_results}", delay_ms = 200, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { text = "answer to: {prompt}", delay_ms = 20 },
-]
-"#
+    taskhost_tests::offline_subagent_backend!()
 );
 
 fn engine() -> PluginEngine {

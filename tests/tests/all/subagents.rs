@@ -40,22 +40,8 @@ config = { profile = "offline", description = "Fork this conversation into a sub
 
 [subagents]
 default_backend = "offline"
-
-[subagents.backends.offline]
-kind = "scripted"
-replies = [
 "#,
-    taskhost_tests::stop_reason_replies!(),
-    r#"  { when = "slow", text = "slow done", delay_ms = 60000 },
-  { when = "ticker then fail", stop_reason = "error", detail = "gave up", delay_ms = 200, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { when = "ticker", text = "child: {tool_results}", delay_ms = 200, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { when = "hold a ticker", text = "never", delay_ms = 60000, tool_calls = [
-      { tool = "ticker", args = { count = 100000, interval_ms = 10, run_in_background = true } } ] },
-  { text = "answer to: {prompt}", delay_ms = 20 },
-]
-"#
+    taskhost_tests::offline_subagent_backend!()
 );
 
 /// A host built by the real configuration path (`taskhost serve`'s).
@@ -300,17 +286,20 @@ async fn owner_disposal_awaits_every_child_and_the_childrens_tasks() {
         .await;
         ids.push(subagent_started_id(&reply));
     }
-    // Wait until both children run their own background ticker.
-    for _ in 0..200 {
-        if host.agents().list().iter().filter(|a| a.id().as_str().starts_with("subagent-")).count() == 2
-            && host.registry().list(None).is_empty()
-            && settled.lock().unwrap().is_empty()
-            && children_tickers(&host) == 2
-        {
-            break;
+    // Wait until both children run their own background ticker: each start
+    // is an event of the registry, so the count is checked after each.
+    let mut events = host.registry().subscribe();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while children_tickers(&host) < 2 {
+            // A lagged receiver only means more events came: check again.
+            if let Err(tokio::sync::broadcast::error::RecvError::Closed) = events.recv().await {
+                panic!("the registry's event stream closed");
+            }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
+    .expect("both children started a ticker within 20 s");
+    assert!(settled.lock().unwrap().is_empty(), "nothing settled before the disposal: {:?}", settled.lock().unwrap());
     assert_eq!(children_tickers(&host), 2, "both children started a ticker");
     tokio::time::timeout(Duration::from_secs(20), parent.dispose()).await.expect("owner disposal finished");
     assert!(child_agents(&host).is_empty(), "children left: {:?}", child_agents(&host));

@@ -4,13 +4,12 @@
 //! force-failed task or a refused load/call with a specific message, within a
 //! bounded time, while another ticker task in the same registry keeps going.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use taskhost::agents::{Agent, AgentRegistry};
-use taskhost::plugin::{CompileSource, PluginEngine, PluginRuntimeConfig, PluginVersion, WasmProducer};
+use taskhost::plugin::{CompileSource, PluginEngine, PluginVersion, WasmProducer};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::tasks::{
     RegistryConfig, SurfaceGuard, TaskEvent, TaskRegistry, TaskSnapshot, TaskStart, TaskStatus, TerminalStatus,
@@ -24,19 +23,11 @@ const CALL_DEADLINE_MS: u64 = 1000;
 /// Every fault case must settle within this.
 const BOUND: Duration = Duration::from_secs(10);
 
-fn cache_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("taskhost-test-cache-{}", std::process::id()))
-}
-
 fn engine() -> PluginEngine {
-    taskhost_tests::logs::init();
-    PluginEngine::new(PluginRuntimeConfig {
-        call_deadline_ms: CALL_DEADLINE_MS,
-        max_live_stores: 64,
-        cache_dir: Some(cache_dir()),
-        ..PluginRuntimeConfig::default()
+    taskhost_tests::engine(|config| {
+        config.call_deadline_ms = CALL_DEADLINE_MS;
+        config.max_live_stores = 64;
     })
-    .expect("engine")
 }
 
 struct Fixture {
@@ -238,14 +229,8 @@ async fn kill_cancels_the_guest_and_the_task_ends_killed() {
 async fn a_cached_load_does_not_recompile_and_has_the_same_version() {
     let engine = engine();
     let bytes = std::fs::read(TICKER_PATH).unwrap();
-    // A name of its own so another test's load cannot have cached it first...
-    // the cache is keyed by content, so compile once into a fresh dir.
-    let fresh = PluginEngine::new(PluginRuntimeConfig {
-        cache_dir: Some(cache_dir().join(format!("fresh-{:?}", Instant::now()))),
-        pooling: false,
-        ..PluginRuntimeConfig::default()
-    })
-    .unwrap();
+    // An engine with a fresh cache of its own: the first load compiles.
+    let fresh = taskhost_tests::engine(|config| config.pooling = false);
     let cold = fresh.load_bytes("ticker", bytes.clone()).await.unwrap();
     assert_eq!(cold.compile_source(), CompileSource::Compiled);
     let warm = fresh.load_bytes("ticker", bytes.clone()).await.unwrap();
@@ -453,12 +438,7 @@ async fn check_prints_the_tool_definition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_instance_pool_refuses_starts_until_a_task_settles() {
-    let engine = PluginEngine::new(PluginRuntimeConfig {
-        max_live_stores: 3,
-        cache_dir: Some(cache_dir()),
-        ..PluginRuntimeConfig::default()
-    })
-    .expect("engine");
+    let engine = taskhost_tests::engine(|config| config.max_live_stores = 3);
     assert!(engine.is_pooling());
     let ticker = WasmProducer::new(load(&engine, TICKER_PATH).await, json!({})).await.expect("describe");
     let fx = registry();
