@@ -191,3 +191,56 @@ async fn a_corrupt_or_newer_store_is_refused_with_the_file_and_the_fix_and_left_
     assert!(stderr.contains(&file.display().to_string()) && stderr.contains("schema version 99"), "{stderr}");
     assert_eq!(std::fs::read(&file).unwrap(), before, "the file was changed");
 }
+
+const ALICE: &str = "alice-secret-0123456789abcdef";
+
+/// `taskhost serve --http` in `dir` with the token alice, and her client.
+async fn serve_http(dir: &Path) -> (Client, tokio::process::Child) {
+    let config = format!("[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n");
+    let mut command = serve_command(dir, Some(&config));
+    command.args(["--http", "127.0.0.1:0"]);
+    let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+        taskhost::http_client::client(),
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url).auth_header(ALICE),
+    );
+    (().serve(transport).await.expect("initialize over HTTP"), child)
+}
+
+#[tokio::test]
+async fn an_http_tokens_tasks_are_told_once_after_a_sigkill_and_after_a_sigterm() {
+    let dir = temp_dir("durable-http");
+    let (client, child) = serve_http(&dir).await;
+    let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background task bash-1");
+    sigkill(child, client).await;
+
+    // The same token after a SIGKILL: bash-1 lost, told once.
+    let (client, mut child) = serve_http(&dir).await;
+    let peer = client.peer().clone();
+    let first = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first[0], "bash-1 [bash] lost — sleep 600");
+    assert!(first[1].starts_with("background task bash-1 (bash: sleep 600) was lost [status: lost, "), "{first:?}");
+    assert_eq!(texts(&call(&peer, "task_list", json!({})).await), [first[0].clone()]);
+    let started = call(&peer, "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background task bash-2");
+    // A SIGTERM stops the server and its trees; the token is told of that end once.
+    let pid = child.id().expect("running").to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("exits on SIGTERM").unwrap();
+    drop(client);
+
+    let (client, child) = serve_http(&dir).await;
+    let peer = client.peer().clone();
+    let third = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(third.len(), 2, "{third:?}");
+    assert_eq!(third[0], "bash-1 [bash] lost — sleep 600\nbash-2 [bash] killed — sleep 600");
+    assert_eq!(
+        third[1],
+        "background task bash-2 (bash: sleep 600) finished [status: killed, signal: SIGTERM]. \
+         Read its output with task_output."
+    );
+    assert_eq!(texts(&call(&peer, "task_list", json!({})).await), [third[0].clone()]);
+    sigkill(child, client).await;
+}

@@ -164,10 +164,12 @@ impl TaskRegistry {
                 record.pending_reporters -= aborted;
             }
             // Reported by the caller that settled it, or nobody is left to
-            // tell (owner teardown, registry disposal); else pending waits
-            // and kills take over reporting. An end already reported (a
-            // kill's accepted request) stays reported.
-            if reported || owner_closing || silent {
+            // tell (owner teardown, registry disposal), except a stable
+            // owner, whose next instance is told (the store keeps the end
+            // untold); else pending waits and kills take over reporting. An
+            // end already reported (a kill's accepted request) stays reported.
+            let durable = record.owner.as_ref().is_some_and(|owner| owner.durable);
+            if reported || ((owner_closing || silent) && !durable) {
                 record.reporting = Reporting::Reported;
             } else if record.pending_reporters > 0 && record.reporting == Reporting::Untold {
                 record.reporting = Reporting::Held;
