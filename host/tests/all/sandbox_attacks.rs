@@ -91,7 +91,8 @@ r cache_list "ls $H/.cache/taskhost/components"
 r bashrc "echo evil >> $H/.bashrc"
 r bashrc_seen "grep -q clean $H/.bashrc"
 r autostart "mkdir -p $H/.config/autostart && touch $H/.config/autostart/x"
-echo "home_list:$(ls -A $H | grep -v -e '^.bashrc$' -e '^.config$' | tr '\n' ' ')"
+echo "home_list:$(find $H -mindepth 1 ! -type d ! -path "$H/.bashrc" ! -path "$H/.config/*" ! -path "$H/.local/state/taskhost/spill/*" | tr '\n' ' ')"
+echo "state_list:$(ls -A $H/.local/state/taskhost 2>/dev/null | tr '\n' ' ')"
 for f in {creds}; do grep -qs {CANARY} "$H/$f" && echo "cred_read:$f"; done
 echo "creds_checked:1"
 r host_socket "test -e {sock}"
@@ -274,6 +275,9 @@ fn check(attacked: &Attacked) {
     // The tree's home is empty and its own: no credential, planted before or
     // during the task, was read; writes there stay there.
     expect("home_list", "");
+    // Of the state directory, only the path to its own session's spill
+    // files (readable by design: `full output: <path>`) is there.
+    assert!(["", "spill "].contains(&get("state_list").as_str()), "state directory listed:\n{}", attacked.raw);
     expect("creds_checked", "1");
     assert!(!attacked.results.contains_key("cred_read"), "credentials read:\n{}", attacked.raw);
     expect("run_list", "");
