@@ -11,8 +11,10 @@
 //!
 //! Invariants:
 //! - An owner's cgroup lives while any of its trees' cgroups does (each
-//!   [`super::TreeCgroup`] holds it) and is removed after the last; one whose
-//!   removal fails is retried with the trees' leftovers.
+//!   [`super::TreeCgroup`] holds it), and for the [`RECENT_OWNER_CGROUPS`]
+//!   owners that spawned last (so an owner's next tree does not make it
+//!   again); then it is removed, and one whose removal fails is retried with
+//!   the trees' leftovers.
 //! - Where none can be made, trees run without one and [`CpuShare`] says why
 //!   (logged once, and in [`crate::ProcessHost::describe_bounds`]).
 
@@ -23,6 +25,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+/// How many owners' CPU cgroups are kept between their trees (as
+/// [`crate::RECENT_OWNER_SPILL_DIRS`] for their spill directories).
+pub const RECENT_OWNER_CGROUPS: usize = 16;
 
 /// How each owner's CPU share is enforced on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +70,8 @@ pub(crate) struct OwnerCgroups {
     share: CpuShare,
     next: AtomicU64,
     live: Mutex<HashMap<PathBuf, Weak<OwnerCgroup>>>,
+    /// The cgroups of the owners that spawned last, most recent last.
+    recent: Mutex<std::collections::VecDeque<Arc<OwnerCgroup>>>,
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
 }
 
@@ -109,7 +117,14 @@ impl OwnerCgroups {
                 Err(why) => (Backend::None, CpuShare::Unavailable(why)),
             }
         };
-        Self { backend, share, next: AtomicU64::new(1), live: Default::default(), leftovers }
+        Self {
+            backend,
+            share,
+            next: AtomicU64::new(1),
+            live: Default::default(),
+            recent: Default::default(),
+            leftovers,
+        }
     }
 
     pub(crate) fn share(&self) -> &CpuShare {
@@ -119,6 +134,22 @@ impl OwnerCgroups {
     /// The CPU cgroup of the owner whose spill directory is `owner`, made on
     /// its first tree; `None` when owners get none.
     pub(crate) fn owner(&self, owner: &Path) -> io::Result<Option<Arc<OwnerCgroup>>> {
+        let cgroup = self.find_or_make(owner)?;
+        if let Some(cgroup) = &cgroup {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if recent.back().is_none_or(|last| !Arc::ptr_eq(last, cgroup)) {
+                recent.retain(|held| !Arc::ptr_eq(held, cgroup));
+                recent.push_back(cgroup.clone());
+            }
+            let evicted = (recent.len() > RECENT_OWNER_CGROUPS).then(|| recent.pop_front());
+            // Removed (if no tree holds it) outside the lock.
+            drop(recent);
+            drop(evicted);
+        }
+        Ok(cgroup)
+    }
+
+    fn find_or_make(&self, owner: &Path) -> io::Result<Option<Arc<OwnerCgroup>>> {
         let (base, v2, file, value) = match &self.backend {
             Backend::None => return Ok(None),
             Backend::V1 { base, shares } => (base, false, "cpu.shares", shares),

@@ -186,3 +186,50 @@ async fn private_tmpfs_sizes_come_from_a_budget_without_a_memory_cgroup() {
         );
     }
 }
+
+/// A figure, not a test: how much slower one owner's short command runs
+/// while another owner keeps busy loops on every core, with a CPU share per
+/// owner and without (`cpu_weight_per_owner = 0`). Recorded in
+/// BENCHMARKS.md; run with
+/// `CPU_FIGURE_BUSY_PER_CORE=16 cargo nextest run -p taskhost-process --run-ignored only -E 'test(cpu_share_figure)' --no-capture`.
+#[tokio::test]
+#[ignore = "a benchmark figure: run on purpose, with --no-capture"]
+async fn cpu_share_figure() {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // A fixed amount of work: about 0.2 s of one core on the test machine.
+    let work = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done";
+    for weight in [100, 0] {
+        let host = ProcessHost::new(&ProcessHostConfig { cpu_weight_per_owner: weight, ..Default::default() }).unwrap();
+        let timed = |host: Arc<ProcessHost>| async move {
+            let mut best = Duration::MAX;
+            for _ in 0..5 {
+                let started = std::time::Instant::now();
+                run(&host, Some("victim"), work, "cpu-figure-victim").await;
+                best = best.min(started.elapsed());
+            }
+            best
+        };
+        let alone = timed(host.clone()).await;
+        // The busy owner: 4 loops per core (CPU_FIGURE_BUSY_PER_CORE), each
+        // its own tree.
+        let per_core: usize = std::env::var("CPU_FIGURE_BUSY_PER_CORE").ok().and_then(|n| n.parse().ok()).unwrap_or(4);
+        let busy_spill = host.owner_spill("busy").unwrap();
+        let mut busy = Vec::new();
+        for _ in 0..per_core * cores {
+            let mark = marker("cpu-figure-busy");
+            let request = bash("while :; do :; done", &mark);
+            busy.push(host.spawn_for(&busy_spill, &bash_grant(), request, &tracing::Span::none()).await.unwrap());
+        }
+        let loaded = timed(host.clone()).await;
+        for process in &busy {
+            process.kill();
+        }
+        drop(busy);
+        println!(
+            "cpu share {}: victim alone {alone:.2?}, with {} busy trees of another owner {loaded:.2?}: {:.1}x",
+            host.cpu_share(),
+            per_core * cores,
+            loaded.as_secs_f64() / alone.as_secs_f64()
+        );
+    }
+}
