@@ -43,7 +43,7 @@
 //! - Every tree also gets `RLIMIT_NOFILE` and `RLIMIT_FSIZE` (per process,
 //!   whatever the mechanism), set by its keeper with the fallback's.
 
-mod owner_cpu;
+pub mod owner_cpu;
 
 pub use owner_cpu::CpuShare;
 
