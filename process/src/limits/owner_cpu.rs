@@ -11,7 +11,7 @@
 //!
 //! Invariants:
 //! - An owner's cgroup lives while any of its trees' cgroups does (each
-//!   [`super::TreeCgroup`] holds it), and for the [`RECENT_OWNER_CGROUPS`]
+//!   `TreeCgroup` holds it), and for the [`RECENT_OWNER_CGROUPS`]
 //!   owners that spawned last (so an owner's next tree does not make it
 //!   again); then it is removed, and one whose removal fails is retried with
 //!   the trees' leftovers.
