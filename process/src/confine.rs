@@ -357,7 +357,8 @@ impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
     /// (when the kernel supports it); `read_root`: Landlock reads everything
     /// the view shows; `policy` the tree's filesystem policy and `found` its
-    /// workspace's read-only set; `bounds` the tree's limits.
+    /// workspace's read-only set; `bounds` the tree's limits; `tmpfs` the
+    /// sizes of its private `tmpfs`es.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
@@ -370,6 +371,7 @@ impl ChildPlan {
         cwd: &std::path::Path,
         exec: ExecPlan,
         bounds: Bounds,
+        tmpfs: crate::view::TmpfsSizes,
     ) -> io::Result<(Self, Applied)> {
         use std::os::unix::ffi::OsStrExt;
         let support = support();
@@ -393,7 +395,7 @@ impl ChildPlan {
             }
         }
         let mounts =
-            if mount_ns { Some(crate::view::plan(policy, found, spill, fresh_proc, read_root)?) } else { None };
+            if mount_ns { Some(crate::view::plan(policy, found, spill, fresh_proc, read_root, tmpfs)?) } else { None };
         let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
         let applied = Applied {

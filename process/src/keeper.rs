@@ -25,7 +25,8 @@
 //! ## Protocol (private to one binary, so no versioning)
 //! `argv`: `[exe, KEEPER_ARG, ns_flags, loopback(0|1), lifeline_fd,
 //! landlock_fd(-1: none), seccomp(0|1), rlimit_nproc(0: none),
-//! rlimit_data(0: none), cgroups(the number of `cgroup.procs` paths that
+//! rlimit_data(0: none), rlimit_nofile(0: none), rlimit_fsize(0: none),
+//! cgroups(the number of `cgroup.procs` paths that
 //! follow), paths..., mounts(-1: no mount namespace, else
 //! the number of entries that follow), mount entries..., cwd, program, "--",
 //! argv...]` (mount entries as [`super::view::MountPlan::to_args`]); the
@@ -119,16 +120,16 @@ pub(crate) fn plan_from_args(
     let landlock = number(3)?;
     let seccomp = number(4)? == 1;
     let limit = |i: usize| text(i)?.parse::<u64>().map_err(|_| bad("not a limit"));
-    let (nproc, data) = (limit(5)?, limit(6)?);
-    let n_cgroups = number(7)?.max(0) as usize;
-    let cgroups = args.get(8..8 + n_cgroups).ok_or_else(|| bad("fewer cgroups than announced"))?;
+    let (nproc, data, nofile, fsize) = (limit(5)?, limit(6)?, limit(7)?, limit(8)?);
+    let n_cgroups = number(9)?.max(0) as usize;
+    let cgroups = args.get(10..10 + n_cgroups).ok_or_else(|| bad("fewer cgroups than announced"))?;
     let cgroup_procs = cgroups
         .iter()
         .map(|a| std::ffi::CString::new(a.as_bytes()).map_err(|_| bad("a cgroup path holds a NUL byte")))
         .collect::<io::Result<Vec<_>>>()?;
-    let bounds = Bounds { cgroup_procs, nproc, data };
-    let n_mounts = number(8 + n_cgroups)?;
-    let mut at = 9 + n_cgroups;
+    let bounds = Bounds { cgroup_procs, nproc, data, nofile, fsize };
+    let n_mounts = number(10 + n_cgroups)?;
+    let mut at = 11 + n_cgroups;
     let mounts = if n_mounts >= 0 {
         let n = n_mounts as usize;
         let entries = args.get(at..at + n).ok_or_else(|| bad("fewer mount entries than announced"))?;
@@ -173,6 +174,8 @@ pub(crate) fn plan_args(plan: &ChildPlan, lifeline: RawFd, landlock: RawFd) -> V
         u8::from(plan.seccomp.is_some()).to_string(),
         plan.bounds.nproc.to_string(),
         plan.bounds.data.to_string(),
+        plan.bounds.nofile.to_string(),
+        plan.bounds.fsize.to_string(),
         plan.bounds.cgroup_procs.len().to_string(),
     ];
     let mut argv: Vec<CString> = numbers.iter().map(|n| CString::new(n.as_str()).expect("digits")).collect();

@@ -62,7 +62,7 @@ pub use confine::{Applied, ConfinementSupport};
 pub use forward::{OutputSink, StreamSections};
 pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
-pub use limits::{Mechanism as LimitMechanism, TreeLimits};
+pub use limits::{CpuShare, Mechanism as LimitMechanism, TreeLimits};
 pub use output::{OwnerSpill, SpillFile, StreamChunk};
 pub use stdin::{STDIN_BUFFER_BYTES, StdinError, StdinMode};
 
@@ -134,6 +134,24 @@ pub struct ProcessHostConfig {
     /// kills the tree's largest process; with the rlimit fallback it bounds
     /// each process's data instead (see [`limits`]).
     pub max_memory_bytes_per_tree: u64,
+    /// Files one process of a tree may hold open (`RLIMIT_NOFILE`, soft and
+    /// hard; default 1024; 0: the server's own limit). It bounds each
+    /// process, so a tree holds at most this × `max_pids_per_tree` (1024 ×
+    /// 512 = 524 288 by default, against the host's `fs.file-max`: see
+    /// ARCHITECTURE.md's limits). Never above the server's own hard limit.
+    pub max_open_files_per_tree: u64,
+    /// The largest file a process of a tree may write or extend
+    /// (`RLIMIT_FSIZE`, `fallocate` included; default 2 GiB; 0: no limit).
+    /// A write beyond it fails with `EFBIG` (the writer gets `SIGXFSZ`). It
+    /// bounds each file, not the disk a tree fills.
+    pub max_file_bytes_per_tree: u64,
+    /// The CPU weight of each owner session's cgroup (default 100, 1..=10000;
+    /// 0: no CPU share): every owner's trees share one cgroup, siblings of
+    /// equal weight, so one owner's busy trees cannot starve another's
+    /// (cgroup v2 `cpu.weight`; v1 `cpu.shares` = weight × 1024 / 100).
+    /// Where no cgroup can be made, trees get none and the server says so
+    /// (see [`ProcessHost::describe_bounds`]).
+    pub cpu_weight_per_owner: u64,
 }
 
 impl Default for ProcessHostConfig {
@@ -145,6 +163,9 @@ impl Default for ProcessHostConfig {
             spill_bytes_per_owner: DEFAULT_SPILL_BYTES_PER_OWNER,
             max_pids_per_tree: limits::DEFAULT_MAX_PIDS_PER_TREE,
             max_memory_bytes_per_tree: limits::DEFAULT_MAX_MEMORY_BYTES_PER_TREE,
+            max_open_files_per_tree: limits::DEFAULT_MAX_OPEN_FILES_PER_TREE,
+            max_file_bytes_per_tree: limits::DEFAULT_MAX_FILE_BYTES_PER_TREE,
+            cpu_weight_per_owner: limits::DEFAULT_CPU_WEIGHT_PER_OWNER,
         }
     }
 }
@@ -157,7 +178,29 @@ impl ProcessHostConfig {
 
     /// Checks what can be checked without creating anything.
     pub fn validate(&self) -> Result<(), String> {
-        self.tree_limits().validate()
+        self.tree_limits().validate()?;
+        if self.max_open_files_per_tree != 0 && self.max_open_files_per_tree < limits::MIN_OPEN_FILES_PER_TREE {
+            return Err(format!(
+                "[process] max_open_files_per_tree = {} is too small: a shell and its pipes need at least {}; \
+                 use 0 for the server's own limit",
+                self.max_open_files_per_tree,
+                limits::MIN_OPEN_FILES_PER_TREE
+            ));
+        }
+        if self.max_file_bytes_per_tree != 0 && self.max_file_bytes_per_tree < limits::MIN_FILE_BYTES_PER_TREE {
+            return Err(format!(
+                "[process] max_file_bytes_per_tree = {} is too small: at least {} (1 MiB); use 0 for no limit",
+                self.max_file_bytes_per_tree,
+                limits::MIN_FILE_BYTES_PER_TREE
+            ));
+        }
+        if self.cpu_weight_per_owner > 10_000 {
+            return Err(format!(
+                "[process] cpu_weight_per_owner = {} is out of range: 1..=10000 (cgroup cpu.weight), or 0 for no CPU share",
+                self.cpu_weight_per_owner
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -180,6 +223,12 @@ pub struct ProcessHost {
     retained: std::sync::Mutex<std::collections::VecDeque<Arc<SpillFile>>>,
     /// Every tree's pids and memory limits, as configured.
     tree_limits: TreeLimits,
+    /// `RLIMIT_NOFILE` and `RLIMIT_FSIZE` of every tree's processes (0: as
+    /// the server's), NOFILE already capped at the server's hard limit.
+    open_files: u64,
+    file_bytes: u64,
+    /// The configured CPU weight of each owner (0: none).
+    cpu_weight: u64,
     /// How they are enforced: decided (cgroups probed, a base created, dead
     /// servers' bases swept) off the start's path, by [`Self::start_ahead`]'s
     /// thread, or by the first spawn or query that needs it.
@@ -265,6 +314,9 @@ impl ProcessHost {
             next_id: AtomicU64::new(1),
             retained: Default::default(),
             tree_limits: config.tree_limits(),
+            open_files: capped_open_files(config.max_open_files_per_tree),
+            file_bytes: config.max_file_bytes_per_tree,
+            cpu_weight: config.cpu_weight_per_owner,
             limiter: Default::default(),
             cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
             policies: Default::default(),
@@ -281,9 +333,9 @@ impl ProcessHost {
         let mut cleanup = self.cleanup.lock().unwrap_or_else(|e| e.into_inner());
         let Cleanup::Pending(root) = &*cleanup else { return };
         let root = root.clone();
-        let (limiter, limits) = (self.limiter.clone(), self.tree_limits);
+        let (limiter, limits, cpu_weight) = (self.limiter.clone(), self.tree_limits, self.cpu_weight);
         let work = move |root: &Path| {
-            limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(limits)));
+            limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(limits, cpu_weight)));
             remove_orphaned_dirs(root);
         };
         let (in_thread, fallback) = (work.clone(), root.clone());
@@ -311,7 +363,34 @@ impl ProcessHost {
     /// The tree limiter, decided now unless the housekeeping thread did (or
     /// is doing: then this waits for it).
     fn limiter(&self) -> &Arc<limits::TreeLimiter> {
-        self.limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(self.tree_limits)))
+        self.limiter.get_or_init(|| Arc::new(limits::TreeLimiter::new(self.tree_limits, self.cpu_weight)))
+    }
+
+    /// How the trees' bounds are enforced here, as a line for `describe`
+    /// and the logs: the pids and memory mechanism, the CPU share per owner
+    /// (or why there is none), the open-file and file-size rlimits.
+    pub fn describe_bounds(&self) -> String {
+        let limiter = self.limiter();
+        let rlimit = |value: u64| if value == 0 { "as the server's".to_string() } else { value.to_string() };
+        format!(
+            "tree limits: {} by {}; CPU share per owner: {}; open files per process: {}; file size: {}",
+            limits::describe(&self.tree_limits),
+            limiter.mechanism(),
+            limiter.cpu_share(),
+            rlimit(self.open_files),
+            if self.file_bytes == 0 { "no limit".to_string() } else { limits::human_bytes(self.file_bytes) },
+        )
+    }
+
+    /// The sizes of each tree's private `tmpfs`es here (large each under a
+    /// memory cgroup, else from [`view::FALLBACK_TMPFS_BUDGET_BYTES`]).
+    pub fn tmpfs_sizes(&self) -> view::TmpfsSizes {
+        self.limiter().tmpfs_sizes()
+    }
+
+    /// How each owner's CPU share is enforced here (or why it is not).
+    pub fn cpu_share(&self) -> &CpuShare {
+        self.limiter().cpu_share()
     }
 
     /// How the per-tree limits are enforced here.
@@ -433,12 +512,14 @@ impl ProcessHost {
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = view::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
         let limiter = self.limiter();
-        let cgroup = limiter.tree().map_err(failed)?;
+        let cgroup = limiter.tree(owner.dir()).map_err(failed)?;
         let (nproc, data) = limiter.rlimits();
         let bounds = confine::Bounds {
             cgroup_procs: cgroup.as_ref().map_or_else(Vec::new, |c| c.procs_files().to_vec()),
             nproc,
             data,
+            nofile: self.open_files,
+            fsize: self.file_bytes,
         };
         let (plan, applied) = confine::ChildPlan::new(
             grant.pid_namespace,
@@ -451,6 +532,7 @@ impl ProcessHost {
             &cwd,
             exec,
             bounds,
+            limiter.tmpfs_sizes(),
         )
         .map_err(failed)?;
 
@@ -468,7 +550,7 @@ impl ProcessHost {
         let forked = launch::start(&plan, stdin_read).map_err(failed)?;
         // Only the tree holds the read end now.
         let stdin_write = stdin_pipe.map(|(_, write)| write);
-        limiter.make_ahead_in_background();
+        limiter.make_ahead_in_background(owner.dir());
         let pid = forked.pid as u32;
         let span = tracing::debug_span!(parent: parent, "process", id, pid, program = %program.display());
         let pidfd = match pidfd_open(pid) {
@@ -547,6 +629,22 @@ impl Drop for ProcessHost {
             tracing::warn!(dir = %self.spill_dir.display(), error = %e, "could not remove the spill directory");
         }
     }
+}
+
+/// `RLIMIT_NOFILE` for trees: `configured` (0: leave the server's), never
+/// above the server's own hard limit (which an unprivileged server cannot
+/// raise, so a tree's keeper could not either).
+fn capped_open_files(configured: u64) -> u64 {
+    if configured == 0 {
+        return 0;
+    }
+    let mut own = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscall into a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut own) } != 0 {
+        return configured;
+    }
+    #[allow(clippy::unnecessary_cast, reason = "rlim_t is not u64 on every target")]
+    configured.min(own.rlim_max as u64)
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {

@@ -95,7 +95,8 @@ pub(crate) struct ChildPlan {
 }
 
 /// The limits a tree's keeper applies to itself before anything else runs:
-/// the cgroups it joins, and the rlimits of the fallback (0: none).
+/// the cgroups it joins, the rlimits of the fallback and the open-file and
+/// file-size rlimits (0: none).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Bounds {
     /// `cgroup.procs` files K writes itself into, first thing.
@@ -104,4 +105,8 @@ pub(crate) struct Bounds {
     pub nproc: u64,
     /// `RLIMIT_DATA`.
     pub data: u64,
+    /// `RLIMIT_NOFILE`, always (0: as inherited).
+    pub nofile: u64,
+    /// `RLIMIT_FSIZE`, always (0: as inherited).
+    pub fsize: u64,
 }

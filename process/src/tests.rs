@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 
+mod bounds;
 mod dev;
 mod namespaces;
 mod session;

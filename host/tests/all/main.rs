@@ -18,6 +18,7 @@ mod mcp_python;
 mod mcp_stdio;
 mod mcp_tasks;
 mod sandbox_attacks;
+mod sandbox_everyday;
 mod sandbox_limits;
 mod sandbox_terminal;
 mod state_trust;

@@ -96,6 +96,7 @@ echo "local_tree:$(cd $H && find .local -maxdepth 3 | sort | tr '\n' ' ')"
 echo "spill_servers:$(ls -A $H/.local/state/taskhost/spill | wc -l)"
 echo "spill_owners:$(ls -Ad $H/.local/state/taskhost/spill/*/* | wc -l)"
 echo "state_entries:$(ls -A $H/.local/state/taskhost | tr '\n' ' ')"
+echo "home_files:$(find $H -mindepth 1 ! -type d ! -path "$H/.bashrc" ! -path "$H/.config/*" ! -path "$H/.local/state/taskhost/spill/*" | tr '\n' ' ')"
 for f in {creds}; do grep -qs {CANARY} "$H/$f" && echo "cred_read:$f"; done
 echo "creds_checked:1"
 r host_socket "test -e {sock}"
@@ -285,6 +286,9 @@ fn check(attacked: &Attacked) {
     expect("state_entries", "spill ");
     expect("spill_servers", "1");
     expect("spill_owners", "1");
+    // No file anywhere in the home but what the attacks wrote and the
+    // session's own spill files.
+    expect("home_files", "");
     expect("creds_checked", "1");
     assert!(!attacked.results.contains_key("cred_read"), "credentials read:\n{}", attacked.raw);
     expect("run_list", "");

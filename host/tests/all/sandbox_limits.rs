@@ -50,13 +50,18 @@ struct Server {
 impl Server {
     /// `taskhost serve` with small tree limits (as `uid` when given).
     async fn start(tag: &str, uid: Option<u32>) -> Self {
+        Self::start_with(tag, uid, "").await
+    }
+
+    /// As [`Self::start`], with more `[process]` keys.
+    async fn start_with(tag: &str, uid: Option<u32>, more: &str) -> Self {
         let base = common::temp_dir(tag);
         let workspace = base.join("work");
         std::fs::create_dir_all(&workspace).unwrap();
         let config = base.join("taskhost.toml");
         std::fs::write(
             &config,
-            format!("[process]\nmax_pids_per_tree = {MAX_PIDS}\nmax_memory_bytes_per_tree = {MAX_MEMORY}\n"),
+            format!("[process]\nmax_pids_per_tree = {MAX_PIDS}\nmax_memory_bytes_per_tree = {MAX_MEMORY}\n{more}"),
         )
         .unwrap();
         if let Some(uid) = uid {
@@ -211,6 +216,73 @@ async fn a_fork_bomb_and_a_memory_hog_are_bounded_with_an_unprivileged_server() 
     } else {
         // A host that delegates a cgroup to this user.
         assert!(memory.contains("memory limit (64 MiB)"), "{memory}\nlog:\n{log}");
+    }
+    server.stop().await;
+}
+
+/// Open files, file size, the private `tmpfs` sizes and the CPU share, as a
+/// model's command meets them.
+const FILE_BOUNDS: &str =
+    "max_open_files_per_tree = 128\nmax_file_bytes_per_tree = 4194304\ncpu_weight_per_owner = 200\n";
+
+const FILE_PROBE: &str = r#"echo nofile=$(ulimit -Hn) fsize=$(ulimit -Hf)
+(ulimit -n 100000) 2>/dev/null; echo raise=$?
+(head -c 5M /dev/zero > big) 2>/dev/null; echo write=$? size=$(stat -c %s big)
+(fallocate -l 3G huge) 2>/dev/null; echo fallocate=$?
+rm -f big huge
+echo tmpfs:$(df -B1 --output=size /tmp /var/tmp /run /dev/shm "$HOME" | tail -n +2 | tr -d ' ' | paste -sd,)"#;
+
+/// `root_server`: the server runs as root (then, on a host whose cgroup v1
+/// cpu hierarchy root can use, each owner must get its cgroup).
+async fn check_file_bounds(server: &Server, root_server: bool) {
+    let out = server.bash(FILE_PROBE).await;
+    assert!(out.contains("nofile=128 fsize=4096"), "{out}");
+    assert!(out.contains("raise=1"), "the tree raised its open files:\n{out}");
+    assert!(out.contains("write=153 size=4194304"), "a write went past the file size:\n{out}");
+    assert!(out.contains("fallocate=") && !out.contains("fallocate=0"), "a 3 GiB fallocate went through:\n{out}");
+    let log = server.log();
+    let tmpfs = value(&out, "tmpfs");
+    let mib = |m: u64| (m << 20).to_string();
+    if log.contains("share a small budget") {
+        // No memory cgroup: the sizes come from the 256 MiB budget.
+        let budget = [mib(96), mib(32), mib(16), mib(64), mib(48)].join(",");
+        assert_eq!(tmpfs, budget, "{out}\nlog:\n{log}");
+    } else {
+        assert_eq!(tmpfs, vec![mib(1024); 5].join(","), "{out}\nlog:\n{log}");
+    }
+    assert!(log.contains("CPU share per owner"), "the server does not say how owners share the CPU:\n{log}");
+    if root_server && writable_v1_cpu() {
+        assert!(log.contains("cpu.shares 2048 per owner"), "{log}");
+    }
+}
+
+/// Whether this host has a cgroup v1 cpu hierarchy a root server can use.
+fn writable_v1_cpu() -> bool {
+    Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists()
+}
+
+#[tokio::test]
+async fn open_files_file_size_tmpfs_and_cpu_share_are_bounded_with_the_server_as_this_user() {
+    let server = Server::start_with("bounds-self", None, FILE_BOUNDS).await;
+    check_file_bounds(&server, is_root()).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn open_files_file_size_tmpfs_and_cpu_share_are_bounded_with_an_unprivileged_server() {
+    if !is_root()
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
+        return;
+    }
+    let server = Server::start_with("bounds-nobody", Some(NOBODY), FILE_BOUNDS).await;
+    check_file_bounds(&server, false).await;
+    let log = server.log();
+    if log.contains("limiting each tree with rlimits") {
+        assert!(
+            log.contains("share a small budget"),
+            "the fallback does not say memory is bounded less strictly:\n{log}"
+        );
     }
     server.stop().await;
 }

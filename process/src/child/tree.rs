@@ -298,13 +298,20 @@ impl Bounds {
         }
     }
 
-    /// Async-signal-safe: the fallback rlimits, soft and hard, so no
-    /// process of the tree can raise them.
+    /// Async-signal-safe: the rlimits (the fallback's, the open files and
+    /// the file size), soft and hard, so no process of the tree can raise
+    /// them (raising a hard limit takes `CAP_SYS_RESOURCE` in the initial
+    /// user namespace).
     ///
     /// # Safety
     /// In K, after it entered its user namespace and before it forks.
     unsafe fn set_rlimits(&self) {
-        for (resource, value) in [(libc::RLIMIT_NPROC, self.nproc), (libc::RLIMIT_DATA, self.data)] {
+        for (resource, value) in [
+            (libc::RLIMIT_NPROC, self.nproc),
+            (libc::RLIMIT_DATA, self.data),
+            (libc::RLIMIT_NOFILE, self.nofile),
+            (libc::RLIMIT_FSIZE, self.fsize),
+        ] {
             if value == 0 {
                 continue;
             }

@@ -26,8 +26,45 @@ use super::{MountPlan, Over, SpillView, ViewBuilder};
 use crate::fs_policy::TreePolicy;
 
 /// Size of each private `tmpfs` a tree writes (`/tmp`, `/var/tmp`, `/run`,
-/// `/dev/shm`, its home): they live in memory, so they are bounded.
+/// `/dev/shm`, its home) when a memory cgroup holds the tree: they live in
+/// memory, charged to the tree's memory bound, and are bounded each.
 pub const PRIVATE_TMP_BYTES: u64 = 1 << 30;
+
+/// What the private `tmpfs`es of a tree share when no memory cgroup holds it
+/// (the rlimit fallback): their pages are then charged to no bound of the
+/// tree, so their sizes are drawn from this one small budget (256 MiB; see
+/// [`TmpfsSizes::BUDGETED`]).
+pub const FALLBACK_TMPFS_BUDGET_BYTES: u64 = 256 << 20;
+
+/// The sizes of a tree's private `tmpfs`es.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmpfsSizes {
+    pub tmp: u64,
+    pub var_tmp: u64,
+    pub run: u64,
+    pub dev_shm: u64,
+    pub home: u64,
+}
+
+impl TmpfsSizes {
+    /// With a memory cgroup: [`PRIVATE_TMP_BYTES`] each.
+    pub const CHARGED: Self = Self {
+        tmp: PRIVATE_TMP_BYTES,
+        var_tmp: PRIVATE_TMP_BYTES,
+        run: PRIVATE_TMP_BYTES,
+        dev_shm: PRIVATE_TMP_BYTES,
+        home: PRIVATE_TMP_BYTES,
+    };
+    /// Without: [`FALLBACK_TMPFS_BUDGET_BYTES`] split as `/tmp` 96 MiB,
+    /// `/var/tmp` 32 MiB, `/run` 16 MiB, `/dev/shm` 64 MiB, the home 48 MiB.
+    pub const BUDGETED: Self =
+        Self { tmp: 96 << 20, var_tmp: 32 << 20, run: 16 << 20, dev_shm: 64 << 20, home: 48 << 20 };
+
+    /// Their sum: what one tree can hold in memory through them.
+    pub const fn total(&self) -> u64 {
+        self.tmp + self.var_tmp + self.run + self.dev_shm + self.home
+    }
+}
 
 /// The view of one tree. `found`: the workspace scan's result;
 /// `fresh_proc`: I mounts `/proc`; `read_root`: Landlock reads below the
@@ -38,19 +75,20 @@ pub(crate) fn plan(
     spill: SpillView<'_>,
     fresh_proc: bool,
     read_root: bool,
+    sizes: TmpfsSizes,
 ) -> std::io::Result<MountPlan> {
     let mut view = ViewBuilder::default();
     super::system::add(&mut view);
-    let private = |mode: &str| format!("mode={mode},size={PRIVATE_TMP_BYTES}");
+    let private = |mode: &str, size: u64| format!("mode={mode},size={size}");
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    for dir in ["/tmp", "/var/tmp"] {
-        view.tmpfs(Path::new(dir), private("1777"), flags, false, true);
+    for (dir, size) in [("/tmp", sizes.tmp), ("/var/tmp", sizes.var_tmp)] {
+        view.tmpfs(Path::new(dir), private("1777", size), flags, false, true);
     }
-    view.tmpfs(Path::new("/run"), private("0755"), flags, false, true);
+    view.tmpfs(Path::new("/run"), private("0755", sizes.run), flags, false, true);
     view.symlink(Path::new("/var/run"), Path::new("/run"));
-    super::private_dev(&mut view, private("1777"));
+    super::private_dev(&mut view, private("1777", sizes.dev_shm));
     if let Some(home) = &policy.home {
-        view.tmpfs(home, private("0700"), flags, false, true);
+        view.tmpfs(home, private("0700", sizes.home), flags, false, true);
         if let Some(alias) = &policy.home_alias {
             // `$HOME` names the home through a symlink (`/home` → `/var/home`).
             view.symlink(alias, home);

@@ -42,8 +42,8 @@ use std::path::{Component, Path, PathBuf};
 
 pub use dev::PTYS_PER_TREE;
 pub(crate) use dev::private_dev;
-pub use layout::PRIVATE_TMP_BYTES;
 pub(crate) use layout::plan;
+pub use layout::{FALLBACK_TMPFS_BUDGET_BYTES, PRIVATE_TMP_BYTES, TmpfsSizes};
 
 /// Where the host's root is while K builds the view (detached before the
 /// command starts).

@@ -38,6 +38,14 @@
 //! - A spawn does not wait for the kernel to create a cgroup: the limiter
 //!   keeps one made ahead (on a blocking thread, after each spawn) and hands
 //!   it out; only when two spawns race does one create its own.
+//! - Each owner session's trees share one CPU cgroup ([`owner_cpu`]); in v2
+//!   a tree's cgroup is made inside its owner's.
+//! - Every tree also gets `RLIMIT_NOFILE` and `RLIMIT_FSIZE` (per process,
+//!   whatever the mechanism), set by its keeper with the fallback's.
+
+pub mod owner_cpu;
+
+pub use owner_cpu::CpuShare;
 
 use std::ffi::CString;
 use std::io;
@@ -50,6 +58,18 @@ use std::sync::{Arc, Mutex};
 pub const DEFAULT_MAX_PIDS_PER_TREE: u64 = 512;
 /// Default of `[process] max_memory_bytes_per_tree` (2 GiB).
 pub const DEFAULT_MAX_MEMORY_BYTES_PER_TREE: u64 = 2 << 30;
+/// Default of `[process] max_open_files_per_tree` (`RLIMIT_NOFILE`): 1024
+/// × 512 pids = 524 288 open files per tree at most.
+pub const DEFAULT_MAX_OPEN_FILES_PER_TREE: u64 = 1024;
+/// Default of `[process] max_file_bytes_per_tree` (`RLIMIT_FSIZE`, 2 GiB).
+pub const DEFAULT_MAX_FILE_BYTES_PER_TREE: u64 = 2 << 30;
+/// Default of `[process] cpu_weight_per_owner` (cgroup v2's default weight).
+pub const DEFAULT_CPU_WEIGHT_PER_OWNER: u64 = 100;
+/// The smallest accepted open-files limit: a shell, its pipes and a
+/// pipeline's stages.
+pub const MIN_OPEN_FILES_PER_TREE: u64 = 64;
+/// The smallest accepted file-size limit (1 MiB).
+pub const MIN_FILE_BYTES_PER_TREE: u64 = 1 << 20;
 /// The smallest accepted pids limit: the keeper, the init, the command and a
 /// few pipeline stages must fit.
 pub const MIN_PIDS_PER_TREE: u64 = 8;
@@ -86,6 +106,18 @@ impl TreeLimits {
     fn none(&self) -> bool {
         self.max_pids == 0 && self.max_memory_bytes == 0
     }
+}
+
+/// `512 processes, 2 GiB of memory`, for the logs.
+pub(crate) fn describe(limits: &TreeLimits) -> String {
+    let pids =
+        if limits.max_pids == 0 { "no process limit".to_string() } else { format!("{} processes", limits.max_pids) };
+    let memory = if limits.max_memory_bytes == 0 {
+        "no memory limit".to_string()
+    } else {
+        format!("{} of memory", human_bytes(limits.max_memory_bytes))
+    };
+    format!("{pids}, {memory}")
 }
 
 /// How this host enforces [`TreeLimits`].
@@ -127,15 +159,18 @@ pub(crate) struct TreeLimiter {
     next: AtomicU64,
     /// Tree cgroups whose removal failed (a process was still exiting).
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
-    /// A tree cgroup made ahead, limits set, for the next spawn.
-    ready: Mutex<Option<TreeCgroup>>,
+    /// A tree cgroup made ahead, limits set, for the next spawn, with the
+    /// directory it was made in (an owner's, in v2 with a CPU share).
+    ready: Mutex<Option<(PathBuf, TreeCgroup)>>,
+    /// The owners' CPU cgroups.
+    cpu: owner_cpu::OwnerCgroups,
 }
 
 impl TreeLimiter {
     /// Sweeps the bases of dead servers and picks the mechanism; logs which
     /// (a warning with the reason when it falls back to rlimits, once per
     /// process).
-    pub(crate) fn new(limits: TreeLimits) -> Self {
+    pub(crate) fn new(limits: TreeLimits, cpu_weight: u64) -> Self {
         let (backend, mechanism) = if limits.none() {
             (Backend::None, Mechanism::Unlimited)
         } else {
@@ -159,14 +194,50 @@ impl TreeLimiter {
                 "process tree limits"
             ),
         });
-        Self {
-            limits,
-            backend,
-            mechanism,
-            next: AtomicU64::new(1),
-            leftovers: Default::default(),
-            ready: Mutex::new(None),
+        let leftovers: Arc<Mutex<Vec<PathBuf>>> = Default::default();
+        let v2_base = match &backend {
+            Backend::V2 { base } => Some(base.as_path()),
+            _ => None,
+        };
+        let cpu = owner_cpu::OwnerCgroups::new(cpu_weight, v2_base, leftovers.clone());
+        static CPU_LOGGED: std::sync::Once = std::sync::Once::new();
+        CPU_LOGGED.call_once(|| match cpu.share() {
+            CpuShare::Unavailable(_) => tracing::warn!(cpu_share = %cpu.share(), "no CPU share per owner"),
+            share => tracing::info!(cpu_share = %share, "CPU share per owner"),
+        });
+        let limiter =
+            Self { limits, backend, mechanism, next: AtomicU64::new(1), leftovers, ready: Mutex::new(None), cpu };
+        static TMPFS_LOGGED: std::sync::Once = std::sync::Once::new();
+        if !limiter.charges_memory() {
+            TMPFS_LOGGED.call_once(|| {
+                tracing::warn!(
+                    budget = %human_bytes(crate::view::FALLBACK_TMPFS_BUDGET_BYTES),
+                    "no memory cgroup holds the process trees: each tree's private /tmp, /var/tmp, /run, /dev/shm \
+                     and home share a small budget, and memory is bounded less strictly (per process, not per tree)"
+                )
+            });
         }
+        limiter
+    }
+
+    pub(crate) fn cpu_share(&self) -> &CpuShare {
+        self.cpu.share()
+    }
+
+    /// Whether a memory cgroup holds each tree (then its `tmpfs` pages are
+    /// charged to the tree's memory bound).
+    pub(crate) fn charges_memory(&self) -> bool {
+        match &self.backend {
+            Backend::V2 { .. } => self.limits.max_memory_bytes != 0,
+            Backend::V1 { memory, .. } => memory.is_some(),
+            Backend::None | Backend::Rlimits => false,
+        }
+    }
+
+    /// The sizes of a tree's private `tmpfs`es: large each under a memory
+    /// cgroup, else from one small budget.
+    pub(crate) fn tmpfs_sizes(&self) -> crate::view::TmpfsSizes {
+        if self.charges_memory() { crate::view::TmpfsSizes::CHARGED } else { crate::view::TmpfsSizes::BUDGETED }
     }
 
     pub(crate) fn mechanism(&self) -> &Mechanism {
@@ -182,59 +253,50 @@ impl TreeLimiter {
         }
     }
 
-    /// The cgroup(s) of a new tree, limits set (the one made ahead, else a
-    /// fresh one); `None` when trees get no cgroup.
-    pub(crate) fn tree(self: &Arc<Self>) -> io::Result<Option<TreeCgroup>> {
+    /// The cgroup(s) of a new tree of the owner whose spill directory is
+    /// `owner`, limits set (the one made ahead, else a fresh one), joined to
+    /// the owner's CPU cgroup; `None` when trees get no cgroup.
+    pub(crate) fn tree(self: &Arc<Self>, owner: &Path) -> io::Result<Option<TreeCgroup>> {
+        let owner_cgroup = self.cpu.owner(owner)?;
         if matches!(self.backend, Backend::None | Backend::Rlimits) {
-            return Ok(None);
+            return Ok(owner_cgroup.map(|cgroup| self.empty_tree().with_owner(cgroup)));
         }
-        let ahead = self.ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let parent = self.parent_of_trees(owner_cgroup.as_deref());
+        let ahead = {
+            let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            match ready.take() {
+                Some((made_in, tree)) if made_in == parent => Some(tree),
+                other => {
+                    *ready = other;
+                    None
+                }
+            }
+        };
         let tree = match ahead {
             Some(tree) => tree,
-            None => match self.create()? {
+            None => match self.create(&parent)? {
                 Some(tree) => tree,
                 None => return Ok(None),
             },
         };
-        Ok(Some(tree))
+        Ok(Some(match owner_cgroup {
+            Some(cgroup) => tree.with_owner(cgroup),
+            None => tree,
+        }))
     }
 
-    /// Makes the next tree's cgroup on a blocking thread of the current
-    /// tokio runtime. Called once the tree started: creating a cgroup while
-    /// the keeper is being spawned slows the spawn.
-    pub(crate) fn make_ahead_in_background(self: &Arc<Self>) {
-        if matches!(self.backend, Backend::None | Backend::Rlimits) {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let limiter = self.clone();
-            runtime.spawn_blocking(move || limiter.make_ahead());
-        }
-    }
-
-    /// Fills the slot of the cgroup made ahead, if it is empty.
-    fn make_ahead(&self) {
-        if self.ready.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
-            return;
-        }
-        match self.create() {
-            Ok(tree) => {
-                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
-                if ready.is_none() {
-                    *ready = tree;
-                }
-                // Else another thread won; ours drops (removed).
-            }
-            Err(error) => tracing::debug!(%error, "cannot make a tree cgroup ahead"),
+    /// Where a tree's cgroup is made: its owner's CPU cgroup in v2, else the
+    /// base.
+    fn parent_of_trees(&self, owner: Option<&owner_cpu::OwnerCgroup>) -> PathBuf {
+        match (owner.and_then(owner_cpu::OwnerCgroup::v2_dir), &self.backend) {
+            (Some(dir), _) => dir.to_path_buf(),
+            (None, Backend::V2 { base }) => base.clone(),
+            (None, Backend::V1 { .. } | Backend::None | Backend::Rlimits) => PathBuf::new(),
         }
     }
 
-    /// Creates the cgroup(s) of a new tree, limits set.
-    fn create(&self) -> io::Result<Option<TreeCgroup>> {
-        self.retry_leftovers();
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let name = format!("tree-{n}");
-        let mut tree = TreeCgroup {
+    fn empty_tree(&self) -> TreeCgroup {
+        TreeCgroup {
             dirs: Vec::new(),
             procs: Vec::new(),
             limits: self.limits,
@@ -242,12 +304,59 @@ impl TreeLimiter {
             memory_dir: None,
             pids_dir: None,
             leftovers: self.leftovers.clone(),
-        };
+            owner: None,
+        }
+    }
+
+    /// Makes the next tree's cgroup on a blocking thread of the current
+    /// tokio runtime. Called once the tree started: creating a cgroup while
+    /// the keeper is being spawned slows the spawn.
+    /// `owner`: the spill directory of the owner who spawned last (in v2
+    /// with a CPU share, the next tree is made in that owner's cgroup).
+    pub(crate) fn make_ahead_in_background(self: &Arc<Self>, owner: &Path) {
+        if matches!(self.backend, Backend::None | Backend::Rlimits) {
+            return;
+        }
+        let Ok(owner_cgroup) = self.cpu.owner(owner) else { return };
+        let parent = self.parent_of_trees(owner_cgroup.as_deref());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let limiter = self.clone();
+            runtime.spawn_blocking(move || {
+                limiter.make_ahead(&parent);
+                // The owner's cgroup stays until the made-ahead tree is used.
+                drop(owner_cgroup);
+            });
+        }
+    }
+
+    /// Fills the slot of the cgroup made ahead (in `parent`), if it is empty.
+    fn make_ahead(&self, parent: &Path) {
+        if self.ready.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        match self.create(parent) {
+            Ok(tree) => {
+                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+                if ready.is_none() {
+                    *ready = tree.map(|tree| (parent.to_path_buf(), tree));
+                }
+                // Else another thread won; ours drops (removed).
+            }
+            Err(error) => tracing::debug!(%error, "cannot make a tree cgroup ahead"),
+        }
+    }
+
+    /// Creates the cgroup(s) of a new tree, limits set; in v2 in `parent`.
+    fn create(&self, parent: &Path) -> io::Result<Option<TreeCgroup>> {
+        self.retry_leftovers();
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("tree-{n}");
+        let mut tree = self.empty_tree();
         // On failure, `tree` drops and removes what was created.
         match &self.backend {
             Backend::None | Backend::Rlimits => return Ok(None),
-            Backend::V2 { base } => {
-                let dir = tree.add_dir(base.join(&name))?;
+            Backend::V2 { .. } => {
+                let dir = tree.add_dir(parent.join(&name))?;
                 if self.limits.max_pids != 0 {
                     write_control(&dir.join("pids.max"), &self.limits.max_pids.to_string())?;
                 }
@@ -287,11 +396,13 @@ impl TreeLimiter {
     }
 
     fn bases(&self) -> Vec<&Path> {
-        match &self.backend {
+        let mut bases: Vec<&Path> = match &self.backend {
             Backend::V2 { base } => vec![base],
             Backend::V1 { pids, memory, .. } => pids.iter().chain(memory).map(PathBuf::as_path).collect(),
             Backend::None | Backend::Rlimits => Vec::new(),
-        }
+        };
+        bases.extend(self.cpu.v1_base());
+        bases
     }
 }
 
@@ -317,9 +428,22 @@ pub(crate) struct TreeCgroup {
     memory_dir: Option<PathBuf>,
     pids_dir: Option<PathBuf>,
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
+    /// The owner's CPU cgroup, held while this tree's cgroups exist (dropped
+    /// after them: a v2 owner's cgroup can go only once its trees' have).
+    owner: Option<Arc<owner_cpu::OwnerCgroup>>,
 }
 
 impl TreeCgroup {
+    /// Joins (and holds) the owner's CPU cgroup: in v1 the keeper writes
+    /// itself into it too.
+    fn with_owner(mut self, owner: Arc<owner_cpu::OwnerCgroup>) -> Self {
+        if let Some(procs) = owner.procs() {
+            self.procs.push(procs.clone());
+        }
+        self.owner = Some(owner);
+        self
+    }
+
     fn add_dir(&mut self, dir: PathBuf) -> io::Result<PathBuf> {
         std::fs::create_dir(&dir)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create the tree's cgroup {}: {e}", dir.display())))?;
@@ -442,16 +566,20 @@ fn remove_cgroup(dir: &Path, v2: bool) -> bool {
     }
 }
 
-/// Removes a base and every tree cgroup below it.
+/// Removes a base and every cgroup below it (trees, owners and the trees
+/// inside owners), deepest first.
 fn remove_base(base: &Path) {
     let v2 = base.join("cgroup.subtree_control").exists();
-    if let Ok(entries) = std::fs::read_dir(base) {
+    fn remove_below(dir: &Path, v2: bool) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_below(&entry.path(), v2);
                 remove_cgroup(&entry.path(), v2);
             }
         }
     }
+    remove_below(base, v2);
     if let Err(e) = std::fs::remove_dir(base)
         && e.kind() != io::ErrorKind::NotFound
     {
