@@ -1,81 +1,33 @@
-//! Confinement of a process tree: what runs between `fork` and `exec`.
+//! Confinement of a process tree: what is prepared before `fork` and how the
+//! tree is laid out after it (host → K keeper → I init, PID 1 → C the
+//! command; see ARCHITECTURE.md, "A tree's processes", for why not bubblewrap).
 //!
-//! ## Decision
-//! We confine with namespaces of our own, set up in the forked child before
-//! `exec` (no external helper), and Landlock through raw syscalls:
-//!
-//! ```text
-//! host ──fork, or posix_spawn of itself──▶ K "keeper" (host PID namespace, session leader)
-//!                 │ unshare(NEWPID [| NEWNET] [| NEWUSER]), Landlock
-//!                 └─fork─▶ I "init" (PID 1 of the new namespace)
-//!                           └─fork─▶ C the command (PID 2) ──exec──▶ argv
-//! ```
-//! - K leads a session of its own (`setsid` before anything else: the
-//!   exec'd and warm keepers through `posix_spawn`'s `POSIX_SPAWN_SETSID`,
-//!   a forked K first thing, the fork waiting for it), so the tree has no
-//!   controlling terminal: no `TIOCSTI` or `tcsetpgrp` on the server's
-//!   terminal, `/dev/tty` opens nothing. The session exists when the start
-//!   returns, so a group kill that lands at once cannot miss.
-//! - The task's process group is K's. `kill` signals the group: C and every
-//!   descendant that stayed in it get SIGTERM; K and I keep it blocked (the
-//!   command's process unblocks it before its `exec`). So a command can still
-//!   clean up during the grace period. A kill that lands before the command
-//!   exists is not lost: K forwards what is pending to I once I exists (and
-//!   tells I through a pipe that it did), I forwards what is pending to the
-//!   command once it exists.
-//! - When C exits, I reports C's wait status to K through a pipe and exits;
-//!   the kernel then kills everything left in the namespace, including
-//!   descendants that called `setsid`, `nohup` or double-forked, and K
-//!   reproduces C's status (same exit code, or death by the same signal), so
-//!   the host sees the command's own status.
-//! - SIGKILL to the group after the grace kills K; I has `PR_SET_PDEATHSIG`
-//!   = SIGKILL on K, so the namespace dies with it.
-//! - If the host dies (even by SIGKILL), K notices: it holds the read end of
-//!   a host-wide "lifeline" pipe whose write end only the host holds, and
-//!   polls it with C's pidfd. On hang-up it SIGKILLs its own group (and so,
-//!   through I's death signal, the namespace). Not `PR_SET_PDEATHSIG` on K:
-//!   that fires when the *thread* that forked K exits (a tokio blocking
-//!   thread idling out, a test thread ending), not when the host does.
-//! - Network: without a grant, the tree gets its own network namespace with
-//!   only loopback (brought up, so local servers work).
-//! - Filesystem: K builds the tree's view in its mount namespace, a new root
-//!   holding only an allow list ([`crate::view`]); I mounts its `/proc`.
-//! - Landlock: the workspace and the view's own writable directories, read
-//!   below the view's root (or the grant's read-only paths), applied in I
-//!   before the command, so the whole tree is bound by them.
-//! - Limits ([`super::limits`]): K first writes itself into the tree's
-//!   cgroups (pids, memory), before it unshares or forks, so every process
-//!   of the tree starts in them; in the rlimit fallback it sets
-//!   `RLIMIT_NPROC` and `RLIMIT_DATA` right after entering its user
-//!   namespace.
-//!
-//! A binary that opted in ([`super::keeper::run_if_keeper`]) starts K as
-//! itself in keeper mode instead of forking: `fork` copies every mapping of
-//! the host, thousands once wasmtime's pool exists. K then runs the same code
-//! below, from a fresh process; usually one started ahead of need that
-//! received its plan over a socket ([`super::keeper::zygote`]).
-//!
-//! Why not bubblewrap: `bwrap --unshare-pid --die-with-parent` works, but a
-//! SIGTERM to the process group kills the outer `bwrap`, whose death SIGKILLs
-//! the sandbox at once: the command gets no grace. It also reports signals as
-//! `128 + n` exit codes, its `--die-with-parent` has the thread problem
-//! above, and it adds a package dependency. Our keeper avoids all of that
-//! for ~200 lines of async-signal-safe code.
-//!
-//! Degrading: [`support`] probes these at start-up (as root without a user
-//! namespace first, then with one) and logs what is active. Without PID
-//! namespaces K forks C directly: the group still dies as a whole when C
-//! exits, is killed, or the host dies, but a descendant that leaves the group
-//! (`setsid`) can outlive its task, and the log says so.
-//!
-//! Invariants: code that runs in the forked children lives in
-//! [`crate::child`]: it allocates nothing and calls only async-signal-safe
-//! functions (everything it needs, down to the `execve` arguments, is
-//! prepared here, in [`ChildPlan`], before the fork). The
-//! spawn returns right after the fork (the tree sets itself up concurrently;
-//! failures after that point reach the process's stderr and exit code
-//! 126/127, not the spawn call). K closes every inherited descriptor, and K
-//! and I hold no output pipe, so the pipes close when the tree is gone.
+//! Invariants:
+//! - K leads a session of its own (`setsid` first, or `POSIX_SPAWN_SETSID`):
+//!   no controlling terminal, so no `TIOCSTI`/`tcsetpgrp`; the session exists
+//!   when the start returns, so a group kill that lands at once cannot miss.
+//! - The task's group is K's. A kill signals the group; K and I keep SIGTERM
+//!   blocked and forward what is pending, so the command gets its grace even
+//!   when the kill lands before it exists. SIGKILL after the grace kills K,
+//!   and I's `PR_SET_PDEATHSIG` takes the namespace with it.
+//! - When C exits, I reports its status to K and exits; the kernel kills
+//!   what is left in the namespace (setsid, nohup, double forks); K
+//!   reproduces C's status (code, or death by the same signal).
+//! - K holds the host's lifeline pipe and SIGKILLs its group on hang-up: a
+//!   tree never outlives the host (not `PR_SET_PDEATHSIG` on K: it follows
+//!   the forking *thread*).
+//! - Before it unshares, K joins the tree's cgroups (or sets the fallback's
+//!   rlimits right after entering its user namespace); it builds the view
+//!   ([`crate::view`]) in its mount namespace; without the network grant the
+//!   tree has loopback only; Landlock is applied in I, before the command.
+//! - Code after the fork lives in [`crate::child`]: no allocation, only
+//!   async-signal-safe calls; everything it needs is prepared here, in
+//!   [`ChildPlan`]. The spawn returns right after the fork; later failures
+//!   reach the process's stderr and exit code 126/127. K closes every
+//!   inherited descriptor, and K and I hold no output pipe.
+//! - [`support`] probes each mechanism once and logs what is active; without
+//!   PID namespaces K forks C directly, and a descendant that leaves the
+//!   group can outlive its task (logged).
 
 use std::ffi::CString;
 use std::io;
