@@ -1,41 +1,25 @@
-//! The exec'd keeper: starting a process tree without forking the host.
-//! (The warm keeper, [`zygote`], is the same process started ahead
-//! of need; this on-demand start is its fallback.)
+//! The exec'd keeper: a process tree started without forking the host, by
+//! `posix_spawn` of `/proc/self/exe` [`KEEPER_ARG`] (the warm keeper,
+//! [`zygote`], is the same process started ahead of need).
 //!
-//! ## Why
-//! `fork` copies every memory mapping of the calling process, and a host that
-//! runs wasmtime has thousands (two per pooled fiber stack): forking it costs
-//! 0.7 ms with the default pool and 8 ms with a pool of 10 240 stores, where a
-//! small process forks in 0.09 ms. `posix_spawn` does not copy the mappings
-//! (the child shares them until it calls `exec`), but the tree's keeper K (see
-//! [`super::confine`]) must run our code, not a program. So a binary that
-//! opts in is started again as K: `posix_spawn` of `/proc/self/exe` with
-//! [`KEEPER_ARG`], and the fresh, small process sets up the namespaces,
-//! forks the init and the command, and keeps the tree exactly as a forked K
-//! does. The spawn returns once the `exec` succeeded, as
-//! `tokio::process::Command` does.
+//! Why: `fork` copies every mapping of the host, thousands once wasmtime's
+//! pool exists (0.7 ms with the default pool, 8 ms with 10 240 stores, 0.09 ms
+//! for a small process); `posix_spawn` copies none, and the fresh process sets
+//! up the namespaces and forks I and C exactly as a forked K does
+//! ([`super::confine`]). A binary opts in by calling [`run_if_keeper`] first
+//! thing in `main`; binaries that do not (test harnesses, embedders) fork K.
 //!
-//! ## Opting in
-//! A binary calls [`run_if_keeper`] first thing in `main`: in a keeper it
-//! runs the keeper and never returns; otherwise it records that this binary
-//! can be a keeper. Binaries that never call it (test harnesses, embedders
-//! that have not opted in) fork K in process as before: same tree, same
-//! guarantees, slower start.
+//! Protocol (private to one binary, so unversioned): `argv` is `[exe,
+//! KEEPER_ARG, ns_flags, loopback, lifeline_fd, landlock_fd, seccomp,
+//! rlimit_nproc, rlimit_data, rlimit_nofile, rlimit_fsize, cgroups, paths...,
+//! mounts, mount entries..., cwd, program, "--", argv...]` (0 or -1 for
+//! "none"; mount entries as [`super::view::MountPlan::to_args`]); the
+//! environment is the command's; fds 0–2 are its stdin, stdout and stderr;
+//! it already leads a session of its own.
 //!
-//! ## Protocol (private to one binary, so no versioning)
-//! `argv`: `[exe, KEEPER_ARG, ns_flags, loopback(0|1), lifeline_fd,
-//! landlock_fd(-1: none), seccomp(0|1), rlimit_nproc(0: none),
-//! rlimit_data(0: none), rlimit_nofile(0: none), rlimit_fsize(0: none),
-//! cgroups(the number of `cgroup.procs` paths that
-//! follow), paths..., mounts(-1: no mount namespace, else
-//! the number of entries that follow), mount entries..., cwd, program, "--",
-//! argv...]` (mount entries as [`super::view::MountPlan::to_args`]); the
-//! environment is the command's; fds 0, 1, 2 are already stdin (/dev/null,
-//! or the read end of the tree's stdin pipe), stdout and stderr; it already leads a session of its own.
-//!
-//! Invariants: the keeper writes nothing to stdout or stderr of its own (they
-//! are the command's), except a `taskhost: …` line before exiting 126 when
-//! its arguments are unusable; it never returns into `main`.
+//! Invariants: the keeper writes nothing of its own to stdout or stderr (they
+//! are the command's) except a `taskhost: …` line before exiting 126 when its
+//! arguments are unusable; it never returns into `main`.
 
 use std::ffi::{CString, OsString};
 use std::io;

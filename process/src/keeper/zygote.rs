@@ -1,59 +1,31 @@
-//! The warm keeper: a keeper K started ahead of need, so a tree's start
-//! does not wait for the `exec` of this (large) binary.
-//!
-//! ## Model
-//! ```text
-//! host ──posix_spawn of itself (refill thread, ahead of need)──▶ Z "zygote", waiting
-//! spawn call: host ──plan + descriptors (SCM_RIGHTS)──▶ Z ──ack──▶ host returns the handle
-//!                                                     Z becomes the tree's K (see [`crate::confine`])
-//! ```
-//! - At most one warm zygote per host process ("the pool"): the plan is
-//!   sent whole with each start, so a zygote serves any grant, owner and
-//!   configuration; it is single-use (it *becomes* that tree's K), so it is
-//!   never shared between trees or owners. Once the hand-off is over, the
-//!   start asks a background thread for the next one (not before: its spawn
-//!   would compete with the hand-off for a core); a start that finds the replacement
-//!   still being spawned waits for it (never longer than spawning its own),
-//!   and one that finds none uses the exec'd keeper ([`super`]).
-//! - Z is started as `/proc/self/exe` [`ZYGOTE_ARG`] with an **empty
-//!   environment** and these descriptors only: 0, 1, 2 `/dev/null`, 3 the
-//!   host's lifeline (as K), 4 its end of a `SOCK_SEQPACKET` socket pair
-//!   whose other end only the host holds (close-on-exec). It prepares what
-//!   every K needs (the seccomp program, `/dev/null`, the Landlock rights),
-//!   says it is ready (one byte), and waits in `poll` on the socket and the
-//!   lifeline. The refill thread publishes it only then.
-//! - A start sends one message: the keeper's arguments ([`super::plan_args`],
-//!   the same list an exec'd K gets) and the command's environment, with the
-//!   tree's stdin (or `/dev/null`), stdout and stderr pipes' ends and the
-//!   Landlock ruleset as `SCM_RIGHTS`, in one `SOCK_SEQPACKET` message (so
-//!   it arrives whole or not at all). Z acknowledges with one byte as soon as
-//!   it holds the message. By default the start does not wait for that byte
-//!   ([`set_await_ack`]): once the message is queued, the tree is Z's pid,
-//!   exactly as an exec'd K's once its `exec` returned, and the host
-//!   registers the task while Z reads the plan and sets the tree up. A plan
-//!   Z cannot use, a set-up failure and an exec failure end the tree with
-//!   126/127 and a `taskhost: …` line on its own stderr, as before.
-//! - Z runs the same [`crate::confine::ChildPlan::in_child`] as every K, so
-//!   every confinement is unchanged; its first step closes every descriptor
-//!   but the lifeline, `/dev/null` and the ruleset, so the socket and the
-//!   received copies are never open in the command.
+//! The warm keeper: a keeper K started ahead of need (`/proc/self/exe`
+//! [`ZYGOTE_ARG`], by a refill thread), so a tree's start does not wait for
+//! the `exec` of this large binary; it receives its plan over a socket.
 //!
 //! Invariants:
-//! - A waiting zygote holds nothing of any owner: no environment (its
-//!   `/proc/<pid>/environ` is empty), no plan, no descriptor but the five
-//!   above. Once used, it is that tree's K and nothing else.
-//! - It dies with the host: on the lifeline's hang-up, or its socket's end
-//!   of file (the host's end closes when the host dies, even by SIGKILL).
-//! - Degrading: a zygote that cannot be started because this binary cannot
-//!   be run again disables the exec'd keeper too ([`super::disable_exec_keeper`]:
-//!   trees are forked); three failed hand-offs in a row disable the warm
-//!   keeper for the life of the process, with one log line (so do three
-//!   zygotes in a row that never got ready); a single failed
-//!   hand-off (a zygote killed while it waited) costs that start one exec'd
-//!   keeper, never the start itself.
-//! - With [`set_await_ack`] on, the start waits for the acknowledgement at
-//!   most [`ACK_TIMEOUT`]; a zygote that misses it is killed (its group) and
-//!   reaped, and the start falls back.
+//! - At most one warm zygote per host process, single-use: it *becomes* the
+//!   tree's K, so it is never shared between trees or owners; the next one is
+//!   spawned after the hand-off (a start that finds it still spawning waits at
+//!   most as long as its own spawn would take; one that finds none uses the
+//!   exec'd keeper, [`super`]).
+//! - A waiting zygote holds nothing of any owner: an **empty environment**
+//!   and descriptors 0–2 `/dev/null`, 3 the lifeline, 4 its end of a
+//!   `SOCK_SEQPACKET` pair only the host holds the other end of. It dies on
+//!   the lifeline's hang-up or the socket's end of file.
+//! - A start is one message (the exec'd K's arguments, [`super::plan_args`],
+//!   the command's environment, and its pipes and Landlock ruleset as
+//!   `SCM_RIGHTS`): whole or not at all. Z acknowledges on receipt; the start
+//!   waits for it only with [`set_await_ack`] (at most [`ACK_TIMEOUT`], then
+//!   the zygote's group is killed and the start falls back).
+//! - Z runs the same [`crate::confine::ChildPlan::in_child`] as every K, whose
+//!   first step closes every descriptor but the lifeline, `/dev/null` and the
+//!   ruleset: the socket never reaches the command. Failures after the
+//!   hand-off end the tree with 126/127 and a `taskhost: …` line on stderr.
+//! - Degrading: if this binary cannot be run again, the exec'd keeper is
+//!   disabled too ([`super::disable_exec_keeper`]); three failed hand-offs (or
+//!   three zygotes that never got ready) in a row disable the warm keeper for
+//!   the process, with one log line; a single failure costs that start one
+//!   exec'd keeper, never the start.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};

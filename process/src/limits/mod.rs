@@ -1,31 +1,16 @@
 //! Limits per process tree: how many processes a tree may hold at once and
-//! how much memory it may use together.
+//! how much memory it may use together, enforced by the first mechanism that
+//! works: a cgroup v2 child, a cgroup v1 child (pids, memory), else rlimits.
 //!
-//! ## Model
-//! One [`TreeLimiter`] per [`super::ProcessHost`] decides, once, how the
-//! limits are enforced: off the start's path (on the host's start-ahead
-//! thread, else at the first spawn that needs it), in this order:
-//!
-//! 1. **cgroup v2**: the server's own cgroup (from `/proc/self/cgroup`) on a
-//!    `cgroup2` mount, with the `pids` and `memory` controllers enabled for
-//!    its children (a delegated subtree, or a container's root): a base
-//!    `taskhost-<server pid>-<n>` below it, one `tree-<id>` child per tree
-//!    with `pids.max` and `memory.max` (and `memory.swap.max = 0`).
-//! 2. **cgroup v1**: the `pids` and `memory` hierarchies, where the server
-//!    may create directories (root on a hybrid host): the same layout in
-//!    each, with `pids.max`, `memory.limit_in_bytes` and, when the kernel
-//!    accounts swap, `memory.memsw.limit_in_bytes`.
-//! 3. **rlimits** otherwise (one warning, when decided, with the reason):
-//!    `RLIMIT_NPROC` and `RLIMIT_DATA`, set in the tree's keeper right after
-//!    it entered its own user namespace, so `RLIMIT_NPROC` counts the tree's
-//!    processes alone (it counts per user and user namespace). Weaker:
-//!    `RLIMIT_DATA` bounds each process, not the tree, and without a user
-//!    namespace `RLIMIT_NPROC` counts every process of the server's user and
-//!    does not bind uid 0 at all.
-//!
-//! The tree's keeper joins its cgroups (writes `0`, itself, to each
-//! `cgroup.procs`) before it creates the namespaces or forks anything, so
-//! every process of the tree, the command included, starts inside them.
+//! One [`TreeLimiter`] per [`super::ProcessHost`] decides the mechanism once,
+//! off the start's path. Cgroups: a base `taskhost-<server pid>-<n>` with one
+//! `tree-<id>` child per tree (`pids.max`, `memory.max` and no swap, or the
+//! v1 equivalents). Rlimits (one warning, with the reason): `RLIMIT_NPROC`
+//! and `RLIMIT_DATA`, set in the keeper right after it entered its user
+//! namespace; weaker (`RLIMIT_DATA` bounds each process, not the tree, and
+//! without a user namespace `RLIMIT_NPROC` counts the server's whole user).
+//! The keeper joins its cgroups before it unshares or forks, so every process
+//! of the tree starts inside them.
 //!
 //! Invariants:
 //! - A tree whose cgroup cannot be created or joined does not start (the
