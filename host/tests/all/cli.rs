@@ -22,13 +22,15 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
     }
     // A descriptor that was not inherited is named.
     let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, cgroups, mounts.
+        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, nofile, fsize, cgroups, mounts.
         .args([
             "--taskhost-process-keeper",
             "0",
             "0",
             "777",
             "-1",
+            "0",
+            "0",
             "0",
             "0",
             "0",
