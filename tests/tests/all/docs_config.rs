@@ -7,13 +7,15 @@ use std::path::Path;
 
 use taskhost::config::Config;
 
-/// The ```toml blocks of a Markdown file: (first line number, text).
+/// The ```toml blocks of a Markdown file: (first line number, text). A block
+/// whose info string says more (```` ```toml another-program ````, e.g. a
+/// client's own configuration file) is not taskhost's and is left out.
 fn toml_blocks(markdown: &str) -> Vec<(usize, String)> {
     let mut blocks = Vec::new();
     let mut current: Option<(usize, String)> = None;
     for (number, line) in markdown.lines().enumerate() {
         match &mut current {
-            None if line.trim_start().starts_with("```toml") => current = Some((number + 2, String::new())),
+            None if line.trim() == "```toml" => current = Some((number + 2, String::new())),
             Some(_) if line.trim_start().starts_with("```") => blocks.extend(current.take()),
             Some((_, text)) => {
                 text.push_str(line);
@@ -45,7 +47,9 @@ fn every_toml_block_of_the_guide_is_a_valid_configuration() {
 
 #[test]
 fn the_block_finder_finds_blocks_and_the_parser_refuses_a_typo() {
-    let blocks = toml_blocks("text\n```toml\n[serve]\nmax_argument_bytes = 1\n```\n```sh\nx\n```\n");
+    let blocks = toml_blocks(
+        "text\n```toml\n[serve]\nmax_argument_bytes = 1\n```\n```sh\nx\n```\n```toml codex\n[mcp_servers.x]\n```\n",
+    );
     assert_eq!(blocks, [(3, "[serve]\nmax_argument_bytes = 1\n".to_string())]);
     assert!(Config::parse("[serve]\nmax_argument_byte = 1\n").is_err());
 }
