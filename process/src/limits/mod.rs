@@ -710,26 +710,31 @@ fn probe_v2(limits: &TreeLimits, own: &str, mounts: &[CgroupMount]) -> Result<Pa
     Ok(base)
 }
 
+/// This process's cgroup directory in the v1 hierarchy of `controller`,
+/// from `own` (`/proc/self/cgroup`: `id:controllers:path` lines, the path
+/// may hold ':') and the cgroup mounts.
+fn own_v1_dir(own: &str, mounts: &[CgroupMount], controller: &str) -> Result<PathBuf, String> {
+    let path = own
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            parts.next();
+            parts.next().zip(parts.next())
+        })
+        .find(|(controllers, _)| controllers.split(',').any(|c| c == controller))
+        .map(|(_, path)| path)
+        .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
+    let mount = mounts
+        .iter()
+        .find(|m| !m.v2 && m.options.split(',').any(|o| o == controller))
+        .ok_or_else(|| format!("cgroup v1: the {controller} hierarchy is not mounted"))?;
+    own_dir(mount, path).ok_or_else(|| format!("cgroup v1: this process's {controller} cgroup is outside the mount"))
+}
+
 fn probe_v1(limits: &TreeLimits, own: &str, mounts: &[CgroupMount]) -> Result<Backend, String> {
     let mut dirs = Vec::new();
     for controller in needed_controllers(limits) {
-        let path = own
-            .lines()
-            .filter_map(|l| {
-                // `id:controllers:path`; the path may hold ':'.
-                let mut parts = l.splitn(3, ':');
-                parts.next();
-                parts.next().zip(parts.next())
-            })
-            .find(|(controllers, _)| controllers.split(',').any(|c| c == controller))
-            .map(|(_, path)| path)
-            .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
-        let mount = mounts
-            .iter()
-            .find(|m| !m.v2 && m.options.split(',').any(|o| o == controller))
-            .ok_or_else(|| format!("cgroup v1: the {controller} hierarchy is not mounted"))?;
-        let dir = own_dir(mount, path)
-            .ok_or_else(|| format!("cgroup v1: this process's {controller} cgroup is outside the mount"))?;
+        let dir = own_v1_dir(own, mounts, controller)?;
         match create_base(&dir) {
             Ok(base) => dirs.push((controller, base)),
             Err(e) => {

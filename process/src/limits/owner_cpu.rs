@@ -209,21 +209,8 @@ fn probe(weight: u64, v2_base: Option<&Path>) -> Result<(Backend, CpuShare), Str
     let own =
         std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
     let mounts = super::cgroup_mounts();
-    let path = own
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            parts.next();
-            parts.next().zip(parts.next())
-        })
-        .find(|(controllers, _)| controllers.split(',').any(|c| c == "cpu"))
-        .map(|(_, path)| path)
-        .ok_or("no cgroup v1 cpu hierarchy, and the trees' limits have no cgroup v2 base to hold owners")?;
-    let mount = mounts
-        .iter()
-        .find(|m| !m.v2 && m.options.split(',').any(|o| o == "cpu"))
-        .ok_or("cgroup v1: the cpu hierarchy is not mounted")?;
-    let dir = super::own_dir(mount, path).ok_or("cgroup v1: this process's cpu cgroup is outside the mount")?;
+    // No v2 base to hold owners (the trees' limits did not find one).
+    let dir = super::own_v1_dir(&own, &mounts, "cpu")?;
     let base = super::create_base(&dir).map_err(|e| format!("cgroup v1 cpu: {e}"))?;
     let shares = shares_for_weight(weight);
     Ok((Backend::V1 { base, shares }, CpuShare::CgroupV1 { shares }))
