@@ -307,6 +307,38 @@ fn shared_binary() -> std::path::PathBuf {
     copy
 }
 
+/// `taskhost serve` over stdio as `uid` (this user when `None`), in
+/// `workspace`, with `home` as `$HOME`, its log in `<base>/stderr.log`, and
+/// killed when dropped: the set-up every sandbox suite starts from (a caller
+/// adds its own arguments and variables before [`connect_stdio`]).
+pub fn serve_stdio_as(
+    uid: Option<u32>,
+    base: &std::path::Path,
+    workspace: &std::path::Path,
+    home: &std::path::Path,
+) -> tokio::process::Command {
+    let mut command = taskhost_as(uid);
+    command
+        .arg("serve")
+        .current_dir(workspace)
+        .env("HOME", home)
+        .env("RUST_LOG", "info,taskhost=debug")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(base))
+        .kill_on_drop(true);
+    command
+}
+
+/// Spawns `command` (from [`serve_stdio_as`]) and initializes an MCP client
+/// over its stdio.
+pub async fn connect_stdio(command: &mut tokio::process::Command) -> (Client, tokio::process::Child) {
+    let mut child = command.spawn().expect("spawn taskhost serve");
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+    (client, child)
+}
+
 /// `component` with a custom section `taskhost-test-build` holding `tag`
 /// appended: another file (another hash, so an uncached compile) that
 /// behaves exactly the same. Stands in for a rebuild of a plugin.

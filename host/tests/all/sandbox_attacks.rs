@@ -15,11 +15,9 @@ use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::{call, only_text};
-use rmcp::ServiceExt;
 use serde_json::json;
 
 /// A canary in the server's environment (a name the scrub removes from
@@ -182,21 +180,9 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
         std::os::unix::fs::chown(&run_socket, Some(uid), Some(uid)).unwrap();
     }
 
-    let mut command = common::taskhost_as(uid);
-    command
-        .arg("serve")
-        .current_dir(&workspace)
-        .env("HOME", &home)
-        .env("XDG_CACHE_HOME", home.join(".cache"))
-        .env("CANARY_TOKEN", CANARY)
-        .env("RUST_LOG", "info,taskhost=debug")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(common::log_file(&base))
-        .kill_on_drop(true);
-    let mut child = command.spawn().expect("spawn taskhost serve");
-    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+    let mut command = common::serve_stdio_as(uid, &base, &workspace, &home);
+    command.env("XDG_CACHE_HOME", home.join(".cache")).env("CANARY_TOKEN", CANARY);
+    let (client, mut child) = common::connect_stdio(&mut command).await;
     let peer = client.peer().clone();
     let server_pid = child.id().unwrap();
     // Through setpriv, the server is setpriv's exec: the same pid.

@@ -19,11 +19,9 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{call, only_text, texts};
-use rmcp::ServiceExt;
 use serde_json::json;
 
 const NOBODY: u32 = 65534;
@@ -49,19 +47,7 @@ impl Server {
                 std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
             }
         }
-        let mut command = common::taskhost_as(uid);
-        command
-            .arg("serve")
-            .current_dir(&workspace)
-            .env("HOME", &home)
-            .env("RUST_LOG", "info,taskhost=debug")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(common::log_file(&base))
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("spawn taskhost serve");
-        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-        let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+        let (client, child) = common::connect_stdio(&mut common::serve_stdio_as(uid, &base, &workspace, &home)).await;
         Self { client, child, base, workspace }
     }
 

@@ -7,11 +7,9 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::{call, only_text};
-use rmcp::ServiceExt;
 use serde_json::json;
 
 const NOBODY: u32 = 65534;
@@ -69,21 +67,9 @@ impl Server {
                 std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
             }
         }
-        let mut command = common::taskhost_as(uid);
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .current_dir(&workspace)
-            .env("HOME", &base)
-            .env("RUST_LOG", "info,taskhost=debug")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(common::log_file(&base))
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("spawn taskhost serve");
-        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-        let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
+        let mut command = common::serve_stdio_as(uid, &base, &workspace, &base);
+        command.arg("--config").arg(&config);
+        let (client, child) = common::connect_stdio(&mut command).await;
         // Through setpriv, the server is setpriv's exec: the same pid.
         let pid = child.id().unwrap();
         Self { client, child, base, pid }

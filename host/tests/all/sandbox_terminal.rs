@@ -12,7 +12,6 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt as _;
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::{call, only_text};
@@ -71,16 +70,7 @@ async fn attack(tag: &str, uid: Option<u32>, pty: &Pty) -> (BTreeMap<String, Str
             std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
         }
     }
-    let mut command = common::taskhost_as(uid);
-    command
-        .arg("serve")
-        .current_dir(&workspace)
-        .env("HOME", &base)
-        .env("RUST_LOG", "info,taskhost=debug")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(common::log_file(&base))
-        .kill_on_drop(true);
+    let mut command = common::serve_stdio_as(uid, &base, &workspace, &base);
     let slave = pty.slave.as_raw_fd();
     // SAFETY: setsid and ioctl are async-signal-safe; `slave` stays open in
     // the parent for the duration of the spawn.
