@@ -339,6 +339,29 @@ pub async fn connect_stdio(command: &mut tokio::process::Command) -> (Client, to
     (client, child)
 }
 
+/// Consuming `task_output` reads of `id` until the output holds `line`
+/// (at most `within`); the output read so far, status lines dropped.
+pub async fn read_until(peer: &rmcp::service::Peer<RoleClient>, id: &str, line: &str, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    let mut text = String::new();
+    loop {
+        let read = texts(&call(peer, "task_output", serde_json::json!({"task_id": id})).await).remove(0);
+        let (body, status) = read.rsplit_once('\n').expect("body and status line");
+        if body != "(no new output)" {
+            text.push_str(body);
+            text.push('\n');
+        }
+        if text.contains(line) {
+            return text;
+        }
+        assert_eq!(status, "[status: running]", "{id} ended before printing {line:?}: {text:?}");
+        assert!(std::time::Instant::now() < deadline, "{id} never printed {line:?}: {text:?}");
+        // An MCP client gets no event for new output (a notice rides on the
+        // next result only), so the reads are paced; the loop ends on the line.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `component` with a custom section `taskhost-test-build` holding `tag`
 /// appended: another file (another hash, so an uncached compile) that
 /// behaves exactly the same. Stands in for a rebuild of a plugin.

@@ -52,7 +52,13 @@ fn lines(path: &Path) -> usize {
 async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_again() {
     let dir = temp_dir("durable-lost");
     let marker = dir.join("marker");
-    let command = format!("echo ran >> {}; sleep 600", marker.display());
+    // The command says it ran through a FIFO the test reads: the read
+    // returns when the command wrote (an event, not a poll).
+    let ran = dir.join("ran.fifo");
+    let path = std::ffi::CString::new(ran.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+    let command = format!("echo ran >> {}; echo ran > {}; sleep 600", marker.display(), ran.display());
 
     let (client, child) = serve(&dir, Some("alice")).await;
     let peer = client.peer().clone();
@@ -60,12 +66,16 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
     assert!(!is_error(&started), "{started:?}");
     assert_eq!(only_text(&started), "started background task bash-1");
     // The command ran once (the id was returned after its record was committed).
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while lines(&marker) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the command never ran");
-        // The marker file is the only event a shell command offers here.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let said = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::task::spawn_blocking(move || std::fs::read_to_string(ran)),
+    )
+    .await
+    .expect("the command never ran")
+    .unwrap()
+    .unwrap();
+    assert_eq!(said, "ran\n");
+    assert_eq!(lines(&marker), 1);
     sigkill(child, client).await;
     // The store and its write-ahead log are the server user's alone.
     for file in [store_file(&dir), store_file(&dir).with_extension("sqlite3-wal")] {

@@ -8,32 +8,10 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{StdioServer, call, is_error, only_text, texts};
 use serde_json::json;
-
-/// Consuming reads until the output holds `line`; the output read so far.
-async fn read_until(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut text = String::new();
-    loop {
-        let read = texts(&call(peer, "task_output", json!({"task_id": id})).await).remove(0);
-        let (body, status) = read.rsplit_once('\n').expect("body and status line");
-        if body != "(no new output)" {
-            text.push_str(body);
-            text.push('\n');
-        }
-        if text.contains(line) {
-            return text;
-        }
-        assert_eq!(status, "[status: running]", "{id} ended before printing {line:?}: {text:?}");
-        assert!(Instant::now() < deadline, "{id} never printed {line:?}: {text:?}");
-        // An MCP client gets no event for new output (a notice rides on the
-        // next result only), so the reads are paced; the loop ends on the line.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn an_interactive_bash_read_loop_over_stdio() {
@@ -52,7 +30,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
     let sent = call(&peer, "task_input", json!({"task_id": "bash-1", "text": "alpha\n"})).await;
     assert!(!is_error(&sent));
     assert_eq!(only_text(&sent), "sent 6 bytes to task bash-1");
-    assert_eq!(read_until(&peer, "bash-1", "got alpha").await, "got alpha\n");
+    assert_eq!(common::read_until(&peer, "bash-1", "got alpha", Duration::from_secs(20)).await, "got alpha\n");
     // The loop ends as soon as its input closes, so the completion notice
     // may already ride on this very result (notices go on the next one).
     let closed = texts(&call(&peer, "task_input", json!({"task_id": "bash-1", "text": "beta\n", "close": true})).await);
@@ -70,7 +48,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
     let deaf = "exec 0<&-; echo \"stdin closed\"; exec sleep 600";
     let started = call(&peer, "bash", json!({"command": deaf, "run_in_background": true, "interactive": true})).await;
     assert_eq!(only_text(&started), "started background task bash-2");
-    assert_eq!(read_until(&peer, "bash-2", "stdin closed").await, "stdin closed\n");
+    assert_eq!(common::read_until(&peer, "bash-2", "stdin closed", Duration::from_secs(20)).await, "stdin closed\n");
     let refused = call(&peer, "task_input", json!({"task_id": "bash-2", "text": "x\n"})).await;
     assert!(is_error(&refused));
     assert_eq!(
@@ -82,7 +60,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
     // Without interactive, stdin is empty: `cat` ends at once, and input is refused.
     let plain = call(&peer, "bash", json!({"command": "cat; echo eof; sleep 600", "run_in_background": true})).await;
     assert_eq!(only_text(&plain), "started background task bash-3");
-    assert_eq!(read_until(&peer, "bash-3", "eof").await, "eof\n");
+    assert_eq!(common::read_until(&peer, "bash-3", "eof", Duration::from_secs(20)).await, "eof\n");
     let refused = call(&peer, "task_input", json!({"task_id": "bash-3", "text": "x\n"})).await;
     assert!(is_error(&refused));
     assert_eq!(

@@ -19,7 +19,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{call, only_text, texts};
 use serde_json::json;
@@ -173,27 +173,6 @@ async fn a_dev_server_answers_on_loopback(server: &Server) {
     assert!(out.contains("fetched 200"), "{out}");
 }
 
-/// Consuming reads until the output holds `line` (an MCP client gets no
-/// event for new output, so the reads are paced; the loop ends on the line).
-async fn read_until(server: &Server, id: &str, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut text = String::new();
-    loop {
-        let read = texts(&call(server.client.peer(), "task_output", json!({"task_id": id})).await).remove(0);
-        let (body, status) = read.rsplit_once('\n').expect("body and status line");
-        if body != "(no new output)" {
-            text.push_str(body);
-            text.push('\n');
-        }
-        if text.contains(line) {
-            return text;
-        }
-        assert_eq!(status, "[status: running]", "{id} ended before printing {line:?}: {text:?}");
-        assert!(Instant::now() < deadline, "{id} never printed {line:?}: {text:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn an_interactive_python_takes_input(server: &Server) {
     let peer = server.client.peer();
     let started = only_text(
@@ -202,9 +181,11 @@ async fn an_interactive_python_takes_input(server: &Server) {
     );
     let id = started.strip_prefix("started background task ").expect("a background task").to_string();
     call(peer, "task_input", json!({"task_id": id, "text": "x = 6 * 7\nprint('answer', x)\n"})).await;
-    assert!(read_until(server, &id, "answer 42").await.contains("answer 42"));
+    assert!(
+        common::read_until(server.client.peer(), &id, "answer 42", Duration::from_secs(30)).await.contains("answer 42")
+    );
     call(peer, "task_input", json!({"task_id": id, "text": "import os; print('home', os.environ['HOME'])\n"})).await;
-    read_until(server, &id, "home ").await;
+    common::read_until(server.client.peer(), &id, "home ", Duration::from_secs(30)).await;
     call(peer, "task_input", json!({"task_id": id, "text": "exit()\n", "close": true})).await;
     let end = texts(&call(peer, "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 30_000})).await);
     assert!(end[0].ends_with("[status: completed, exit code: 0]"), "{end:?}");
