@@ -34,11 +34,20 @@ pub struct ToolDefinition {
 pub struct ToolOutput {
     pub text: String,
     pub is_error: bool,
+    /// The task a background start registered, as data: callers that need
+    /// the id (the MCP tasks surface, the demo) read it here, never out of
+    /// `text`, which is worded for the model.
+    pub started: Option<crate::ids::TaskId>,
 }
 
 impl ToolOutput {
     pub fn ok(text: impl Into<String>) -> Self {
-        Self { text: text.into(), is_error: false }
+        Self { text: text.into(), is_error: false, started: None }
+    }
+
+    /// The reply to a background start of task `id`.
+    pub fn started(text: impl Into<String>, id: crate::ids::TaskId) -> Self {
+        Self { text: text.into(), is_error: false, started: Some(id) }
     }
 }
 

@@ -328,7 +328,11 @@ impl ProducerTool {
             // It finished in between: answer as the foreground call would.
             let body = if body.is_empty() { "(no output)" } else { body };
             let is_error = read.snapshot.status != TaskStatus::Completed;
-            return Ok(ToolOutput { text: format!("{body}\n{}", read.snapshot.status_line()), is_error });
+            return Ok(ToolOutput {
+                text: format!("{body}\n{}", read.snapshot.status_line()),
+                is_error,
+                started: None,
+            });
         }
         let line = format!(
             "[still running after {} s: moved to the background as task {id}. Read the rest with task_output.]",
@@ -368,7 +372,11 @@ async fn foreground_result(
     let status = TaskStatus::from(outcome.status);
     let status_line = TaskSnapshot::status_line_of(status, detail.as_deref());
     let body = if text.is_empty() { "(no output)" } else { text.trim_end_matches('\n') };
-    ToolOutput { text: format!("{body}\n{status_line}"), is_error: outcome.status != TerminalStatus::Completed }
+    ToolOutput {
+        text: format!("{body}\n{status_line}"),
+        is_error: outcome.status != TerminalStatus::Completed,
+        started: None,
+    }
 }
 
 #[async_trait::async_trait]
@@ -493,6 +501,7 @@ impl Tool for ProducerTool {
                     .with_options(options),
             )
             .await?;
-        Ok(ToolOutput::ok(self.producer.start_reply(&descriptor, &id)))
+        let reply = self.producer.start_reply(&descriptor, &id);
+        Ok(ToolOutput::started(reply, id))
     }
 }

@@ -26,8 +26,8 @@ use crate::setup::{PluginRuntime, build_wasm_producer};
 use taskhost_core::Host;
 use taskhost_core::agents::Agent;
 use taskhost_core::settings::TasksSettings;
-use taskhost_core::tools::CallContext;
 use taskhost_core::tools::producer_tool::ProducerToolOptions;
+use taskhost_core::tools::{CallContext, ToolOutput};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {}
@@ -45,6 +45,16 @@ impl Demo {
 
     /// Calls a tool as the agent and prints the call and its exact result.
     async fn call(&self, tool: &str, args: Value) -> anyhow::Result<String> {
+        Ok(self.call_output(tool, args).await?.text)
+    }
+
+    /// A background start: the id of the task it registered.
+    async fn start(&self, tool: &str, args: Value) -> anyhow::Result<String> {
+        let output = self.call_output(tool, args).await?;
+        output.started.map(|id| id.to_string()).with_context(|| format!("the {tool} call started no task"))
+    }
+
+    async fn call_output(&self, tool: &str, args: Value) -> anyhow::Result<ToolOutput> {
         println!("  > {tool} {args}");
         let output = self
             .host
@@ -54,7 +64,7 @@ impl Demo {
         for line in output.text.lines() {
             println!("  | {line}");
         }
-        Ok(output.text)
+        Ok(output)
     }
 
     fn version_of(&self, id: &str) -> anyhow::Result<String> {
@@ -75,10 +85,6 @@ fn compiled(source: CompileSource) -> &'static str {
         CompileSource::Compiled => "compiled now",
         CompileSource::Cache => "compiled code from the cache",
     }
-}
-
-fn started_id(reply: &str) -> anyhow::Result<String> {
-    reply.rsplit(' ').next().map(str::to_string).context("a start reply ends with the task id")
 }
 
 pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
@@ -108,13 +114,10 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     ));
 
     demo.say("The agent starts two background tasks; each call returns a task id at once.");
-    let slow =
-        started_id(&demo.call("ticker", json!({"count": 6, "interval_ms": 400, "run_in_background": true})).await?)?;
-    let doomed = started_id(
-        &demo
-            .call("ticker", json!({"count": 100, "interval_ms": 200, "message": "long job", "run_in_background": true}))
-            .await?,
-    )?;
+    let slow = demo.start("ticker", json!({"count": 6, "interval_ms": 400, "run_in_background": true})).await?;
+    let doomed = demo
+        .start("ticker", json!({"count": 100, "interval_ms": 200, "message": "long job", "run_in_background": true}))
+        .await?;
 
     demo.say(&format!("Consuming reads: each task_output returns only what is new since the last read of {slow}."));
     tokio::time::sleep(Duration::from_millis(900)).await;
@@ -135,8 +138,7 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
         compiled(reloaded.compile),
         reloaded.took.as_secs_f64() * 1000.0
     );
-    let fresh =
-        started_id(&demo.call("ticker", json!({"count": 3, "interval_ms": 150, "run_in_background": true})).await?)?;
+    let fresh = demo.start("ticker", json!({"count": 3, "interval_ms": 150, "run_in_background": true})).await?;
     println!("  {slow} runs on {}", demo.version_of(&slow)?);
     println!("  {fresh} runs on {}", demo.version_of(&fresh)?);
     ensure!(demo.version_of(&slow)?.starts_with("v1") && demo.version_of(&fresh)?.starts_with("v2"));
@@ -199,18 +201,16 @@ async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
         .to_string();
 
     demo.say("A server started with notify_on: the agent is told when it is ready, without polling.");
-    let server = started_id(
-        &demo
-            .call(
-                "bash",
-                json!({
-                    "command": "echo starting; sleep 0.3; echo \"server ready on port 8080\"; sleep 600",
-                    "run_in_background": true,
-                    "notify_on": {"pattern": "ready on port \\d+"}
-                }),
-            )
-            .await?,
-    )?;
+    let server = demo
+        .start(
+            "bash",
+            json!({
+                "command": "echo starting; sleep 0.3; echo \"server ready on port 8080\"; sleep 600",
+                "run_in_background": true,
+                "notify_on": {"pattern": "ready on port \\d+"}
+            }),
+        )
+        .await?;
     tokio::time::timeout(Duration::from_secs(10), demo.agent.message_injected())
         .await
         .context("no milestone notice arrived")?;
@@ -228,18 +228,16 @@ async fn beyond_the_three_tools(demo: &Demo) -> anyhow::Result<()> {
     demo.call("task_kill", json!({"task_id": server})).await?;
 
     demo.say("An interactive command: started with interactive: true, it reads what task_input sends.");
-    let repl = started_id(
-        &demo
-            .call(
-                "bash",
-                json!({
-                    "command": "while read -r line; do echo \"you said: $line\"; done; echo \"input closed\"",
-                    "run_in_background": true,
-                    "interactive": true
-                }),
-            )
-            .await?,
-    )?;
+    let repl = demo
+        .start(
+            "bash",
+            json!({
+                "command": "while read -r line; do echo \"you said: $line\"; done; echo \"input closed\"",
+                "run_in_background": true,
+                "interactive": true
+            }),
+        )
+        .await?;
     demo.call("task_input", json!({"task_id": repl, "text": "hello\n"})).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -275,29 +273,25 @@ async fn bash(demo: &Demo, runtime: &mut PluginRuntime) -> anyhow::Result<()> {
         "The built-in `bash` plugin, granted only the program bash ({}): a background command.",
         taskhost_process::confine::support().describe()
     ));
-    let id = started_id(
-        &demo
-            .call(
-                "bash",
-                json!({
-                    "command": "echo \"my pid in my namespace: $$\"; for i in 1 2 3; do echo \"step $i\"; sleep 0.2; done",
-                    "run_in_background": true
-                }),
-            )
-            .await?,
-    )?;
+    let id = demo
+        .start(
+            "bash",
+            json!({
+                "command": "echo \"my pid in my namespace: $$\"; for i in 1 2 3; do echo \"step $i\"; sleep 0.2; done",
+                "run_in_background": true
+            }),
+        )
+        .await?;
     let text = demo.call("task_output", json!({"task_id": id, "wait": true, "timeout_ms": 10000})).await?;
     ensure!(text.ends_with("step 3\n[status: completed, exit code: 0]"), "{id} did not complete: {text}");
 
     demo.say("A command that leaves a daemon behind (setsid) is killed, daemon and all.");
-    let id = started_id(
-        &demo
-            .call(
-                "bash",
-                json!({"command": "setsid sleep 600 & echo \"left a daemon\"; sleep 600", "run_in_background": true}),
-            )
-            .await?,
-    )?;
+    let id = demo
+        .start(
+            "bash",
+            json!({"command": "setsid sleep 600 & echo \"left a daemon\"; sleep 600", "run_in_background": true}),
+        )
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let read = demo.host.registry().read(&taskhost_core::ids::TaskId::new(id.as_str()), Some(&demo.agent)).await?;

@@ -238,10 +238,10 @@ impl McpServer {
         if output.is_error {
             return Err(Ok(output));
         }
-        // The start reply ends with the task id (`started background ticker
-        // task ticker-4`); the registry confirms it is this owner's task.
+        // A background start names its task as data; the registry confirms
+        // it is this owner's task.
         let registry = self.host().registry();
-        let id = output.text.rsplit(' ').next().map(taskhost_core::ids::TaskId::new);
+        let id = output.started.clone();
         match id {
             Some(id) if registry.get(&id, Some(owner)).is_ok() => {
                 tracing::info!(task = %id, "answered as an MCP task");
