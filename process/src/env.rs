@@ -55,7 +55,7 @@ pub(crate) fn has_url_credentials(value: &str) -> bool {
 
 /// Whether `name` is matched by `pattern`: exact (case-sensitive, as the
 /// environment is), `PREFIX*`, or `*` for every name.
-fn pattern_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn pattern_matches(pattern: &str, name: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix),
         None => pattern == name,

@@ -60,7 +60,7 @@ use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
 pub use forward::{OutputSink, StreamSections};
-pub use grant::{EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
+pub use grant::{ArgumentRule, EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
 pub use limits::{CpuShare, Mechanism as LimitMechanism, TreeLimits};
 pub use output::{OwnerSpill, SpillFile, StreamChunk};
@@ -480,8 +480,9 @@ impl ProcessHost {
         let roots = grant.working_roots();
         let cwd = grant.check_cwd(&roots, request.cwd.as_deref())?;
         let program = grant.check_program(&argv0, &cwd)?;
+        grant.check_arguments(&program, &request.argv)?;
         for (name, _) in &request.env {
-            ProcessGrant::check_env_name(name.as_ref())?;
+            grant.check_env_name(name.as_ref())?;
         }
         let failed = |source: std::io::Error| SpawnError::Failed { program: argv0.clone(), source };
         let limits = &grant.limits;

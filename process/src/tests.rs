@@ -22,6 +22,8 @@ fn bash_grant() -> ProcessGrant {
         programs: vec!["bash".into()],
         working_dirs: vec![std::env::temp_dir()],
         limits: ProcessLimits { kill_grace_ms: 3_000, ..ProcessLimits::default() },
+        // The tests' spawn requests mark their processes (see `marker`).
+        env: crate::EnvPolicy { plugin_may_set: vec![ProcessMark::NAME.into()], ..Default::default() },
         ..ProcessGrant::default()
     }
 }

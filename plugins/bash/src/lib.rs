@@ -25,7 +25,8 @@
 //! (output alone must not wake the host: nobody may be reading); one last `read-output` then
 //! drains both streams; no byte is returned twice.
 //!
-//! Instance config: `shell` (default `bash`), `cwd`, `env` (wins over the host's scrub),
+//! Instance config: `shell` (default `bash`), `cwd`, `env` (wins over the host's scrub; the grant's
+//! `env.plugin_may_set` must list each name),
 //! `memory_cap_bytes`, `spill_cap_bytes`, `kill_grace_ms` (each at most what the grant
 //! allows), `default_timeout_ms`, `max_timeout_ms`.
 

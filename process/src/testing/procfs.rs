@@ -57,6 +57,9 @@ pub struct ProcessMark {
 }
 
 impl ProcessMark {
+    /// The variable's name (a grant must let the tests set it).
+    pub const NAME: &str = "TASKHOST_TEST_MARK";
+
     /// `TASKHOST_TEST_MARK=<tag>-<pid of the test process>`.
     pub fn new(tag: &str) -> Self {
         Self::with_value(format!("{tag}-{}", std::process::id()))
@@ -64,7 +67,7 @@ impl ProcessMark {
 
     /// `TASKHOST_TEST_MARK=<value>`: a mark another process chose.
     pub fn with_value(value: String) -> Self {
-        Self { name: "TASKHOST_TEST_MARK".to_string(), value }
+        Self { name: Self::NAME.to_string(), value }
     }
 
     /// `export NAME=VALUE; `: a prefix for a shell command that marks every

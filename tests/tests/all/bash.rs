@@ -15,7 +15,7 @@ use taskhost::agents::Agent;
 use taskhost::ids::TaskId;
 use taskhost::plugin::resources::ProcessCapability;
 use taskhost::plugin::{PluginEngine, WasmProducer};
-use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
+use taskhost::process::{EnvPolicy, ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::producer::{Producer, RunMode};
 use taskhost::settings::TasksSettings;
 use taskhost::tasks::TaskStatus;
@@ -41,7 +41,13 @@ fn engine() -> PluginEngine {
 }
 
 fn grant() -> ProcessGrant {
-    ProcessGrant { programs: vec!["bash".into()], working_dirs: vec![std::env::temp_dir()], ..ProcessGrant::default() }
+    ProcessGrant {
+        programs: vec!["bash".into()],
+        working_dirs: vec![std::env::temp_dir()],
+        // Each fixture's plugin config marks its processes (see `fixture_with`).
+        env: EnvPolicy { plugin_may_set: vec![ProcessMark::NAME.into()], ..EnvPolicy::default() },
+        ..ProcessGrant::default()
+    }
 }
 
 /// A host serving the real bash plugin as tool `bash`, with `grant` (none:

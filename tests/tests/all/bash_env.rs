@@ -1,8 +1,9 @@
 //! The bash plugin's environment: the host's environment reaches a command
 //! only through the allowlist (`PATH HOME LANG LC_* TERM TZ USER SHELL`) and
 //! the names the grant passes; credentials and host sockets stay out unless
-//! the grant names them exactly; explicit entries from the plugin config win;
-//! the terminal is model-friendly.
+//! the grant names them exactly; explicit entries from the plugin config win
+//! where the grant lists their names (`env.plugin_may_set`) and are refused
+//! otherwise; the terminal is model-friendly.
 //!
 //! Its own test binary with a single test: it sets variables in the test
 //! process's environment, which must not race other threads reading it.
@@ -51,16 +52,24 @@ async fn only_allowed_host_variables_reach_a_command_and_config_entries_win() {
     let processes = ProcessHost::new(&ProcessHostConfig::default()).unwrap();
     let host = Host::new(&TasksSettings::default()).unwrap();
     let config = json!({"env": {"MY_API_KEY": "from-config"}});
-    let by_default = ProcessGrant { programs: vec!["bash".into()], ..ProcessGrant::default() };
+    // The config's entry reaches the command only where the grant lists its name.
+    let config_names = || vec!["MY_API_KEY".to_string()];
+    let unlisted = ProcessGrant { programs: vec!["bash".into()], ..ProcessGrant::default() };
+    let by_default = ProcessGrant {
+        programs: vec!["bash".into()],
+        env: EnvPolicy { plugin_may_set: config_names(), ..EnvPolicy::default() },
+        ..ProcessGrant::default()
+    };
     let passing = ProcessGrant {
         programs: vec!["bash".into()],
         env: EnvPolicy {
             pass: vec!["TASKHOST_E2E_PLAIN".into(), "SSH_AUTH_SOCK".into(), "DATABASE_URL".into(), "DBUS_*".into()],
+            plugin_may_set: config_names(),
             ..EnvPolicy::default()
         },
         ..ProcessGrant::default()
     };
-    for (tool, grant) in [("bash", by_default), ("bash_passing", passing)] {
+    for (tool, grant) in [("bash_unlisted", unlisted), ("bash", by_default), ("bash_passing", passing)] {
         let producer = WasmProducer::new(version.clone(), config.clone())
             .await
             .unwrap()
@@ -83,8 +92,19 @@ async fn only_allowed_host_variables_reach_a_command_and_config_entries_win() {
     );
     let call = |tool: &'static str| {
         let (host, agent, command) = (host.clone(), agent.clone(), command.clone());
-        async move { host.call_tool(tool, json!({"command": command}), &CallContext::for_agent(&agent)).await.unwrap().text }
+        async move {
+            match host.call_tool(tool, json!({"command": command}), &CallContext::for_agent(&agent)).await {
+                Ok(reply) => reply.text,
+                Err(error) => format!("{error:#}"),
+            }
+        }
     };
+    let refused = call("bash_unlisted").await;
+    assert!(
+        refused.contains("does not let this plugin set environment variable \"MY_API_KEY\"")
+            && refused.contains("`env.plugin_may_set`"),
+        "a name the grant does not list is refused, with the key to change: {refused}"
+    );
     assert_eq!(
         call("bash").await,
         "LC_TIME \n[from-config] [1 dumb cat cat] [home path]\n0\n[status: completed, exit code: 1]",

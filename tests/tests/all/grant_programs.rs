@@ -115,3 +115,61 @@ async fn scenario_with_a_planted_path() {
     );
     host.dispose().await;
 }
+
+/// The grant's argument rules and the names a plugin may set come from the
+/// configuration: a rule is checked at load (its key must be a `programs`
+/// entry) and on every spawn; a config `env` entry needs its name listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argument_rules_and_plugin_env_names_come_from_the_configuration() {
+    let root = std::env::temp_dir().join(format!("taskhost-grant-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let cache = format!("[plugins]\ncache_dir = \"{}\"\n", root.join("cache").display());
+    let rule = |tool: &str, key: &str, prefixes: &str| {
+        format!(
+            "{}[producer.grants.process.arguments.{key}]\nprefixes = [{prefixes}]\npatterns = [\"*\"]\n",
+            entry(tool, "bash", "\"bash\"", "APP_MODE = \"on\"")
+        )
+        .replace("[producer.grants.process]\n", "[producer.grants.process]\nenv.plugin_may_set = [\"APP_*\"]\n")
+    };
+
+    let misnamed = Config::parse(&format!("{cache}{}", rule("misnamed", "sh", "[\"-c\"]"))).unwrap();
+    let error = format!("{:#}", host_from_config(&misnamed, &root).await.err().expect("a rule must name a program"));
+    assert!(error.contains("`arguments.\"sh\"` names no entry of `programs` (bash)"), "{error}");
+
+    let config = Config::parse(&format!(
+        "{cache}{}{}{}",
+        rule("shell", "bash", "[\"-c\"]"),
+        rule("login_only", "bash", "[\"-lc\"]"),
+        entry("unlisted", "bash", "\"bash\"", "APP_MODE = \"on\""),
+    ))
+    .unwrap();
+    let host = host_from_config(&config, &root).await.expect("the rules load");
+    let agent = host.create_agent("agent", "session").unwrap();
+    let call = |tool: &'static str| {
+        let (host, agent) = (host.clone(), agent.clone());
+        async move {
+            let args = json!({"command": "echo \"mode=$APP_MODE\""});
+            match host.call_tool(tool, args, &CallContext::for_agent(&agent)).await {
+                Ok(reply) => reply.text,
+                Err(error) => format!("{error:#}"),
+            }
+        }
+    };
+    let shell = call("shell").await;
+    assert!(shell.starts_with("mode=on\n") && shell.contains("exit code: 0"), "rule and name allow it: {shell}");
+    let login_only = call("login_only").await;
+    assert!(
+        login_only.contains("refuses these arguments to")
+            && login_only.contains("do not begin with an allowed prefix")
+            && login_only.contains("first arguments \"-lc\""),
+        "{login_only}"
+    );
+    let unlisted = call("unlisted").await;
+    assert!(
+        unlisted.contains("does not let this plugin set environment variable \"APP_MODE\" (it may set: nothing)"),
+        "{unlisted}"
+    );
+    host.dispose().await;
+    std::fs::remove_dir_all(&root).unwrap();
+}

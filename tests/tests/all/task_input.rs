@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use taskhost::Host;
 use taskhost::plugin::resources::ProcessCapability;
 use taskhost::plugin::{PluginEngine, WasmProducer};
-use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig};
+use taskhost::process::{EnvPolicy, ProcessGrant, ProcessHost, ProcessHostConfig};
 use taskhost::settings::TasksSettings;
 use taskhost::tools::CallContext;
 use taskhost::tools::producer_tool::ProducerToolOptions;
@@ -41,6 +41,7 @@ async fn fixture(test: &str) -> Fixture {
     let grant = ProcessGrant {
         programs: vec!["bash".into()],
         working_dirs: vec![std::env::temp_dir()],
+        env: EnvPolicy { plugin_may_set: vec![mark.name.clone()], ..EnvPolicy::default() },
         ..ProcessGrant::default()
     };
     let bash = engine.load_file(taskhost::builtin::BASH_PATH).await.expect("load bash");
