@@ -33,6 +33,10 @@ pub struct TasksSettings {
     pub output_spill_bytes: u64,
     /// The most one consuming `task_output` read returns.
     pub output_read_bytes: usize,
+    /// Time to live of a background task whose start names none
+    /// (`ttl_ms`), in milliseconds; 0 (the default) for none. A task its
+    /// owner has not read for this long is stopped, after one notice.
+    pub default_ttl_ms: u64,
 }
 
 impl Default for TasksSettings {
@@ -49,6 +53,7 @@ impl Default for TasksSettings {
             output_memory_total_bytes: registry.output.memory_total_bytes,
             output_spill_bytes: registry.output.spill_bytes,
             output_read_bytes: registry.output.read_bytes,
+            default_ttl_ms: registry.default_ttl.map_or(0, |t| t.as_millis() as u64),
         }
     }
 }
@@ -62,6 +67,7 @@ impl TasksSettings {
             // Where log files go, the host sets (each owner's own directory).
             output: OutputLimits::new(self.output_memory_bytes, self.output_spill_bytes, self.output_read_bytes)
                 .with_memory_total_bytes(self.output_memory_total_bytes),
+            default_ttl: (self.default_ttl_ms > 0).then(|| Duration::from_millis(self.default_ttl_ms)),
         }
     }
 
@@ -71,6 +77,12 @@ impl TasksSettings {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         self.control_tools().validate().map_err(|e| anyhow::anyhow!("[tasks] {e}"))?;
+        anyhow::ensure!(
+            self.default_ttl_ms == 0 || crate::tasks::TTL_MS_RANGE.contains(&self.default_ttl_ms),
+            "[tasks] default_ttl_ms must be 0 (none) or from {} to {} (milliseconds)",
+            crate::tasks::TTL_MS_RANGE.start(),
+            crate::tasks::TTL_MS_RANGE.end()
+        );
         anyhow::ensure!(self.max_live_tasks_per_owner > 0, "[tasks] max_live_tasks_per_owner must be at least 1");
         anyhow::ensure!(
             self.max_finished_tasks_per_owner > 0,

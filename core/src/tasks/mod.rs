@@ -21,7 +21,7 @@ pub use peek::{OutputPeek, TAIL_LIMIT};
 
 pub use registry::{
     AbortedWait, DEFAULT_MAX_FINISHED_TASKS_PER_OWNER, DEFAULT_MAX_LIVE_TASKS_PER_OWNER, DEFAULT_TEARDOWN_TIMEOUT,
-    ListenerGuard, NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TaskDone, TaskDoneListener,
-    TaskRegistry, WeakTaskRegistry, seconds,
+    ListenerGuard, NOTICE_LINE_LIMIT, RegistryConfig, SurfaceGuard, TASK_EVENT_BUFFER, TTL_MS_RANGE, TaskDone,
+    TaskDoneListener, TaskRegistry, WeakTaskRegistry, seconds, warning_lead,
 };
 pub use types::*;

@@ -3,8 +3,9 @@
 //! [`state`] (records, owner fence, queries), [`start`], [`control`] (kill,
 //! wait, input), [`settle`] (settlement, notices, teardown), [`guards`],
 //! [`output_ops`] (reads, views, milestones), [`memory`] (the host-wide
-//! bound on output kept in memory) and [`restore`] (records a store kept
-//! from an earlier process, and their owners' next instances).
+//! bound on output kept in memory), [`ttl`] (time to live) and [`restore`]
+//! (records a store kept from an earlier process, and their owners' next
+//! instances).
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
@@ -50,6 +51,7 @@ mod restore;
 mod settle;
 mod start;
 mod state;
+mod ttl;
 
 pub use control::AbortedWait;
 use guards::ListenerSlot;
@@ -57,6 +59,7 @@ pub use guards::{ListenerGuard, SurfaceGuard};
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
 use output_ops::{StreamOutput, TaskOutput};
 use state::State;
+pub use ttl::{TTL_MS_RANGE, warning_lead};
 
 /// Registry settings.
 #[derive(Clone, Debug)]
@@ -73,6 +76,9 @@ pub struct RegistryConfig {
     pub max_finished_tasks_per_owner: usize,
     /// How much output is kept per stream task, and where it spills.
     pub output: OutputLimits,
+    /// The time to live of a task whose start names none (`None`: no
+    /// bound). See [`ttl`].
+    pub default_ttl: Option<Duration>,
 }
 
 /// The default of [`RegistryConfig::max_finished_tasks_per_owner`].
@@ -91,6 +97,7 @@ impl Default for RegistryConfig {
             teardown_timeout: Some(DEFAULT_TEARDOWN_TIMEOUT),
             max_finished_tasks_per_owner: DEFAULT_MAX_FINISHED_TASKS_PER_OWNER,
             output: OutputLimits::default(),
+            default_ttl: None,
         }
     }
 }

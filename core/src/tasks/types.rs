@@ -232,12 +232,21 @@ impl NotifyOn {
 /// How a background start wants its task served, beyond the producer's
 /// own arguments.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct TaskOptions {
     pub input: TaskInput,
     pub notify_on: Option<NotifyOn>,
+    /// Stop the task when its owner has not read it for this long (see
+    /// [`crate::tasks::RegistryConfig::default_ttl`] for the default).
+    pub ttl: Option<std::time::Duration>,
 }
 
 impl TaskOptions {
+    pub fn with_ttl(mut self, ttl: impl Into<Option<std::time::Duration>>) -> Self {
+        self.ttl = ttl.into();
+        self
+    }
+
     pub fn with_input(mut self, input: TaskInput) -> Self {
         self.input = input;
         self
@@ -423,6 +432,11 @@ pub struct TaskSnapshot {
     /// `None` while nobody did. A `killed` end whose cause is not its owner
     /// is told to the owner in a notice that names the cause.
     pub stop_cause: Option<StopCause>,
+    /// When a live task with a time to live will be stopped unless its
+    /// owner reads it first (each read moves it); `None` for a task without
+    /// one and once the task ended.
+    #[serde(rename = "expires_at_ms", serialize_with = "unix_ms_opt")]
+    pub expires_at: Option<SystemTime>,
 }
 
 /// Who asked a task to stop. Data on the task (and its settlement), so

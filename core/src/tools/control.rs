@@ -12,7 +12,7 @@
 //! and the completion notice stays due ([`AbortedWait::Fail`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 use serde_json::json;
@@ -500,7 +500,21 @@ pub fn kill_reply(id: &TaskId, result: &KillResult) -> String {
 
 /// One task as `task_list` shows it.
 fn list_row(task: &TaskSnapshot) -> String {
-    format!("{} [{}] {} — {}", task.id, task.kind, task.status, one_line(&task.label))
+    let expiry = match task.expires_at.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default()) {
+        Some(left) => format!(" (stopped in {} unless read)", time_left(left)),
+        None => String::new(),
+    };
+    format!("{} [{}] {} — {}{expiry}", task.id, task.kind, task.status, one_line(&task.label))
+}
+
+/// A time left as people read it: `42 s`, `4 min 10 s`, `23 h 59 min`.
+fn time_left(left: Duration) -> String {
+    let secs = left.as_secs_f64().ceil() as u64;
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min {} s", secs / 60, secs % 60),
+        _ => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
+    }
 }
 
 /// Labels are one line in listings, whatever the producer gave.

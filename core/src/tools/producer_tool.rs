@@ -23,8 +23,8 @@ use crate::ids::TaskId;
 use crate::panics::panic_message;
 use crate::producer::{Descriptor, Producer, RunMode};
 use crate::tasks::{
-    NotifyOn, ReadEndedTask, TaskControl, TaskHooks, TaskInput, TaskOptions, TaskOutcome, TaskRegistry, TaskSnapshot,
-    TaskStart, TaskStatus, TerminalStatus,
+    NotifyOn, ReadEndedTask, TTL_MS_RANGE, TaskControl, TaskHooks, TaskInput, TaskOptions, TaskOutcome, TaskRegistry,
+    TaskSnapshot, TaskStart, TaskStatus, TerminalStatus, seconds,
 };
 
 /// The host's flag on producer tools.
@@ -36,6 +36,9 @@ pub const INTERACTIVE: &str = "interactive";
 
 /// The host's milestone option on background starts of stream kinds.
 pub const NOTIFY_ON: &str = "notify_on";
+
+/// The host's time-to-live option on background starts.
+pub const TTL_MS: &str = "ttl_ms";
 
 /// The longest `notify_on.pattern`, in bytes.
 pub const MAX_PATTERN_BYTES: usize = 1024;
@@ -140,6 +143,7 @@ impl ProducerTool {
         background: bool,
         interactive: Option<Value>,
         notify_on: Option<Value>,
+        ttl_ms: Option<Value>,
     ) -> Result<TaskOptions, ToolError> {
         let interactive = match interactive {
             None => false,
@@ -177,7 +181,27 @@ impl ProducerTool {
             (true, false) => TaskInput::NotRequested,
             (true, true) => TaskInput::Open,
         };
-        Ok(TaskOptions { input, notify_on })
+        let ttl = match ttl_ms {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                if !background {
+                    return Err(
+                        self.invalid(format!("{TTL_MS} needs {RUN_IN_BACKGROUND}: true; add it, or drop {TTL_MS}"))
+                    );
+                }
+                match value.as_u64().filter(|ms| TTL_MS_RANGE.contains(ms)) {
+                    Some(ms) => Some(Duration::from_millis(ms)),
+                    None => {
+                        return Err(self.invalid(format!(
+                            "{TTL_MS} must be an integer from {} to {} (milliseconds), got {value}",
+                            TTL_MS_RANGE.start(),
+                            TTL_MS_RANGE.end()
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(TaskOptions::default().with_input(input).with_notify_on(notify_on).with_ttl(ttl))
     }
 
     fn parse_notify_on(&self, value: Value) -> Result<NotifyOn, ToolError> {
@@ -396,6 +420,23 @@ impl Tool for ProducerTool {
                                     later with task_output and stop the task with task_kill. Default false."
                 }),
             );
+            let default_ttl = match self.registry.config().default_ttl {
+                Some(ttl) => format!("{} s (this server's default)", seconds(ttl)),
+                None => "none".to_string(),
+            };
+            properties.insert(
+                TTL_MS.to_string(),
+                json!({
+                    "type": "integer",
+                    "minimum": TTL_MS_RANGE.start(),
+                    "maximum": TTL_MS_RANGE.end(),
+                    "description": format!(
+                        "With run_in_background: stop the task when you have not read it (task_output, any view, a \
+                         wait) for this many milliseconds; a notice comes first, and each read renews it. \
+                         Default: {default_ttl}."
+                    )
+                }),
+            );
             if descriptor.takes_input {
                 properties.insert(
                     INTERACTIVE.to_string(),
@@ -461,7 +502,8 @@ impl Tool for ProducerTool {
         let descriptor = self.producer.descriptor();
         let interactive = object.remove(INTERACTIVE);
         let notify_on = object.remove(NOTIFY_ON);
-        let options = self.task_options(&descriptor, background, interactive, notify_on)?;
+        let ttl_ms = object.remove(TTL_MS);
+        let options = self.task_options(&descriptor, background, interactive, notify_on, ttl_ms)?;
         let validator = self.validator(&descriptor)?;
         let problems: Vec<String> = validator
             .iter_errors(&args)

@@ -8,3 +8,4 @@ mod registry;
 mod registry_peek;
 mod store;
 mod stress;
+mod ttl;

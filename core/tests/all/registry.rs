@@ -525,11 +525,19 @@ async fn a_stop_the_owner_did_not_ask_for_is_told_once_with_its_cause() {
 
     // Any cause: a time to live, a limit, an operator.
     let cases = [
-        (StopCause::TimeToLive { ttl_ms: 600_000 }, "was stopped when its time to live (600 s) ran out"),
-        (StopCause::Limit { limit: "max_output_bytes".into() }, "was stopped by a server limit (max_output_bytes)"),
-        (StopCause::Operator { action: "shutdown".into() }, "was stopped by an operator (shutdown)"),
+        (
+            StopCause::TimeToLive { ttl_ms: 600_000 },
+            "was stopped when its time to live (600 s) ran out",
+            "killed, reason: ttl expired after 600 s",
+        ),
+        (
+            StopCause::Limit { limit: "max_output_bytes".into() },
+            "was stopped by a server limit (max_output_bytes)",
+            "killed",
+        ),
+        (StopCause::Operator { action: "shutdown".into() }, "was stopped by an operator (shutdown)", "killed"),
     ];
-    for (cause, phrase) in cases {
+    for (cause, phrase, status) in cases {
         let task = ScriptedTask::new(true);
         let id = f.registry.start(spec("bash", Some(&agent), &task)).await.unwrap();
         f.registry.stop(&id, cause, None).await.unwrap();
@@ -539,7 +547,7 @@ async fn a_stop_the_owner_did_not_ask_for_is_told_once_with_its_cause() {
         assert_eq!(
             told[0].text,
             format!(
-                "background task {id} (bash: bash work) {phrase} [status: killed]. Read its output with task_output."
+                "background task {id} (bash: bash work) {phrase} [status: {status}]. Read its output with task_output."
             )
         );
     }

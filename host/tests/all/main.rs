@@ -17,6 +17,7 @@ mod mcp_output;
 mod mcp_python;
 mod mcp_stdio;
 mod mcp_tasks;
+mod mcp_ttl;
 mod sandbox_attacks;
 mod sandbox_everyday;
 mod sandbox_limits;

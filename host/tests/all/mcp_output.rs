@@ -73,6 +73,10 @@ impl HttpServer {
         let status =
             tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await.expect("exits on SIGTERM").unwrap();
         assert!(status.success(), "exit status {status}");
+        // Kept when the test fails before this (its logs are there); the
+        // 50-owner run leaves about 2 GiB of task logs otherwise.
+        let _ = std::fs::remove_dir_all(format!("{}-state", self.dir.display()));
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -159,10 +159,13 @@ fn assert_check(example: &Example, expected: Value) {
         .unwrap_or_else(|| panic!("no tool definition in:\n{stdout}"))
         .0;
     let mut definition: Value = serde_json::from_str(definition).expect("the definition is JSON");
-    // The host adds `notify_on` to every stream kind (its text is the host's,
-    // tested with the control tools); no `interactive`: the kind takes no input.
+    // The host adds `notify_on` to every stream kind and `ttl_ms` to every
+    // background tool (their texts are the host's, tested with the control
+    // tools); no `interactive`: the kind takes no input.
     let notify_on = definition["inputSchema"]["properties"].as_object_mut().and_then(|p| p.remove("notify_on"));
     assert_eq!(notify_on.as_ref().map(|n| &n["type"]), Some(&json!("object")), "{stdout}");
+    let ttl_ms = definition["inputSchema"]["properties"].as_object_mut().and_then(|p| p.remove("ttl_ms"));
+    assert_eq!(ttl_ms.as_ref().map(|n| &n["type"]), Some(&json!("integer")), "{stdout}");
     assert_eq!(definition, expected);
     assert!(stdout.ends_with(&format!("ok: {} is a valid taskhost producer plugin\n", example.path())), "{stdout}");
 }

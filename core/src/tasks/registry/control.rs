@@ -110,9 +110,9 @@ impl TaskRegistry {
                 record.pending_reporters += 1;
             }
             tracing::info!(task = %id, cause = ?cause, reason = reason.unwrap_or("-"), "stop requested");
-            let recorded_cause = record.stop_cause.is_none();
+            let recorded_cause = record.stop_cause().is_none();
             if recorded_cause {
-                record.stop_cause = Some(Box::new(cause));
+                record.set_stop_cause(Some(cause));
             }
             // Write-ahead: a stop requested before a crash is carried out
             // by the restart (the task is settled killed, never run again).
@@ -159,7 +159,7 @@ impl TaskRegistry {
             Err(source) => {
                 // Untouched: nobody stopped it after all.
                 if recorded_cause {
-                    record.stop_cause = None;
+                    record.set_stop_cause(None);
                 }
                 let held = if reports { release_reporter(record) } else { None };
                 drop(state);
@@ -210,6 +210,7 @@ impl TaskRegistry {
             fenced(&state, id, caller)?;
             let ticket = state.wait_ticket();
             let record = state.tasks.get_mut(id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
+            record.renew_ttl();
             let aborted = abort.is_some_and(CancellationToken::is_cancelled);
             if record.status.is_terminal() && !(aborted && on_abort == AbortedWait::Fail) {
                 return self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()));

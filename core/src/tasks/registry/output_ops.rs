@@ -156,6 +156,7 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
+            record.renew_ttl();
             let newly_reported = record.status.is_terminal() && record.reporting != state::Reporting::Reported;
             let held = if record.status.is_terminal() { record.mark_reported() } else { None };
             if newly_reported {
@@ -203,8 +204,9 @@ impl TaskRegistry {
         request: &ViewRequest,
     ) -> Result<(String, TaskSnapshot), TaskError> {
         let (control, output) = {
-            let state = self.shared.lock();
-            let record = fenced(&state, id, caller)?;
+            let mut state = self.shared.lock();
+            let record = fenced_mut(&mut state, id, caller)?;
+            record.renew_ttl();
             (record.control.clone(), record.output_source())
         };
         let output = match output {
@@ -334,7 +336,7 @@ impl TaskRegistry {
 
     /// Injects a milestone notice about a live owned task into its owner's
     /// session (tagged with the task, so its terminal report retracts it).
-    fn inject_milestone(&self, id: &TaskId, text: impl FnOnce(&TaskSnapshot) -> String) {
+    pub(super) fn inject_milestone(&self, id: &TaskId, text: impl FnOnce(&TaskSnapshot) -> String) {
         let (owner, text) = {
             let state = self.shared.lock();
             let Some(record) = state.tasks.get(id) else { return };

@@ -139,7 +139,7 @@ impl TaskRegistry {
                 output_log: None,
                 watcher: None,
                 waits: None,
-                stop_cause: None,
+                lifetime: None,
             }));
             restored += 1;
         }

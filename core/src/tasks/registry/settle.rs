@@ -42,7 +42,14 @@ impl TaskRegistry {
         let state = self.shared.lock();
         let snapshot = self.report_terminal(state, id).unwrap_or(
             // Dropped meanwhile (its owner was disposed): report what the read saw.
-            TaskSnapshot { status, detail, finished_at: Some(SystemTime::now()), reported: true, ..before },
+            TaskSnapshot {
+                status,
+                detail,
+                finished_at: Some(SystemTime::now()),
+                reported: true,
+                expires_at: None,
+                ..before
+            },
         );
         TaskRead { text, snapshot }
     }
@@ -156,6 +163,13 @@ impl TaskRegistry {
                 return;
             }
             record.status = status;
+            record.stop_ttl_watcher();
+            let detail = match record.stop_cause() {
+                Some(StopCause::TimeToLive { ttl_ms }) if status == TaskStatus::Killed => {
+                    Some(super::ttl::expired_detail(*ttl_ms, detail.as_deref()))
+                }
+                _ => detail,
+            };
             record.ended = Some(Box::new(Ended { finished_at: SystemTime::now(), detail, output }));
             // A wait whose abort fired before this settlement was aborted
             // first: it holds nothing (and will fail).

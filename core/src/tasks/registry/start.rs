@@ -64,7 +64,11 @@ impl TaskRegistry {
     pub(super) fn register(&self, reservation: Reservation, identity: Identity, hooks: TaskHooks) -> TaskId {
         let control = hooks.control.clone();
         let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
+        let ttl = identity.options.ttl.or(self.shared.config.default_ttl);
         let (id, cancel_now) = self.commit(reservation, identity, hooks);
+        if let Some(ttl) = ttl {
+            self.arm_ttl(&id, ttl);
+        }
         control.watch_output(self.output_signal(&id, owner_session));
         if cancel_now {
             // The owner (or the registry) began disposing while this start
@@ -247,7 +251,7 @@ impl TaskRegistry {
             output_log,
             watcher,
             waits: None,
-            stop_cause: None,
+            lifetime: None,
         }));
         if self.shared.has_subscribers()
             && let Some(record) = state.tasks.get(&id)

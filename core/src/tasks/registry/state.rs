@@ -159,8 +159,18 @@ pub(super) struct Record {
     /// The settlement signal and the waits in progress; made on first
     /// demand, since most tasks are never waited on.
     pub(super) waits: Option<Box<Waits>>,
+    /// Who asked the task to stop and its time to live, once either is
+    /// set (one box: most tasks have neither, and a record stays small).
+    pub(super) lifetime: Option<Box<Lifetime>>,
+}
+
+/// What bounds or ends a task's life besides its own work.
+#[derive(Debug, Default)]
+pub(super) struct Lifetime {
     /// Who asked the task to stop (the first to ask), once anyone did.
-    pub(super) stop_cause: Option<Box<StopCause>>,
+    pub(super) stop_cause: Option<StopCause>,
+    /// The time to live, for a task started with one ([`super::ttl`]).
+    pub(super) ttl: Option<super::ttl::Ttl>,
 }
 
 /// What waits on one task: the signal that fires after its settlement, and
@@ -281,8 +291,26 @@ impl Record {
             finished_at: self.finished_at(),
             reported: self.reporting.is_reported(),
             producer_info: self.producer_info.as_deref().map(str::to_string),
-            stop_cause: self.stop_cause.as_deref().cloned(),
+            stop_cause: self.stop_cause().cloned(),
+            expires_at: self.ttl().filter(|_| !self.status.is_terminal()).map(|ttl| ttl.expires_at()),
         }
+    }
+
+    /// Who asked the task to stop, once anyone did.
+    pub(super) fn stop_cause(&self) -> Option<&StopCause> {
+        self.lifetime.as_ref().and_then(|l| l.stop_cause.as_ref())
+    }
+
+    pub(super) fn set_stop_cause(&mut self, cause: Option<StopCause>) {
+        self.lifetime.get_or_insert_default().stop_cause = cause;
+    }
+
+    pub(super) fn ttl(&self) -> Option<&super::ttl::Ttl> {
+        self.lifetime.as_ref().and_then(|l| l.ttl.as_ref())
+    }
+
+    pub(super) fn ttl_mut(&mut self) -> Option<&mut super::ttl::Ttl> {
+        self.lifetime.as_mut().and_then(|l| l.ttl.as_mut())
     }
 
     pub(super) fn kind(&self) -> &str {
