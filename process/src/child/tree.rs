@@ -21,8 +21,9 @@ impl ChildPlan {
     /// already the leader of a session of its own (so the host's group kill,
     /// `kill(-pid)`, reaches it, and the tree has no controlling terminal).
     /// `stdin` is `/dev/null` or the read end of the tree's stdin pipe; K
-    /// and I point their own fd 0 back at `/dev/null` ([`Self::release_fds`]),
-    /// so only the command holds the pipe.
+    /// and I point their own fd 0 back at `/dev/null` ([`Self::drop_stdio`])
+    /// before they let their child go on, so once the command runs it alone
+    /// holds the pipe.
     pub(crate) unsafe fn in_child(&self, stdin: RawFd, stdout: RawFd, stderr: RawFd) -> ! {
         // SAFETY: only in a freshly forked child (the caller's contract); async-signal-safe syscalls
         // on data prepared before the fork (see the module invariants).
@@ -80,10 +81,11 @@ impl ChildPlan {
                 fail(EXIT_SETUP_FAILED, b"cannot create the status pipe");
             }
             let [status_read, status_write] = status_pipe;
-            // K -> I: "the signals that reached K before I existed are
-            // forwarded" (see `forward_pending`).
+            // K -> its child: "the signals that reached K before you existed
+            // are forwarded" (see `forward_pending`), and "K holds none of
+            // the tree's stdio any more".
             let mut go_pipe = [-1; 2];
-            if namespaces && libc::pipe2(go_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            if libc::pipe2(go_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
                 fail(EXIT_SETUP_FAILED, b"cannot create the start pipe");
             }
             let [go_read, go_write] = go_pipe;
@@ -94,17 +96,18 @@ impl ChildPlan {
                     self.init(status_read, status_write, go_read)
                 }
                 0 => {
+                    libc::close(go_write);
+                    wait_for_go(go_read);
                     self.lock_down();
                     self.exec_command()
                 }
                 child => {
                     // Whatever kill reached K alone is its child's too.
                     forward_pending(child);
-                    if go_write >= 0 {
-                        libc::close(go_read);
-                        libc::write(go_write, b"g".as_ptr().cast(), 1);
-                        libc::close(go_write);
-                    }
+                    self.drop_stdio();
+                    libc::close(go_read);
+                    libc::write(go_write, b"g".as_ptr().cast(), 1);
+                    libc::close(go_write);
                     self.keeper(child, status_read, status_write)
                 }
             }
@@ -216,11 +219,17 @@ impl ChildPlan {
             self.lock_down();
             // K has forwarded what reached it before this process existed
             // (end of file: K is gone, and the death signal ends this too).
-            let mut go = 0u8;
-            while libc::read(go_read, (&mut go as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
-            libc::close(go_read);
+            wait_for_go(go_read);
+            // I -> the command: "I holds none of your stdio any more".
+            let mut released = [-1; 2];
+            if libc::pipe2(released.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                fail(EXIT_SETUP_FAILED, b"cannot create the release pipe");
+            }
+            let [released_read, released_write] = released;
             let command = super::sys::fork_raw();
             if command == 0 {
+                libc::close(released_write);
+                wait_for_go(released_read);
                 self.exec_command();
             }
             if command < 0 {
@@ -229,7 +238,9 @@ impl ChildPlan {
             // Whatever kill reached this process before the command existed
             // is the command's.
             forward_pending(command);
-            self.release_fds(&[status_write]);
+            self.release_fds(&[status_write, released_write]);
+            libc::write(released_write, b"g".as_ptr().cast(), 1);
+            libc::close(released_write);
             loop {
                 let mut status = 0;
                 let pid = libc::waitpid(-1, &mut status, 0);
@@ -254,12 +265,39 @@ impl ChildPlan {
     unsafe fn release_fds(&self, keep: &[RawFd]) {
         // SAFETY: in K or I after the fork; dup2/close on descriptor numbers only.
         unsafe {
-            let devnull = self.devnull;
-            for fd in 0..3 {
-                libc::dup2(devnull, fd);
-            }
+            self.drop_stdio();
             close_from(3, keep);
         }
+    }
+
+    /// Points K's or I's fds 0–2 at `/dev/null`, before it lets its child
+    /// go on: once the command runs, it alone holds the tree's stdin pipe
+    /// (a program that closes its stdin leaves no reader, and a write to it
+    /// fails at once) and the output pipes end with the command's tree.
+    ///
+    /// # Safety
+    /// In K or I after the fork.
+    unsafe fn drop_stdio(&self) {
+        // SAFETY: dup2 on descriptor numbers only.
+        unsafe {
+            for fd in 0..3 {
+                libc::dup2(self.devnull, fd);
+            }
+        }
+    }
+}
+
+/// Blocks until the parent's one byte (or end of file: the parent is gone,
+/// and the death signal ends this process too), then closes the pipe.
+///
+/// # Safety
+/// In a child after the fork; `read_end` is the read end of its start pipe.
+unsafe fn wait_for_go(read_end: RawFd) {
+    // SAFETY: read/close on a descriptor the caller owns.
+    unsafe {
+        let mut go = 0u8;
+        while libc::read(read_end, (&mut go as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
+        libc::close(read_end);
     }
 }
 
