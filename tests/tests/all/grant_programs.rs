@@ -26,6 +26,14 @@ fn entry(tool: &str, shell: &str, programs: &str, env: &str) -> String {
     )
 }
 
+/// The reply to a bash `command` through `tool`, or the error's text.
+async fn reply(host: &taskhost::Host, agent: &taskhost::agents::Agent, tool: &str, command: &str) -> String {
+    match host.call_tool(tool, json!({"command": command}), &CallContext::for_agent(agent)).await {
+        Ok(reply) => reply.text,
+        Err(error) => format!("{error:#}"),
+    }
+}
+
 /// Set in the child that runs the scenario: the root of its planted files.
 const CHILD_ROOT: &str = "TASKHOST_GRANT_PROGRAMS_ROOT";
 
@@ -89,15 +97,7 @@ async fn scenario_with_a_planted_path() {
     .unwrap();
     let host = host_from_config(&config, &root).await.expect("absolute grants load");
     let agent = host.create_agent("agent", "session").unwrap();
-    let call = |tool: &'static str| {
-        let (host, agent) = (host.clone(), agent.clone());
-        async move {
-            match host.call_tool(tool, json!({"command": "true"}), &CallContext::for_agent(&agent)).await {
-                Ok(reply) => reply.text,
-                Err(error) => format!("{error:#}"),
-            }
-        }
-    };
+    let call = |tool: &'static str| reply(&host, &agent, tool, "true");
     let bare = call("bare").await;
     assert!(
         bare.contains(&format!("it resolves to {}, which is not granted", fake.display())),
@@ -146,16 +146,7 @@ async fn argument_rules_and_plugin_env_names_come_from_the_configuration() {
     .unwrap();
     let host = host_from_config(&config, &root).await.expect("the rules load");
     let agent = host.create_agent("agent", "session").unwrap();
-    let call = |tool: &'static str| {
-        let (host, agent) = (host.clone(), agent.clone());
-        async move {
-            let args = json!({"command": "echo \"mode=$APP_MODE\""});
-            match host.call_tool(tool, args, &CallContext::for_agent(&agent)).await {
-                Ok(reply) => reply.text,
-                Err(error) => format!("{error:#}"),
-            }
-        }
-    };
+    let call = |tool: &'static str| reply(&host, &agent, tool, "echo \"mode=$APP_MODE\"");
     let shell = call("shell").await;
     assert!(shell.starts_with("mode=on\n") && shell.contains("exit code: 0"), "rule and name allow it: {shell}");
     let login_only = call("login_only").await;
