@@ -21,7 +21,7 @@ async fn an_unread_background_command_is_stopped_at_its_ttl_and_says_why() {
     let described = bash.input_schema["properties"]["ttl_ms"]["description"].as_str().unwrap();
     assert!(described.ends_with("Default: 600 s (this server's default)."), "{described}");
 
-    let start = json!({"command": "sleep 600", "run_in_background": true, "ttl_ms": 2000});
+    let start = json!({"command": "sleep 600", "run_in_background": true, "ttl_ms": 4000});
     assert_eq!(only_text(&call(&peer, "bash", start).await), "started background task bash-1");
     let default = json!({"command": "sleep 601", "run_in_background": true});
     assert_eq!(only_text(&call(&peer, "bash", default).await), "started background task bash-2");
@@ -37,12 +37,12 @@ async fn an_unread_background_command_is_stopped_at_its_ttl_and_says_why() {
     );
 
     // The wait renews the TTL once, at its start; the command is stopped
-    // two seconds later, and the wait returns its end.
+    // four seconds later, and the wait returns its end.
     let ended =
         texts(&call(&peer, "task_output", json!({"task_id": "bash-1", "wait": true, "timeout_ms": 60_000})).await);
-    assert_eq!(ended[0], "(no new output)\n[status: killed, reason: ttl expired after 2 s, signal: SIGTERM]");
+    assert_eq!(ended[0], "(no new output)\n[status: killed, reason: ttl expired after 4 s, signal: SIGTERM]");
     let warning = "background task bash-1 (bash: sleep 600) will be stopped in 1 s: nobody read it for its time to \
-                   live (2 s). Read it with task_output (any read or view renews it for another 2 s), or stop it \
+                   live (4 s). Read it with task_output (any read or view renews it for another 4 s), or stop it \
                    with task_kill.";
     assert!(ended[1..].iter().all(|notice| notice == warning), "at most the one warning rides along: {ended:?}");
     let listed = only_text(&call(&peer, "task_list", json!({})).await);
