@@ -377,6 +377,7 @@ impl ChildPlan {
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
             bounds,
+            durable: None,
         };
         Ok((plan, applied))
     }
@@ -415,6 +416,7 @@ impl ChildPlan {
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
             bounds,
+            durable: None,
         })
     }
 
@@ -438,8 +440,18 @@ impl ChildPlan {
             // through the pipe, then the tree.
             unsafe {
                 libc::setsid();
+                if let Some(durable) = &self.durable {
+                    // Listening before the spawn returns: a server may
+                    // connect at once; the peer a client sees is K.
+                    libc::listen(durable.socket.as_raw_fd(), 8);
+                }
                 libc::close(session_w.as_raw_fd());
-                self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd())
+                let (out, err) = match &self.durable {
+                    // K copies a durable tree's output into its logs.
+                    Some(durable) => (durable.stdout_w.as_raw_fd(), durable.stderr_w.as_raw_fd()),
+                    None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
+                };
+                self.in_child(stdin.unwrap_or(self.devnull), out, err)
             }
         }
         // The group kill signals K's session (`kill(-pid)`), which exists
