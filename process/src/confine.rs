@@ -15,7 +15,8 @@
 //!   reproduces C's status (code, or death by the same signal).
 //! - K holds the host's lifeline pipe and SIGKILLs its group on hang-up: a
 //!   tree never outlives the host (not `PR_SET_PDEATHSIG` on K: it follows
-//!   the forking *thread*).
+//!   the forking *thread*). A durable tree's K ([`crate::durable`]) holds
+//!   no lifeline: it keeps the tree until its deadline.
 //! - Before it unshares, K joins the tree's cgroups (or sets the fallback's
 //!   rlimits right after entering its user namespace); it builds the view
 //!   ([`crate::view`]) in its mount namespace; without the network grant the

@@ -17,7 +17,9 @@
 //!   environment is rebuilt, never inherited as is ([`env`]).
 //! - No task process outlives its [`Process`], its task, or the host: the
 //!   handle kills on drop; with PID namespaces, the tree dies with its
-//!   command; a death signal ties every tree to the host process.
+//!   command; a death signal ties every tree to the host process. The
+//!   exception is asked for: a durable tree ([`durable`]) outlives the
+//!   host, never its deadline.
 //! - A tree's output can be forwarded ([`Process::forward_output`]): then
 //!   it goes, formatted, into the task's [`OutputSink`] as it is read,
 //!   bounded there rather than in per-stream buffers ([`forward`]).

@@ -73,6 +73,13 @@ impl ChildPlan {
             // After the user namespace: RLIMIT_NPROC then counts this
             // tree's processes alone (it counts per user namespace).
             self.bounds.set_rlimits();
+            // K and I hold what the command must not read: a forked K is a
+            // copy of the host's memory, a durable K holds its secret. Not
+            // dumpable, their memory, descriptors and maps are closed to a
+            // same-uid process without CAP_SYS_PTRACE (the command: its
+            // `execve` makes it dumpable again). After the id maps: a
+            // process that is not dumpable cannot write its own.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
             // After the mounts: the working directory may be a read-write
             // root that was just mounted again on top of itself.
             if libc::chdir(self.cwd.as_ptr()) != 0 {

@@ -104,7 +104,7 @@ async fn adoption_needs_the_secret_the_pid_and_its_start_time() {
         .spawn_durable(
             &owner,
             &bash_grant(),
-            piped("read a; echo \"got $a\""),
+            piped("read a; echo \"got $a\"; cat; echo eof"),
             state.spawn(1, Duration::from_secs(60)),
             &tracing::Span::none(),
         )
@@ -129,12 +129,15 @@ async fn adoption_needs_the_secret_the_pid_and_its_start_time() {
     let refused = DurableProcess::adopt(&impostor).expect_err("the socket's peer must be the recorded pid");
     assert!(matches!(refused, AdoptError::Refused(_)), "{refused}");
 
-    // None of that disturbed the keeper: the true record adopts.
+    // None of that disturbed the keeper: the true record adopts (the
+    // spawning server lets go first: its stdin copy would keep the pipe open).
+    drop(process);
     let adopted = DurableProcess::adopt(&record).expect("the true record adopts");
     adopted.write_stdin(b"still here\n").unwrap();
+    // End of file reaches the tree once both the server's and K's copies close.
+    adopted.close_stdin().unwrap();
     assert_eq!(finished(&adopted).await.unwrap().status, ExitStatus::Code(0));
-    assert_eq!(log(&adopted, Stream::Stdout, 0), "got still here\n");
-    drop(process);
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got still here\neof\n");
 }
 
 /// A keeper killed from outside takes its tree along and leaves no status:
@@ -272,4 +275,108 @@ async fn trees_cannot_reach_the_logs_or_the_socket() {
         .expect_err("an unprotected directory is refused");
     assert!(refused.to_string().contains("protected"), "{refused}");
     std::fs::remove_dir_all(&outside).unwrap();
+}
+
+/// Not a test by itself: the server of `a_durable_tree_survives_its_server_killed`,
+/// which runs this test binary again on this name. It starts a durable
+/// tree, prints its record and waits to be killed.
+#[tokio::test]
+#[ignore = "helper process of a_durable_tree_survives_its_server_killed"]
+async fn helper_server_of_a_durable_tree() {
+    let (Ok(value), Some(state)) = (std::env::var("TASKHOST_HELPER_MARK"), std::env::var_os("TASKHOST_HELPER_STATE"))
+    else {
+        return;
+    };
+    let state = PathBuf::from(state);
+    let host = ProcessHost::new(&ProcessHostConfig { protected_paths: vec![state.clone()], ..Default::default() })
+        .expect("process host");
+    let owner = host.owner_spill("").unwrap();
+    let mark = ProcessMark::with_value(value);
+    let script = "read a; echo \"got $a\"; read b; echo \"got $b\"; exit 5";
+    let request = SpawnRequest { stdin: StdinMode::Pipe, ..bash(script, &mark) };
+    let logs = state.join("tree");
+    std::fs::create_dir(&logs).unwrap();
+    let spawn = DurableSpawn::new(logs, state.join("k.sock"), Duration::from_secs(60));
+    let process = host.spawn_durable(&owner, &bash_grant(), request, spawn, &tracing::Span::none()).await.unwrap();
+    process.write_stdin(b"one\n").unwrap();
+    await_marked(&mark, 1).await;
+    println!("record {}", serde_json::to_string(process.record()).unwrap());
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+}
+
+/// The server process is SIGKILLed (its lifeline hangs up, its spill
+/// directory stays behind): the durable tree runs on, and this process
+/// adopts it, feeds it and sees it end.
+#[tokio::test]
+async fn a_durable_tree_survives_its_server_killed() {
+    use tokio::io::AsyncBufReadExt;
+    let state = State::new("server-killed");
+    let mark = marker("durable-server-killed");
+    let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tests::durable::helper_server_of_a_durable_tree", "--ignored", "--nocapture"])
+        .env("TASKHOST_HELPER_MARK", &mark.value)
+        .env("TASKHOST_HELPER_STATE", &state.dir)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(helper.stdout.take().unwrap()).lines();
+    let record = loop {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the helper server got stuck")
+            .unwrap()
+            .expect("the helper server ended without a record");
+        if let Some(json) = line.strip_prefix("record ") {
+            break serde_json::from_str::<crate::DurableRecord>(json).unwrap();
+        }
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(helper.id().unwrap() as i32, libc::SIGKILL) };
+    helper.wait().await.unwrap();
+    let adopted = DurableProcess::adopt(&record).expect("the tree outlived its server");
+    adopted.write_stdin(b"two\n").unwrap();
+    let exit = finished(&adopted).await.unwrap();
+    assert_eq!(exit.status, ExitStatus::Code(5));
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got one\ngot two\n");
+    assert_no_marked(&mark).await;
+}
+
+/// The secret is in the memory of K and of I (PID 1 of the tree, forked
+/// from K; a forked K is a copy of the server's memory): the command reads
+/// neither's memory nor where their descriptors lead.
+#[tokio::test]
+async fn the_command_cannot_read_the_keepers_memory() {
+    let state = State::new("memory");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    // The first readable mapping of PID 1 (or of the parent without a PID namespace).
+    let script = r#"
+        p=1; [ -r /proc/1/maps ] || p=$PPID
+        if m=$(head -n1 /proc/$p/maps 2>/dev/null) && [ -n "$m" ]; then
+            start=$((16#${m%%-*}))
+            if dd if=/proc/$p/mem bs=1 skip=$start count=1 status=none 2>/dev/null | od -An -c | grep -q .; then
+                echo "read memory of $p"
+            fi
+        fi
+        for f in /proc/$p/fd/*; do readlink "$f" 2>/dev/null | sed 's/^/fd: /'; done
+        echo probed"#;
+    for (n, pid_namespace) in [(1, true), (2, false)] {
+        let grant = ProcessGrant { pid_namespace, ..bash_grant() };
+        let process = host
+            .spawn_durable(
+                &owner,
+                &grant,
+                piped(script),
+                state.spawn(n, Duration::from_secs(60)),
+                &tracing::Span::none(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
+        let out = log(&process, Stream::Stdout, 0);
+        assert!(!out.contains("read memory"), "PID namespace {pid_namespace}: {out}");
+        assert!(!out.contains("fd: "), "PID namespace {pid_namespace}: {out}");
+        assert!(out.ends_with("probed\n"), "PID namespace {pid_namespace}: {out}");
+    }
 }
