@@ -43,7 +43,8 @@ pub struct DurableSpawn {
     /// under a protected path.
     pub dir: PathBuf,
     /// Where K's socket is bound (must not exist), under a protected path;
-    /// at most 107 bytes.
+    /// at most 107 bytes. K cannot remove it (its mount namespace hides the
+    /// path): the caller removes it once the tree ended, with `dir`.
     pub socket: PathBuf,
     /// K SIGKILLs the tree this long after the start.
     pub ttl: Duration,
