@@ -168,7 +168,10 @@ impl DurableProcess {
             // Gone, or the pid now names another process.
             return ended(record);
         }
-        let pidfd = crate::pidfd_open(record.keeper_pid).map_err(|e| AdoptError::Lost(format!("pidfd_open: {e}")))?;
+        let Ok(pidfd) = crate::pidfd_open(record.keeper_pid) else {
+            // It ended (and was reaped) since the look above.
+            return ended(record);
+        };
         // The pidfd names the process that had the recorded start time.
         if start_time(record.keeper_pid) != Some(record.keeper_start_time) {
             return ended(record);
@@ -425,7 +428,8 @@ pub(crate) fn open(spawn: &DurableSpawn) -> std::io::Result<Opened> {
     Ok(Opened { dir, stdout_log, stderr_log, socket })
 }
 
-/// Whether `path` lies under one of `protected`.
+/// Whether `path` (resolved) lies under one of `protected` (each resolved
+/// where it exists).
 pub(crate) fn is_protected(path: &Path, protected: &[PathBuf]) -> bool {
-    protected.iter().any(|p| path.starts_with(p))
+    protected.iter().any(|p| path.starts_with(p.canonicalize().as_deref().unwrap_or(p)))
 }

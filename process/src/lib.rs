@@ -627,7 +627,15 @@ impl ProcessHost {
             record.keeper_pid = pid;
             record.keeper_start_time = durable::start_time(pid).unwrap_or_default();
             tracing::debug!(parent: &span, dir = %record.dir.display(), "durable process started");
-            return Ok(Spawned::Durable(DurableProcess::spawned(record, pidfd, stdin_write).map_err(failed)?));
+            return DurableProcess::spawned(record, pidfd, stdin_write).map(Spawned::Durable).map_err(|e| {
+                // Unwatched, it must not run on.
+                // SAFETY: our unreaped child's group, then our child.
+                unsafe {
+                    libc::kill(-forked.pid, libc::SIGKILL);
+                    libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+                }
+                failed(e)
+            });
         }
         let (stdout, stderr) = (forked.stdout, forked.stderr);
         // A larger pipe lets a chatty command run ahead of the reader.
@@ -693,8 +701,10 @@ impl ProcessHost {
         stdin: Option<OwnedFd>,
         log_cap: u64,
     ) -> std::io::Result<(plan::DurablePlan, DurableRecord)> {
-        for path in [&spec.dir, &spec.socket] {
-            if !durable::is_protected(path, &self.protected) {
+        // Resolved (`..`, links), as the view resolves the protected paths.
+        let socket_dir = spec.socket.parent().unwrap_or(Path::new("/"));
+        for path in [spec.dir.canonicalize()?, socket_dir.canonicalize()?] {
+            if !durable::is_protected(&path, &self.protected) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{} is not under a protected path: trees could reach it", path.display()),

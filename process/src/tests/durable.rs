@@ -274,6 +274,19 @@ async fn trees_cannot_reach_the_logs_or_the_socket() {
         .await
         .expect_err("an unprotected directory is refused");
     assert!(refused.to_string().contains("protected"), "{refused}");
+    // Nor does `..` lead out of the protected directory.
+    let escape = state.dir.join("..").join(outside.file_name().unwrap());
+    let refused = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("true"),
+            DurableSpawn::new(escape.clone(), state.dir.join("k-escape.sock"), Duration::from_secs(5)),
+            &tracing::Span::none(),
+        )
+        .await
+        .expect_err("a directory reached through `..` is refused");
+    assert!(refused.to_string().contains("protected"), "{refused}");
     std::fs::remove_dir_all(&outside).unwrap();
 }
 
