@@ -15,7 +15,8 @@
 //!   reproduces C's status (code, or death by the same signal).
 //! - K holds the host's lifeline pipe and SIGKILLs its group on hang-up: a
 //!   tree never outlives the host (not `PR_SET_PDEATHSIG` on K: it follows
-//!   the forking *thread*).
+//!   the forking *thread*). A durable tree's K ([`crate::durable`]) holds
+//!   no lifeline: it keeps the tree until its deadline.
 //! - Before it unshares, K joins the tree's cgroups (or sets the fallback's
 //!   rlimits right after entering its user namespace); it builds the view
 //!   ([`crate::view`]) in its mount namespace; without the network grant the
@@ -377,6 +378,7 @@ impl ChildPlan {
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
             bounds,
+            durable: None,
         };
         Ok((plan, applied))
     }
@@ -415,6 +417,7 @@ impl ChildPlan {
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the working directory holds a NUL byte"))?,
             exec,
             bounds,
+            durable: None,
         })
     }
 
@@ -438,8 +441,18 @@ impl ChildPlan {
             // through the pipe, then the tree.
             unsafe {
                 libc::setsid();
+                if let Some(durable) = &self.durable {
+                    // Listening before the spawn returns: a server may
+                    // connect at once; the peer a client sees is K.
+                    libc::listen(durable.socket.as_raw_fd(), 8);
+                }
                 libc::close(session_w.as_raw_fd());
-                self.in_child(stdin.unwrap_or(self.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd())
+                let (out, err) = match &self.durable {
+                    // K copies a durable tree's output into its logs.
+                    Some(durable) => (durable.stdout_w.as_raw_fd(), durable.stderr_w.as_raw_fd()),
+                    None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
+                };
+                self.in_child(stdin.unwrap_or(self.devnull), out, err)
             }
         }
         // The group kill signals K's session (`kill(-pid)`), which exists

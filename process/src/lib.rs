@@ -17,7 +17,9 @@
 //!   environment is rebuilt, never inherited as is ([`env`]).
 //! - No task process outlives its [`Process`], its task, or the host: the
 //!   handle kills on drop; with PID namespaces, the tree dies with its
-//!   command; a death signal ties every tree to the host process.
+//!   command; a death signal ties every tree to the host process. The
+//!   exception is asked for: a durable tree ([`durable`]) outlives the
+//!   host, never its deadline.
 //! - A tree's output can be forwarded ([`Process::forward_output`]): then
 //!   it goes, formatted, into the task's [`OutputSink`] as it is read,
 //!   bounded there rather than in per-stream buffers ([`forward`]).
@@ -31,6 +33,7 @@
 
 mod child;
 pub mod confine;
+pub mod durable;
 pub mod env;
 pub mod forward;
 pub mod fs_policy;
@@ -59,6 +62,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
+pub use durable::{AdoptError, DurableExit, DurableProcess, DurableRecord, DurableSpawn};
 pub use forward::{OutputSink, StreamSections};
 pub use grant::{ArgumentRule, EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};
@@ -475,6 +479,41 @@ impl ProcessHost {
         request: SpawnRequest,
         parent: &tracing::Span,
     ) -> Result<Process, SpawnError> {
+        match self.spawn_tree(owner, grant, request, None, parent)? {
+            Spawned::Process(process) => Ok(process),
+            Spawned::Durable(_) => unreachable!("a tree spawned without durable options is not durable"),
+        }
+    }
+
+    /// As [`Self::spawn_for`], a durable tree ([`durable`]): it outlives
+    /// this server (until `durable.ttl`), its output goes to logs in
+    /// `durable.dir`, and a later server re-adopts it by
+    /// [`DurableProcess::record`]. Its keeper is always forked (the warm
+    /// and exec'd keepers do not take these duties yet), and its pids and
+    /// memory are bounded by rlimits, not by this server's cgroups (which go
+    /// with the server). `request.timeout` is not used: the ttl is the bound.
+    pub async fn spawn_durable(
+        &self,
+        owner: &Arc<OwnerSpill>,
+        grant: &ProcessGrant,
+        request: SpawnRequest,
+        durable: DurableSpawn,
+        parent: &tracing::Span,
+    ) -> Result<DurableProcess, SpawnError> {
+        match self.spawn_tree(owner, grant, request, Some(durable), parent)? {
+            Spawned::Durable(process) => Ok(process),
+            Spawned::Process(_) => unreachable!("a tree spawned with durable options is durable"),
+        }
+    }
+
+    fn spawn_tree(
+        &self,
+        owner: &Arc<OwnerSpill>,
+        grant: &ProcessGrant,
+        request: SpawnRequest,
+        durable: Option<DurableSpawn>,
+        parent: &tracing::Span,
+    ) -> Result<Spawned, SpawnError> {
         let argv0 = request.argv.first().ok_or(Refusal::EmptyArgv)?.clone();
         // Resolved once: the working directory's check and the policy share them.
         let roots = grant.working_roots();
@@ -513,8 +552,12 @@ impl ProcessHost {
         let exec = confine::ExecPlan::new(&program, &request.argv, &env).map_err(failed)?;
         let spill = view::SpillView { hidden: &self.spill_dir, owner: owner.dir() };
         let limiter = self.limiter();
-        let cgroup = limiter.tree(owner.dir()).map_err(failed)?;
-        let (nproc, data) = limiter.rlimits();
+        // A durable tree outlives this server's cgroups: rlimits bound it.
+        let cgroup = if durable.is_some() { None } else { limiter.tree(owner.dir()).map_err(failed)? };
+        let (nproc, data) = match durable {
+            Some(_) => (self.tree_limits.max_pids, self.tree_limits.max_memory_bytes),
+            None => limiter.rlimits(),
+        };
         let bounds = confine::Bounds {
             cgroup_procs: cgroup.as_ref().map_or_else(Vec::new, |c| c.procs_files().to_vec()),
             nproc,
@@ -522,7 +565,7 @@ impl ProcessHost {
             nofile: self.open_files,
             fsize: self.file_bytes,
         };
-        let (plan, applied) = confine::ChildPlan::new(
+        let (mut plan, applied) = confine::ChildPlan::new(
             grant.pid_namespace,
             !grant.network,
             ruleset,
@@ -548,7 +591,22 @@ impl ProcessHost {
         // Starting here, on the caller's thread, is safe: nothing in the tree
         // depends on this thread living on (see `confine`, the lifeline).
         let stdin_read = stdin_pipe.as_ref().map(|(read, _)| std::os::fd::AsRawFd::as_raw_fd(read));
-        let forked = launch::start(&plan, stdin_read).map_err(failed)?;
+        let durable_record = match &durable {
+            Some(spec) => {
+                let stdin_copy = match &stdin_pipe {
+                    Some((_, write)) => Some(write.try_clone().map_err(failed)?),
+                    None => None,
+                };
+                let (durable_plan, record) = self.durable_plan(spec, stdin_copy, spill_cap).map_err(failed)?;
+                plan.durable = Some(durable_plan);
+                Some(record)
+            }
+            None => None,
+        };
+        let forked =
+            if durable.is_some() { plan.fork(stdin_read) } else { launch::start(&plan, stdin_read) }.map_err(failed)?;
+        // K holds the durable tree's pipe ends, logs and socket now.
+        plan.durable = None;
         // Only the tree holds the read end now.
         let stdin_write = stdin_pipe.map(|(_, write)| write);
         limiter.make_ahead_in_background(owner.dir());
@@ -566,6 +624,20 @@ impl ProcessHost {
                 return Err(failed(e));
             }
         };
+        if let Some(mut record) = durable_record {
+            record.keeper_pid = pid;
+            record.keeper_start_time = durable::start_time(pid).unwrap_or_default();
+            tracing::debug!(parent: &span, dir = %record.dir.display(), "durable process started");
+            return DurableProcess::spawned(record, pidfd, stdin_write).map(Spawned::Durable).map_err(|e| {
+                // Unwatched, it must not run on.
+                // SAFETY: our unreaped child's group, then our child.
+                unsafe {
+                    libc::kill(-forked.pid, libc::SIGKILL);
+                    libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+                }
+                failed(e)
+            });
+        }
         let (stdout, stderr) = (forked.stdout, forked.stderr);
         // A larger pipe lets a chatty command run ahead of the reader.
         // SAFETY: fcntl on a descriptor we own; failure only costs throughput.
@@ -603,7 +675,7 @@ impl ProcessHost {
             cgroup,
             span,
         });
-        started.map_err(|e| {
+        started.map(Spawned::Process).map_err(|e| {
             // Unsupervised, it must not run on.
             // SAFETY: our unreaped child's group, then our child.
             unsafe {
@@ -612,6 +684,64 @@ impl ProcessHost {
             }
             failed(e)
         })
+    }
+}
+
+/// What [`ProcessHost::spawn_tree`] started.
+enum Spawned {
+    Process(Process),
+    Durable(DurableProcess),
+}
+
+impl ProcessHost {
+    /// Opens what K of a durable tree holds (see [`durable`]); the record's
+    /// pid and start time are filled in once K exists.
+    fn durable_plan(
+        &self,
+        spec: &DurableSpawn,
+        stdin: Option<OwnedFd>,
+        log_cap: u64,
+    ) -> std::io::Result<(plan::DurablePlan, DurableRecord)> {
+        // Resolved (`..`, links), as the view resolves the protected paths.
+        let socket_dir = spec.socket.parent().unwrap_or(Path::new("/"));
+        for path in [spec.dir.canonicalize()?, socket_dir.canonicalize()?] {
+            if !durable::is_protected(&path, &self.protected) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{} is not under a protected path: trees could reach it", path.display()),
+                ));
+            }
+        }
+        let opened = durable::open(spec)?;
+        let (stdout, stdout_w) = confine::pipe()?;
+        let (stderr, stderr_w) = confine::pipe()?;
+        let secret = durable::new_secret()?;
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime into a local.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let ttl = libc::time_t::try_from(spec.ttl.as_secs().saturating_add(1)).unwrap_or(libc::time_t::MAX / 2);
+        let plan = plan::DurablePlan {
+            stdout,
+            stderr,
+            stdout_w,
+            stderr_w,
+            stdin,
+            dir: opened.dir,
+            stdout_log: opened.stdout_log,
+            stderr_log: opened.stderr_log,
+            socket: opened.socket,
+            secret,
+            deadline: now.tv_sec.saturating_add(ttl),
+            log_cap,
+        };
+        let record = DurableRecord {
+            dir: spec.dir.clone(),
+            socket: spec.socket.clone(),
+            secret,
+            keeper_pid: 0,
+            keeper_start_time: 0,
+        };
+        Ok((plan, record))
     }
 }
 

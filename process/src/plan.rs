@@ -92,6 +92,37 @@ pub(crate) struct ChildPlan {
     pub(crate) exec: ExecPlan,
     /// The tree's limits (see [`super::limits`]).
     pub(crate) bounds: Bounds,
+    /// A durable tree's keeper duties ([`crate::durable`]); `None`: K
+    /// kills the tree when the host's lifeline hangs up.
+    pub(crate) durable: Option<DurablePlan>,
+}
+
+/// What K of a durable tree holds and does instead of following the host:
+/// descriptors it keeps (the host closes its copies of the output pipes'
+/// read ends; it keeps its own stdin write end), the secret a server proves
+/// itself with, the deadline and the log cap.
+pub(crate) struct DurablePlan {
+    /// Read ends of the tree's stdout and stderr pipes.
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
+    /// Their write ends: the tree's stdout and stderr (K closes its copies).
+    pub(crate) stdout_w: OwnedFd,
+    pub(crate) stderr_w: OwnedFd,
+    /// K's copy of the write end of the tree's stdin pipe, if it has one.
+    pub(crate) stdin: Option<OwnedFd>,
+    /// The log directory (`O_PATH`): logs, status file and marks are made
+    /// relative to it (K's mount namespace hides its path).
+    pub(crate) dir: OwnedFd,
+    /// The open logs (append-only) of stdout and stderr.
+    pub(crate) stdout_log: OwnedFd,
+    pub(crate) stderr_log: OwnedFd,
+    /// The bound (not yet listening) Unix socket K listens on.
+    pub(crate) socket: OwnedFd,
+    pub(crate) secret: [u8; SECRET_BYTES],
+    /// `CLOCK_MONOTONIC` seconds at which K SIGKILLs the tree.
+    pub(crate) deadline: libc::time_t,
+    /// Bytes K writes into both logs together, at most.
+    pub(crate) log_cap: u64,
 }
 
 /// The limits a tree's keeper applies to itself before anything else runs:
@@ -109,4 +140,53 @@ pub(crate) struct Bounds {
     pub nofile: u64,
     /// `RLIMIT_FSIZE`, always (0: as inherited).
     pub fsize: u64,
+}
+
+impl DurablePlan {
+    /// The descriptors K keeps for these duties (-1: none).
+    pub(crate) fn fds(&self) -> [RawFd; 7] {
+        use std::os::fd::AsRawFd;
+        [
+            self.stdout.as_raw_fd(),
+            self.stderr.as_raw_fd(),
+            self.stdin.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+            self.dir.as_raw_fd(),
+            self.stdout_log.as_raw_fd(),
+            self.stderr_log.as_raw_fd(),
+            self.socket.as_raw_fd(),
+        ]
+    }
+}
+
+/// Bytes of the secret a server proves itself to K with.
+pub const SECRET_BYTES: usize = 32;
+
+/// A request to a durable tree's K (one byte after the secret; see
+/// [`crate::durable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// Reply with K's stdin write end (if it still has one).
+    Adopt,
+    /// K closes its stdin write end (the tree sees end of file once the
+    /// server closed its own).
+    CloseStdin,
+    /// SIGTERM to the tree's group.
+    Terminate,
+    /// SIGKILL to the tree.
+    Kill,
+}
+
+impl Command {
+    pub(crate) fn byte(self) -> u8 {
+        match self {
+            Self::Adopt => b'A',
+            Self::CloseStdin => b'C',
+            Self::Terminate => b'T',
+            Self::Kill => b'K',
+        }
+    }
+
+    pub(crate) fn from_byte(byte: u8) -> Option<Self> {
+        [Self::Adopt, Self::CloseStdin, Self::Terminate, Self::Kill].into_iter().find(|c| c.byte() == byte)
+    }
 }

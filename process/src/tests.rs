@@ -9,6 +9,7 @@ use super::*;
 
 mod bounds;
 mod dev;
+mod durable;
 mod namespaces;
 mod session;
 mod view;

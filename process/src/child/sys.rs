@@ -5,7 +5,7 @@
 use std::os::fd::RawFd;
 
 /// Closes every descriptor `>= low` except those in `keep` (negative
-/// entries are ignored; at most four are kept).
+/// entries are ignored; at most twelve are kept).
 ///
 /// # Safety
 /// In a forked child that owns nothing it needs among the descriptors it
@@ -13,7 +13,7 @@ use std::os::fd::RawFd;
 pub(super) unsafe fn close_from(low: RawFd, keep: &[RawFd]) {
     // SAFETY: closes descriptor numbers only, with a stack array; async-signal-safe.
     unsafe {
-        let mut sorted = [-1; 4];
+        let mut sorted = [-1; 12];
         let mut n = 0;
         for &fd in keep.iter().filter(|&&fd| fd >= low) {
             if n < sorted.len() {

@@ -46,7 +46,10 @@ impl ChildPlan {
             // handler (tokio's), and waitpid needs the default disposition.
             libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let landlock = self.landlock.as_ref().map_or(-1, |fd| fd.as_raw_fd());
-            close_from(3, &[self.devnull, landlock, self.lifeline]);
+            let durable = self.durable_fds();
+            let mut keep = [self.devnull, landlock, self.lifeline, -1, -1, -1, -1, -1, -1, -1];
+            keep[3..].copy_from_slice(&durable);
+            close_from(3, &keep);
             // Before anything forks: every process of the tree starts in
             // its cgroups.
             self.bounds.join_cgroups();
@@ -71,6 +74,13 @@ impl ChildPlan {
             // After the user namespace: RLIMIT_NPROC then counts this
             // tree's processes alone (it counts per user namespace).
             self.bounds.set_rlimits();
+            // K and I hold what the command must not read: a forked K is a
+            // copy of the host's memory, a durable K holds its secret. Not
+            // dumpable, their memory, descriptors and maps are closed to a
+            // same-uid process without CAP_SYS_PTRACE (the command: its
+            // `execve` makes it dumpable again). After the id maps: a
+            // process that is not dumpable cannot write its own.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
             // After the mounts: the working directory may be a read-write
             // root that was just mounted again on top of itself.
             if libc::chdir(self.cwd.as_ptr()) != 0 {
@@ -108,6 +118,16 @@ impl ChildPlan {
                     libc::close(go_read);
                     libc::write(go_write, b"g".as_ptr().cast(), 1);
                     libc::close(go_write);
+                    if let Some(durable) = &self.durable {
+                        if status_write >= 0 {
+                            libc::close(status_write);
+                        }
+                        let mut keep = [status_read, -1, -1, -1, -1, -1, -1, -1];
+                        keep[1..].copy_from_slice(&durable.fds());
+                        self.release_fds(&keep);
+                        let status = durable.keep(child, status_read);
+                        reproduce(status)
+                    }
                     self.keeper(child, status_read, status_write)
                 }
             }
@@ -206,6 +226,12 @@ impl ChildPlan {
         // SAFETY: in I after the fork; async-signal-safe syscalls on data prepared before the fork.
         unsafe {
             libc::close(status_read);
+            // A durable tree's logs, socket and pipe ends are K's alone.
+            for fd in self.durable_fds() {
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+            }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             // K may have died before the death signal was armed: K holds the
             // pipe's read end, so a broken pipe tells.
@@ -255,6 +281,11 @@ impl ChildPlan {
                 }
             }
         }
+    }
+
+    /// The descriptors of a durable tree's keeper duties (-1 where none).
+    fn durable_fds(&self) -> [RawFd; 7] {
+        self.durable.as_ref().map_or([-1; 7], |d| d.fds())
     }
 
     /// Points stdio at /dev/null and closes every other descriptor but
@@ -451,7 +482,7 @@ unsafe fn forward_pending(child: libc::pid_t) {
 ///
 /// # Safety
 /// In K, once its child is reaped (it ends the process).
-unsafe fn reproduce(status: libc::c_int) -> ! {
+pub(super) unsafe fn reproduce(status: libc::c_int) -> ! {
     // SAFETY: signal, sigaction and _exit on this process only: async-signal-safe.
     unsafe {
         if libc::WIFSIGNALED(status) {

@@ -1,0 +1,356 @@
+//! K of a durable tree ([`crate::durable`]): instead of following the host
+//! it copies the tree's output into the logs, answers servers on its
+//! socket, enforces the deadline and writes the tree's end next to the logs.
+//!
+//! Invariants (besides [`super`]'s: no allocation, async-signal-safe):
+//! - The logs only grow, by K's writes alone; together they hold at most
+//!   the cap, and the `truncated` mark says when K dropped output past it.
+//! - The `status` file appears whole (written as `status.tmp`, then
+//!   renamed) once the tree is reaped: `code N` or `signal N`, then
+//!   `deadline` when K killed the tree at its deadline.
+//! - A connection is served only after the secret it sends matches (in
+//!   constant time), within [`CLIENT_WAIT_MS`]; K never blocks on a client
+//!   longer than that.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::plan::{Command, DurablePlan, SECRET_BYTES};
+
+/// How long K waits for a connected client's request.
+const CLIENT_WAIT_MS: libc::c_int = 1_000;
+/// K's copy buffer (on its stack).
+const COPY_BYTES: usize = 16 * 1024;
+
+/// K's loop state: what is still open.
+struct Keeping {
+    stdin: RawFd,
+    written: u64,
+    truncated: bool,
+    deadline_hit: bool,
+}
+
+impl DurablePlan {
+    /// Runs K's duties until the tree ended; returns the command's `waitpid`
+    /// status (after writing it into the status file).
+    ///
+    /// # Safety
+    /// In K, right after it forked `child` and released every other
+    /// descriptor; `status_read` is I's status pipe (-1 without a PID
+    /// namespace).
+    pub(crate) unsafe fn keep(&self, child: libc::pid_t, status_read: RawFd) -> libc::c_int {
+        // SAFETY: async-signal-safe syscalls on descriptors this plan holds.
+        unsafe {
+            // K writes the logs: past RLIMIT_FSIZE a write fails, it does not kill K.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            // Listening since the fork (see `ChildPlan::fork`).
+            let socket = self.socket.as_raw_fd();
+            let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
+            let mut state = Keeping {
+                stdin: self.stdin.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+                written: 0,
+                truncated: false,
+                deadline_hit: false,
+            };
+            if pidfd < 0 {
+                // K could not watch the tree end: it must not run unwatched.
+                self.end_tree(child);
+            }
+            let mut out = self.stdout.as_raw_fd();
+            let mut err = self.stderr.as_raw_fd();
+            let mut buf = [0u8; COPY_BYTES];
+            loop {
+                let timeout = if state.deadline_hit { -1 } else { millis_until(self.deadline) };
+                let mut fds = [
+                    libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: out, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: err, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: socket, events: libc::POLLIN, revents: 0 },
+                ];
+                if libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) < 0 {
+                    if super::sys::errno() == libc::EINTR {
+                        continue;
+                    }
+                    break;
+                }
+                if !state.deadline_hit && millis_until(self.deadline) == 0 {
+                    state.deadline_hit = true;
+                    self.end_tree(child);
+                }
+                if fds[1].revents != 0 && !self.copy(out, self.stdout_log.as_raw_fd(), &mut buf, &mut state) {
+                    out = -1;
+                }
+                if fds[2].revents != 0 && !self.copy(err, self.stderr_log.as_raw_fd(), &mut buf, &mut state) {
+                    err = -1;
+                }
+                if fds[3].revents != 0 {
+                    self.serve(socket, child, &mut state);
+                }
+                if fds[0].revents != 0 || pidfd < 0 {
+                    break;
+                }
+            }
+            let mut child_status = 0;
+            while libc::waitpid(child, &mut child_status, 0) < 0 {
+                if super::sys::errno() != libc::EINTR {
+                    break;
+                }
+            }
+            let mut bytes = [0u8; 4];
+            let status = if status_read >= 0 && libc::read(status_read, bytes.as_mut_ptr().cast(), 4) == 4 {
+                i32::from_ne_bytes(bytes)
+            } else {
+                child_status
+            };
+            // What the tree wrote before it ended is in the pipes (with a
+            // PID namespace nothing holds their write ends any more; without,
+            // a descendant that left may: then only what is there now).
+            for (fd, log) in [(out, self.stdout_log.as_raw_fd()), (err, self.stderr_log.as_raw_fd())] {
+                if fd < 0 {
+                    continue;
+                }
+                libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK);
+                while self.copy(fd, log, &mut buf, &mut state) {}
+            }
+            self.write_status(status, &state);
+            // Without a PID namespace, what the command left in the group
+            // dies with it (K too: its status is written).
+            if status_read < 0 {
+                libc::kill(0, libc::SIGKILL);
+            }
+            status
+        }
+    }
+
+    /// Copies one read of `from` into `log`, within the cap; false at end
+    /// of file (or error, or nothing to read on a non-blocking end).
+    ///
+    /// # Safety
+    /// In K.
+    unsafe fn copy(&self, from: RawFd, log: RawFd, buf: &mut [u8; COPY_BYTES], state: &mut Keeping) -> bool {
+        // SAFETY: read/write on K's descriptors into its stack buffer.
+        unsafe {
+            let n = libc::read(from, buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                return n < 0 && super::sys::errno() == libc::EINTR;
+            }
+            let n = n as u64;
+            let room = self.log_cap.saturating_sub(state.written);
+            let keep = n.min(room) as usize;
+            let mut at = 0;
+            while at < keep {
+                let w = libc::write(log, buf[at..].as_ptr().cast(), keep - at);
+                if w < 0 && super::sys::errno() == libc::EINTR {
+                    continue;
+                }
+                if w <= 0 {
+                    break;
+                }
+                at += w as usize;
+            }
+            state.written += at as u64;
+            if (at as u64) < n && !state.truncated {
+                state.truncated = true;
+                let fd = libc::openat(
+                    self.dir.as_raw_fd(),
+                    c"truncated".as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    0o600,
+                );
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+            }
+            true
+        }
+    }
+
+    /// Answers one client of the socket: a request is the secret and one
+    /// [`Command`] byte; the reply is one byte, with K's stdin write end
+    /// attached to the reply of [`Command::Adopt`] while K holds one.
+    ///
+    /// # Safety
+    /// In K.
+    unsafe fn serve(&self, socket: RawFd, child: libc::pid_t, state: &mut Keeping) {
+        // SAFETY: accept/poll/recv/sendmsg/close on K's descriptors, stack buffers only.
+        unsafe {
+            let conn = libc::accept4(
+                socket,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            );
+            if conn < 0 {
+                return;
+            }
+            let mut request = [0u8; SECRET_BYTES + 1];
+            let mut got = 0;
+            while got < request.len() {
+                let mut poll = libc::pollfd { fd: conn, events: libc::POLLIN, revents: 0 };
+                if libc::poll(&mut poll, 1, CLIENT_WAIT_MS) <= 0 {
+                    break;
+                }
+                let n = libc::recv(conn, request[got..].as_mut_ptr().cast(), request.len() - got, libc::MSG_DONTWAIT);
+                if n <= 0 {
+                    break;
+                }
+                got += n as usize;
+            }
+            let mut differ = 0u8;
+            for (a, b) in request[..SECRET_BYTES].iter().zip(self.secret.iter()) {
+                differ |= a ^ b;
+            }
+            if got == request.len() && differ == 0 {
+                match Command::from_byte(request[SECRET_BYTES]) {
+                    Some(Command::Adopt) => send_with_fd(conn, state.stdin),
+                    Some(Command::CloseStdin) => {
+                        if state.stdin >= 0 {
+                            libc::close(state.stdin);
+                            state.stdin = -1;
+                        }
+                        reply(conn, b'k');
+                    }
+                    Some(Command::Terminate) => {
+                        // The group's SIGTERM; K and I keep it blocked.
+                        libc::kill(0, libc::SIGTERM);
+                        reply(conn, b'k');
+                    }
+                    Some(Command::Kill) => {
+                        self.end_tree(child);
+                        reply(conn, b'k');
+                    }
+                    None => {}
+                }
+            }
+            libc::close(conn);
+        }
+    }
+
+    /// SIGKILLs the tree but K: I (its death empties the PID namespace) or,
+    /// without one, the command and what stayed in the group.
+    ///
+    /// # Safety
+    /// In K.
+    unsafe fn end_tree(&self, child: libc::pid_t) {
+        // SAFETY: kill and signal masks of this process: async-signal-safe.
+        unsafe {
+            // With a PID namespace, I's death ends everything in it; without
+            // one, the group's stragglers die once K wrote the status.
+            libc::kill(child, libc::SIGKILL);
+        }
+    }
+
+    /// Writes `status.tmp`, then renames it to `status`.
+    ///
+    /// # Safety
+    /// In K, once the tree is reaped.
+    unsafe fn write_status(&self, status: libc::c_int, state: &Keeping) {
+        // SAFETY: openat/write/fsync/renameat relative to K's directory descriptor, stack buffers.
+        unsafe {
+            let mut text = [0u8; 64];
+            let mut len = 0;
+            let (word, number): (&[u8], i32) = if libc::WIFSIGNALED(status) {
+                (b"signal ", libc::WTERMSIG(status))
+            } else if libc::WIFEXITED(status) {
+                (b"code ", libc::WEXITSTATUS(status))
+            } else {
+                (b"code ", -1)
+            };
+            push(&mut text, &mut len, word);
+            push_number(&mut text, &mut len, number);
+            push(&mut text, &mut len, b"\n");
+            if state.deadline_hit {
+                push(&mut text, &mut len, b"deadline\n");
+            }
+            let dir = self.dir.as_raw_fd();
+            let fd = libc::openat(
+                dir,
+                c"status.tmp".as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600,
+            );
+            if fd < 0 {
+                return;
+            }
+            let ok = libc::write(fd, text.as_ptr().cast(), len) == len as isize && libc::fsync(fd) == 0;
+            libc::close(fd);
+            if ok {
+                libc::renameat(dir, c"status.tmp".as_ptr(), dir, c"status".as_ptr());
+            }
+        }
+    }
+}
+
+fn push(buf: &mut [u8; 64], len: &mut usize, bytes: &[u8]) {
+    let n = bytes.len().min(buf.len() - *len);
+    buf[*len..*len + n].copy_from_slice(&bytes[..n]);
+    *len += n;
+}
+
+fn push_number(buf: &mut [u8; 64], len: &mut usize, number: i32) {
+    if number < 0 {
+        push(buf, len, b"-");
+    }
+    let mut digits = [0u8; 12];
+    let mut n = number.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    push(buf, len, &digits[at..]);
+}
+
+/// Milliseconds from now until `deadline` (`CLOCK_MONOTONIC` seconds), at
+/// most a day (poll's timeout is an int); 0 once it passed.
+fn millis_until(deadline: libc::time_t) -> libc::c_int {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime into a local: async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    #[allow(clippy::unnecessary_cast, reason = "time_t and c_long are not i64 on every target")]
+    let left = (deadline as i64 - now.tv_sec as i64) * 1000 - now.tv_nsec as i64 / 1_000_000;
+    left.clamp(0, 86_400_000) as libc::c_int
+}
+
+/// One reply byte.
+///
+/// # Safety
+/// In K, on a connected socket.
+unsafe fn reply(conn: RawFd, byte: u8) {
+    // SAFETY: send of one stack byte.
+    unsafe { libc::send(conn, (&byte as *const u8).cast(), 1, libc::MSG_NOSIGNAL) };
+}
+
+/// The reply to an adoption: `s` with `fd` attached, or `n` without
+/// (`fd` < 0).
+///
+/// # Safety
+/// In K, on a connected socket.
+unsafe fn send_with_fd(conn: RawFd, fd: RawFd) {
+    // SAFETY: sendmsg with a stack message and a stack control buffer sized by CMSG_SPACE.
+    unsafe {
+        if fd < 0 {
+            reply(conn, b'n');
+            return;
+        }
+        let mut byte = b's';
+        let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+        // u64s: aligned for `cmsghdr`.
+        let mut control = [0u64; 4];
+        let space = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as usize;
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+        std::ptr::copy_nonoverlapping((&fd as *const RawFd).cast::<u8>(), libc::CMSG_DATA(cmsg), size_of::<RawFd>());
+        libc::sendmsg(conn, &msg, libc::MSG_NOSIGNAL);
+    }
+}

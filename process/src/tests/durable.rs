@@ -1,0 +1,395 @@
+//! Durable trees: they outlive the server that started them, their output
+//! lands in their logs while no server watches, and the next server
+//! re-adopts them by their record, and only by it.
+
+use super::*;
+use crate::durable::{AdoptError, DurableProcess, DurableSpawn};
+
+/// A state directory (protected: no tree sees it) and a host that protects it.
+struct State {
+    dir: PathBuf,
+}
+
+impl State {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("taskhost-durable-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    fn host(&self) -> Arc<ProcessHost> {
+        ProcessHost::new(&ProcessHostConfig { protected_paths: vec![self.dir.clone()], ..Default::default() })
+            .expect("process host")
+    }
+
+    /// Durable options for tree `n`: its own log directory and socket.
+    fn spawn(&self, n: u32, ttl: Duration) -> DurableSpawn {
+        let logs = self.dir.join(format!("tree-{n}"));
+        std::fs::create_dir(&logs).unwrap();
+        DurableSpawn::new(logs, self.dir.join(format!("k-{n}.sock")), ttl)
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn piped(script: &str) -> SpawnRequest {
+    SpawnRequest { argv: vec!["bash".into(), "-c".into(), script.into()], stdin: StdinMode::Pipe, ..Default::default() }
+}
+
+fn log(process: &DurableProcess, stream: Stream, offset: u64) -> String {
+    String::from_utf8(process.read_log(stream, offset, 1 << 20).unwrap()).unwrap()
+}
+
+async fn finished(process: &DurableProcess) -> Result<crate::DurableExit, AdoptError> {
+    tokio::time::timeout(Duration::from_secs(20), process.finished()).await.expect("the durable tree got stuck")
+}
+
+/// The server (its handle and its `ProcessHost`) goes; the tree runs on,
+/// reads what was written to its stdin and writes into its log; a new
+/// server adopts it, writes to its stdin, reads the rest from an offset and
+/// sees its exit code.
+#[tokio::test]
+async fn a_durable_tree_outlives_its_server_and_is_adopted() {
+    let state = State::new("outlives");
+    let host = state.host();
+    let grant = bash_grant();
+    let owner = host.owner_spill("").unwrap();
+    let script = "read a; echo \"got $a\"; echo to-stderr >&2; read b; echo \"got $b\"; exit 7";
+    let mark = marker("durable-outlives");
+    let request = SpawnRequest { stdin: StdinMode::Pipe, ..bash(script, &mark) };
+    let process = host
+        .spawn_durable(&owner, &grant, request, state.spawn(1, Duration::from_secs(60)), &tracing::Span::none())
+        .await
+        .unwrap();
+    assert_eq!(process.write_stdin(b"one\n").unwrap(), 4);
+    // Set up (the view holds this server's spill directory, which goes with it).
+    await_marked(&mark, 1).await;
+    let record = process.record().clone();
+    drop(process);
+    drop(owner);
+    drop(host);
+
+    let host = state.host();
+    let adopted = DurableProcess::adopt(&record);
+    let adopted = adopted.expect("the tree is adopted");
+    assert_eq!(adopted.write_stdin(b"two\n").unwrap(), 4);
+    let exit = finished(&adopted).await.unwrap();
+    assert_eq!(exit.status, ExitStatus::Code(7));
+    assert!(!exit.deadline);
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got one\ngot two\n");
+    assert_eq!(log(&adopted, Stream::Stdout, 8), "got two\n", "reads resume at a recorded offset");
+    assert_eq!(log(&adopted, Stream::Stderr, 0), "to-stderr\n");
+    assert!(!adopted.truncated());
+    // Once ended, a later server still learns how.
+    let late = DurableProcess::adopt(&record).expect("an ended tree is adopted ended");
+    assert_eq!(finished(&late).await.unwrap().status, ExitStatus::Code(7));
+    drop(host);
+}
+
+/// Only the recorded keeper, proved by the recorded secret, is adopted: a
+/// wrong secret is refused (and the tree runs on), a socket whose peer is
+/// not the recorded pid is refused, a start time that does not match (a
+/// recycled pid) is not the tree.
+#[tokio::test]
+async fn adoption_needs_the_secret_the_pid_and_its_start_time() {
+    let state = State::new("proof");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let process = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("read a; echo \"got $a\"; cat; echo eof"),
+            state.spawn(1, Duration::from_secs(60)),
+            &tracing::Span::none(),
+        )
+        .await
+        .unwrap();
+    let record = process.record().clone();
+
+    let mut wrong_secret = record.clone();
+    wrong_secret.secret[0] ^= 1;
+    let refused = DurableProcess::adopt(&wrong_secret).expect_err("a wrong secret is refused");
+    assert!(matches!(refused, AdoptError::Refused(_)), "{refused}");
+
+    let mut recycled = record.clone();
+    recycled.keeper_start_time += 1;
+    let lost = DurableProcess::adopt(&recycled).expect_err("another process's start time is not the keeper's");
+    assert!(matches!(lost, AdoptError::Lost(_)), "{lost}");
+
+    // A record naming a live process that is not the socket's peer.
+    let mut impostor = record.clone();
+    impostor.keeper_pid = std::process::id();
+    impostor.keeper_start_time = crate::durable::start_time(std::process::id()).unwrap();
+    let refused = DurableProcess::adopt(&impostor).expect_err("the socket's peer must be the recorded pid");
+    assert!(matches!(refused, AdoptError::Refused(_)), "{refused}");
+
+    // None of that disturbed the keeper: the true record adopts (the
+    // spawning server lets go first: its stdin copy would keep the pipe open).
+    drop(process);
+    let adopted = DurableProcess::adopt(&record).expect("the true record adopts");
+    adopted.write_stdin(b"still here\n").unwrap();
+    // End of file reaches the tree once both the server's and K's copies close.
+    adopted.close_stdin().unwrap();
+    assert_eq!(finished(&adopted).await.unwrap().status, ExitStatus::Code(0));
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got still here\neof\n");
+}
+
+/// A keeper killed from outside takes its tree along and leaves no status:
+/// the tree is lost, to its handle and to a later adoption.
+#[tokio::test]
+async fn a_killed_keeper_means_a_lost_tree() {
+    let state = State::new("killed-keeper");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let mark = marker("durable-killed-keeper");
+    let mut request = bash("sleep 1000", &mark);
+    request.stdin = StdinMode::Empty;
+    let process = host
+        .spawn_durable(&owner, &bash_grant(), request, state.spawn(1, Duration::from_secs(60)), &tracing::Span::none())
+        .await
+        .unwrap();
+    await_marked(&mark, 1).await;
+    // SAFETY: SIGKILL to the keeper this test started.
+    unsafe { libc::kill(process.pid() as i32, libc::SIGKILL) };
+    let lost = finished(&process).await.expect_err("no status without the keeper");
+    assert!(matches!(lost, AdoptError::Lost(_)), "{lost}");
+    let lost = DurableProcess::adopt(process.record()).expect_err("nothing to adopt");
+    assert!(matches!(lost, AdoptError::Lost(_)), "{lost}");
+    if confine::support().pid_namespace {
+        assert_no_marked(&mark).await;
+    }
+}
+
+/// With no server to end it, the keeper SIGKILLs the tree at its deadline
+/// and says so in the status.
+#[tokio::test]
+async fn the_keeper_kills_the_tree_at_its_deadline() {
+    let state = State::new("deadline");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let mark = marker("durable-deadline");
+    let process = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            bash("echo started; sleep 1000", &mark),
+            state.spawn(1, Duration::from_secs(1)),
+            &tracing::Span::none(),
+        )
+        .await
+        .unwrap();
+    await_marked(&mark, 1).await;
+    let record = process.record().clone();
+    drop(process);
+    drop(owner);
+    drop(host);
+    let adopted = match DurableProcess::adopt(&record) {
+        Ok(adopted) => adopted,
+        Err(e) => panic!("{e}"),
+    };
+    let exit = finished(&adopted).await.unwrap();
+    assert_eq!(exit.status, ExitStatus::Signal(libc::SIGKILL));
+    assert!(exit.deadline, "the status says the deadline ended it");
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "started\n");
+}
+
+/// The logs hold at most the spill cap together; the keeper marks that it
+/// dropped the rest, and the tree is not held up by it.
+#[tokio::test]
+async fn the_logs_are_bounded_by_the_spill_cap() {
+    let state = State::new("cap");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let mut request = piped("head -c 300000 /dev/zero; head -c 300000 /dev/zero >&2; echo done >&2");
+    request.spill_cap = Some(100_000);
+    let process = host
+        .spawn_durable(&owner, &bash_grant(), request, state.spawn(1, Duration::from_secs(60)), &tracing::Span::none())
+        .await
+        .unwrap();
+    assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
+    let out = process.read_log(Stream::Stdout, 0, 1 << 20).unwrap();
+    let err = process.read_log(Stream::Stderr, 0, 1 << 20).unwrap();
+    assert_eq!(out.len(), 100_000);
+    assert!(err.is_empty(), "the cap is for both logs together");
+    assert!(process.truncated());
+}
+
+/// No tree sees the state directory: not the logs, not the socket (the
+/// durable tree itself included); and a directory outside the protected
+/// paths is refused.
+#[tokio::test]
+async fn trees_cannot_reach_the_logs_or_the_socket() {
+    let state = State::new("hidden");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let spawn = state.spawn(1, Duration::from_secs(60));
+    // The protected directory may show as an empty mount point; nothing in it shows.
+    let probe = format!(
+        "for p in {} {} {}/stdout.log; do if [ -e \"$p\" ]; then echo \"sees $p\"; fi; done; \
+         ls -A {} 2>/dev/null; echo probed",
+        spawn.dir.display(),
+        spawn.socket.display(),
+        spawn.dir.display(),
+        state.dir.display(),
+    );
+    let process =
+        host.spawn_durable(&owner, &bash_grant(), piped(&probe), spawn, &tracing::Span::none()).await.unwrap();
+    assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
+    assert_eq!(log(&process, Stream::Stdout, 0), "probed\n");
+    // Another owner's plain tree, while the durable one's socket exists.
+    let other = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("read x"),
+            state.spawn(2, Duration::from_secs(60)),
+            &tracing::Span::none(),
+        )
+        .await
+        .unwrap();
+    let (out, _, _, status) = drain(
+        &host.spawn(&bash_grant(), bash(&probe, &marker("durable-hidden")), &tracing::Span::none()).await.unwrap(),
+    )
+    .await;
+    assert_eq!((String::from_utf8_lossy(&out).as_ref(), status), ("probed\n", ExitStatus::Code(0)));
+    other.kill().unwrap();
+    assert_eq!(finished(&other).await.unwrap().status, ExitStatus::Signal(libc::SIGKILL));
+
+    let outside = std::env::temp_dir().join(format!("taskhost-durable-outside-{}", std::process::id()));
+    std::fs::create_dir_all(&outside).unwrap();
+    let refused = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("true"),
+            DurableSpawn::new(outside.clone(), outside.join("k.sock"), Duration::from_secs(5)),
+            &tracing::Span::none(),
+        )
+        .await
+        .expect_err("an unprotected directory is refused");
+    assert!(refused.to_string().contains("protected"), "{refused}");
+    // Nor does `..` lead out of the protected directory.
+    let escape = state.dir.join("..").join(outside.file_name().unwrap());
+    let refused = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("true"),
+            DurableSpawn::new(escape.clone(), state.dir.join("k-escape.sock"), Duration::from_secs(5)),
+            &tracing::Span::none(),
+        )
+        .await
+        .expect_err("a directory reached through `..` is refused");
+    assert!(refused.to_string().contains("protected"), "{refused}");
+    std::fs::remove_dir_all(&outside).unwrap();
+}
+
+/// Not a test by itself: the server of `a_durable_tree_survives_its_server_killed`,
+/// which runs this test binary again on this name. It starts a durable
+/// tree, prints its record and waits to be killed.
+#[tokio::test]
+#[ignore = "helper process of a_durable_tree_survives_its_server_killed"]
+async fn helper_server_of_a_durable_tree() {
+    let (Ok(value), Some(state)) = (std::env::var("TASKHOST_HELPER_MARK"), std::env::var_os("TASKHOST_HELPER_STATE"))
+    else {
+        return;
+    };
+    let state = PathBuf::from(state);
+    let host = ProcessHost::new(&ProcessHostConfig { protected_paths: vec![state.clone()], ..Default::default() })
+        .expect("process host");
+    let owner = host.owner_spill("").unwrap();
+    let mark = ProcessMark::with_value(value);
+    let script = "read a; echo \"got $a\"; read b; echo \"got $b\"; exit 5";
+    let request = SpawnRequest { stdin: StdinMode::Pipe, ..bash(script, &mark) };
+    let logs = state.join("tree");
+    std::fs::create_dir(&logs).unwrap();
+    let spawn = DurableSpawn::new(logs, state.join("k.sock"), Duration::from_secs(60));
+    let process = host.spawn_durable(&owner, &bash_grant(), request, spawn, &tracing::Span::none()).await.unwrap();
+    process.write_stdin(b"one\n").unwrap();
+    await_marked(&mark, 1).await;
+    println!("record {}", serde_json::to_string(process.record()).unwrap());
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+}
+
+/// The server process is SIGKILLed (its lifeline hangs up, its spill
+/// directory stays behind): the durable tree runs on, and this process
+/// adopts it, feeds it and sees it end.
+#[tokio::test]
+async fn a_durable_tree_survives_its_server_killed() {
+    use tokio::io::AsyncBufReadExt;
+    let state = State::new("server-killed");
+    let mark = marker("durable-server-killed");
+    let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tests::durable::helper_server_of_a_durable_tree", "--ignored", "--nocapture"])
+        .env("TASKHOST_HELPER_MARK", &mark.value)
+        .env("TASKHOST_HELPER_STATE", &state.dir)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(helper.stdout.take().unwrap()).lines();
+    let record = loop {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the helper server got stuck")
+            .unwrap()
+            .expect("the helper server ended without a record");
+        if let Some(json) = line.strip_prefix("record ") {
+            break serde_json::from_str::<crate::DurableRecord>(json).unwrap();
+        }
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(helper.id().unwrap() as i32, libc::SIGKILL) };
+    helper.wait().await.unwrap();
+    let adopted = DurableProcess::adopt(&record).expect("the tree outlived its server");
+    adopted.write_stdin(b"two\n").unwrap();
+    let exit = finished(&adopted).await.unwrap();
+    assert_eq!(exit.status, ExitStatus::Code(5));
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got one\ngot two\n");
+    assert_no_marked(&mark).await;
+}
+
+/// The secret is in the memory of K and of I (PID 1 of the tree, forked
+/// from K; a forked K is a copy of the server's memory): the command reads
+/// neither's memory nor where their descriptors lead.
+#[tokio::test]
+async fn the_command_cannot_read_the_keepers_memory() {
+    let state = State::new("memory");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    // The first readable mapping of PID 1 (or of the parent without a PID namespace).
+    let script = r#"
+        p=1; [ -r /proc/1/maps ] || p=$PPID
+        if m=$(head -n1 /proc/$p/maps 2>/dev/null) && [ -n "$m" ]; then
+            start=$((16#${m%%-*}))
+            if dd if=/proc/$p/mem bs=1 skip=$start count=1 status=none 2>/dev/null | od -An -c | grep -q .; then
+                echo "read memory of $p"
+            fi
+        fi
+        for f in /proc/$p/fd/*; do readlink "$f" 2>/dev/null | sed 's/^/fd: /'; done
+        echo probed"#;
+    for (n, pid_namespace) in [(1, true), (2, false)] {
+        let grant = ProcessGrant { pid_namespace, ..bash_grant() };
+        let process = host
+            .spawn_durable(
+                &owner,
+                &grant,
+                piped(script),
+                state.spawn(n, Duration::from_secs(60)),
+                &tracing::Span::none(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
+        let out = log(&process, Stream::Stdout, 0);
+        assert!(!out.contains("read memory"), "PID namespace {pid_namespace}: {out}");
+        assert!(!out.contains("fd: "), "PID namespace {pid_namespace}: {out}");
+        assert!(out.ends_with("probed\n"), "PID namespace {pid_namespace}: {out}");
+    }
+}
