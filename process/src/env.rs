@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use super::grant::EnvPolicy;
+use super::grant::pattern_matches;
 
 /// A terminal that does not page, colour or ask questions: models read plain text.
 pub const TERMINAL_DEFAULTS: [(&str, &str); 4] =
@@ -51,15 +52,6 @@ pub(crate) fn has_url_credentials(value: &str) -> bool {
         let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
         scheme_ok && authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'))
     })
-}
-
-/// Whether `name` is matched by `pattern`: exact (case-sensitive, as the
-/// environment is), `PREFIX*`, or `*` for every name.
-pub(crate) fn pattern_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => pattern == name,
-    }
 }
 
 /// Builds the complete environment of a process (it replaces, never extends,

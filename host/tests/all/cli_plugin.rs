@@ -646,7 +646,9 @@ fn guide_typed_producer_works_word_for_word() {
     let mut shown = shown;
     // The guide abridges the host's own text.
     for value in [&mut definition, &mut shown] {
-        value["inputSchema"]["properties"]["run_in_background"].as_object_mut().unwrap().remove("description");
+        for option in ["run_in_background", "ttl_ms"] {
+            value["inputSchema"]["properties"][option].as_object_mut().unwrap().remove("description");
+        }
     }
     assert_eq!(definition, shown, "the guide shows another tool definition than check prints");
 

@@ -29,7 +29,7 @@ fn config(extra: &str) -> String {
     );
     format!(
         "{extra}\n[[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\n[producer.config.env]\nCOLD_START_TEST = \
-         \"{nonce}\"\n[producer.grants.process]\nprograms = [\"bash\"]\n"
+         \"{nonce}\"\n[producer.grants.process]\nprograms = [\"bash\"]\nenv.plugin_may_set = [\"COLD_START_TEST\"]\n"
     )
 }
 

@@ -72,6 +72,15 @@ pub const LOADER_ENV: &[(&str, &str)] = &[
     ("LESSCLOSE", "names a command less runs"),
 ];
 
+/// Whether `name` is matched by `pattern`: exact (case-sensitive, as the
+/// environment is), `PREFIX*`, or `*` for every name.
+pub(crate) fn pattern_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
 impl ProcessGrant {
     /// Checks the name of an environment entry a plugin asked for: well
     /// formed, not one that changes how programs load or start
@@ -93,7 +102,7 @@ impl ProcessGrant {
             }
         }
         let allowed = &self.env.plugin_may_set;
-        let listed = name.to_str().is_some_and(|text| allowed.iter().any(|p| crate::env::pattern_matches(p, text)));
+        let listed = name.to_str().is_some_and(|text| allowed.iter().any(|p| pattern_matches(p, text)));
         if !listed {
             let allowed = if allowed.is_empty() { "nothing".to_string() } else { allowed.join(", ") };
             return Err(Refusal::EnvNotGranted { name: lossy(), allowed });

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use arguments::ArgumentRule;
 pub use env_names::LOADER_ENV;
+pub(crate) use env_names::pattern_matches;
 pub use programs::Resolved;
 
 /// Default in-memory cap per output stream, in bytes.

@@ -166,7 +166,7 @@ impl TaskRegistry {
             record.stop_ttl_watcher();
             let detail = match record.stop_cause() {
                 Some(StopCause::TimeToLive { ttl_ms }) if status == TaskStatus::Killed => {
-                    Some(super::ttl::expired_detail(*ttl_ms, detail.as_deref()))
+                    Some(ttl_expired_detail(*ttl_ms, detail.as_deref()))
                 }
                 _ => detail,
             };
@@ -509,5 +509,15 @@ mod tests {
     #[test]
     fn watcher_fits_one_tokio_cell() {
         assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    }
+}
+
+/// The detail of a task stopped by its time to live: `reason: ttl expired
+/// after <N> s`, then the producer's own (`signal: SIGTERM`).
+fn ttl_expired_detail(ttl_ms: u64, producer: Option<&str>) -> String {
+    let reason = format!("reason: ttl expired after {} s", super::seconds(Duration::from_millis(ttl_ms)));
+    match producer {
+        Some(detail) if !detail.is_empty() => format!("{reason}, {detail}"),
+        _ => reason,
     }
 }

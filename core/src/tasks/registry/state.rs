@@ -164,13 +164,30 @@ pub(super) struct Record {
     pub(super) lifetime: Option<Box<Lifetime>>,
 }
 
+/// A live task's time to live.
+#[derive(Debug)]
+pub(super) struct Ttl {
+    pub(super) ttl: Duration,
+    pub(super) deadline: tokio::time::Instant,
+    /// The warning for the current deadline was injected.
+    pub(super) warned: bool,
+    pub(super) watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl Ttl {
+    /// When the deadline falls, on the wall clock (for snapshots).
+    pub(super) fn expires_at(&self) -> SystemTime {
+        SystemTime::now() + self.deadline.saturating_duration_since(tokio::time::Instant::now())
+    }
+}
+
 /// What bounds or ends a task's life besides its own work.
 #[derive(Debug, Default)]
 pub(super) struct Lifetime {
     /// Who asked the task to stop (the first to ask), once anyone did.
     pub(super) stop_cause: Option<StopCause>,
     /// The time to live, for a task started with one ([`super::ttl`]).
-    pub(super) ttl: Option<super::ttl::Ttl>,
+    pub(super) ttl: Option<Ttl>,
 }
 
 /// What waits on one task: the signal that fires after its settlement, and
@@ -305,11 +322,11 @@ impl Record {
         self.lifetime.get_or_insert_default().stop_cause = cause;
     }
 
-    pub(super) fn ttl(&self) -> Option<&super::ttl::Ttl> {
+    pub(super) fn ttl(&self) -> Option<&Ttl> {
         self.lifetime.as_ref().and_then(|l| l.ttl.as_ref())
     }
 
-    pub(super) fn ttl_mut(&mut self) -> Option<&mut super::ttl::Ttl> {
+    pub(super) fn ttl_mut(&mut self) -> Option<&mut Ttl> {
         self.lifetime.as_mut().and_then(|l| l.ttl.as_mut())
     }
 

@@ -10,12 +10,13 @@
 //! A task without a TTL costs nothing here; one with a TTL costs its part
 //! of the record's lifetime box and one tokio task, aborted when the task settles.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::TaskRegistry;
 use super::output_ops::seconds;
-use super::{TaskRegistry, state::Record};
+use super::state::{Record, Ttl};
 use crate::ids::TaskId;
 use crate::tasks::types::StopCause;
 
@@ -26,33 +27,6 @@ pub const TTL_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=2_592_000_000;
 /// at most five minutes.
 pub fn warning_lead(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(300))
-}
-
-/// The detail of a task stopped by its time to live: `reason: ttl expired
-/// after <N> s`, then the producer's own (`signal: SIGTERM`).
-pub(super) fn expired_detail(ttl_ms: u64, producer: Option<&str>) -> String {
-    let reason = format!("reason: ttl expired after {} s", seconds(Duration::from_millis(ttl_ms)));
-    match producer {
-        Some(detail) if !detail.is_empty() => format!("{reason}, {detail}"),
-        _ => reason,
-    }
-}
-
-/// A live task's time to live.
-#[derive(Debug)]
-pub(super) struct Ttl {
-    pub(super) ttl: Duration,
-    pub(super) deadline: Instant,
-    /// The warning for the current deadline was injected.
-    pub(super) warned: bool,
-    pub(super) watcher: Option<tokio::task::AbortHandle>,
-}
-
-impl Ttl {
-    /// When the deadline falls, on the wall clock (for snapshots).
-    pub(super) fn expires_at(&self) -> SystemTime {
-        SystemTime::now() + self.deadline.saturating_duration_since(Instant::now())
-    }
 }
 
 impl Record {
