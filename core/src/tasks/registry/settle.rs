@@ -498,6 +498,16 @@ pub(super) fn settle_watched(task: &WatchedTask, outcome: std::thread::Result<an
     TaskRegistry { shared }.settle(id, outcome);
 }
 
+/// The detail of a task stopped by its time to live: `reason: ttl expired
+/// after <N> s`, then the producer's own (`signal: SIGTERM`).
+fn ttl_expired_detail(ttl_ms: u64, producer: Option<&str>) -> String {
+    let reason = format!("reason: ttl expired after {} s", super::seconds(Duration::from_millis(ttl_ms)));
+    match producer {
+        Some(detail) if !detail.is_empty() => format!("{reason}, {detail}"),
+        _ => reason,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,15 +519,5 @@ mod tests {
     #[test]
     fn watcher_fits_one_tokio_cell() {
         assert_eq!(std::mem::size_of::<Watcher>(), 24);
-    }
-}
-
-/// The detail of a task stopped by its time to live: `reason: ttl expired
-/// after <N> s`, then the producer's own (`signal: SIGTERM`).
-fn ttl_expired_detail(ttl_ms: u64, producer: Option<&str>) -> String {
-    let reason = format!("reason: ttl expired after {} s", super::seconds(Duration::from_millis(ttl_ms)));
-    match producer {
-        Some(detail) if !detail.is_empty() => format!("{reason}, {detail}"),
-        _ => reason,
     }
 }
