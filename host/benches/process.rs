@@ -267,7 +267,7 @@ async fn tool_path(host: &std::sync::Arc<ProcessHost>, grant: &ProcessGrant, qui
                 let args = json!({"command": "true", "run_in_background": true});
                 let reply = tools.call_tool("bash", args, &context).await.unwrap();
                 let elapsed = t.elapsed();
-                let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+                let id = TaskId::new(reply.text.strip_prefix("started background bash task ").unwrap());
                 tools.registry().wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
                 if i >= 10 {
                     tool_path.push(elapsed);
