@@ -117,8 +117,8 @@ pub trait Producer: Send + Sync + 'static {
 
     /// The reply to a background start, for the model:
     /// `started background subagent task subagent-1` unless the producer
-    /// words it otherwise (the bash plugin keeps the behaviour contract's
-    /// `started background task bash-1`).
+    /// words it otherwise. Text for the model only: the id travels as data
+    /// in `ToolOutput::started`.
     fn start_reply(&self, descriptor: &Descriptor, id: &TaskId) -> String {
         format!("started background {} task {id}", descriptor.kind)
     }

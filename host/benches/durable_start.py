@@ -36,7 +36,7 @@ def run(store):
         t = time.perf_counter()
         r = rpc("tools/call", {"name": "bash", "arguments": {"command": "true", "run_in_background": True}})
         times.append(time.perf_counter() - t)
-        assert "started background task" in r["result"]["content"][0]["text"], r
+        assert "started background bash task" in r["result"]["content"][0]["text"], r
         # the task settles; wait for it so the live cap is never hit
         rpc("tools/call", {"name": "task_output", "arguments": {"task_id": r["result"]["content"][0]["text"].split()[-1], "wait": True}})
     p.stdin.close(); p.wait(timeout=30)

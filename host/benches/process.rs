@@ -29,7 +29,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use taskhost::ids::TaskId;
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, zygote};
 use taskhost::tools::CallContext;
 
@@ -267,7 +266,7 @@ async fn tool_path(host: &std::sync::Arc<ProcessHost>, grant: &ProcessGrant, qui
                 let args = json!({"command": "true", "run_in_background": true});
                 let reply = tools.call_tool("bash", args, &context).await.unwrap();
                 let elapsed = t.elapsed();
-                let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+                let id = reply.started.expect("a background start");
                 tools.registry().wait(&id, Duration::from_secs(10), Some(&agent), None).await.unwrap();
                 if i >= 10 {
                     tool_path.push(elapsed);

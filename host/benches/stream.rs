@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use taskhost::Host;
-use taskhost::ids::TaskId;
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use taskhost::tools::CallContext;
 use tokio::io::AsyncReadExt;
@@ -116,7 +115,7 @@ async fn drain_only(tools: &Host, context: &CallContext, agent: &taskhost::agent
     let t = Instant::now();
     let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
     let reply = tools.call_tool("bash", args, context).await.unwrap();
-    let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+    let id = reply.started.expect("a background start");
     let finished = tools.registry().wait(&id, Duration::from_secs(120), Some(agent), None).await.unwrap();
     assert!(finished.status.is_terminal(), "the stream did not finish within 120 s");
     let time = t.elapsed();
@@ -139,7 +138,7 @@ async fn registry(
     let t = Instant::now();
     let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
     let reply = tools.call_tool("bash", args, context).await.unwrap();
-    let id = TaskId::new(reply.text.strip_prefix("started background task ").unwrap());
+    let id = reply.started.expect("a background start");
     let (mut delivered, mut reads, mut notices) = (0u64, 0u64, 0u64);
     loop {
         let read = tools.registry().read(&id, Some(agent)).await.unwrap();

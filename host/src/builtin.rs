@@ -33,6 +33,22 @@ pub struct BuiltinPlugin {
 
 include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));
 
+/// The grants a built-in plugin runs with when its `[[producer]]` entry
+/// grants nothing, written as a `[producer.grants]` table's body: data, so the
+/// host's generic code never asks which plugin it serves.
+const DEFAULT_GRANTS: &[(&str, &str)] = &[("subagent", "[subagents]\n")];
+
+impl BuiltinPlugin {
+    /// The grants this plugin gets from its default configuration (none for
+    /// most).
+    pub fn default_grants(&self) -> anyhow::Result<crate::config::Grants> {
+        match DEFAULT_GRANTS.iter().find(|(name, _)| *name == self.name) {
+            Some((_, text)) => crate::config::Grants::from_toml(text),
+            None => Ok(crate::config::Grants::default()),
+        }
+    }
+}
+
 /// The built-in plugin called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static BuiltinPlugin> {
     BUILTIN_PLUGINS.iter().find(|plugin| plugin.name == name)

@@ -169,12 +169,24 @@ impl std::fmt::Display for ProducerSource {
     }
 }
 
-/// `[producer.grants]`: what the host lets one producer instance do.
+/// `[producer.grants]`: what the host lets one producer instance do, for
+/// any plugin, built in or not: the one typed bundle carried from the
+/// configuration to the plugin's store. A capability not granted here is not
+/// available to the plugin.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Grants {
     /// `[producer.grants.process]`: start processes (the `process` capability).
     pub process: Option<taskhost_process::ProcessGrant>,
+    /// `[producer.grants.subagents]`: start child agent runs (the `subagents` capability).
+    pub subagents: Option<crate::subagents::SubagentsGrant>,
+}
+
+impl Grants {
+    /// The grants written in TOML (a `[producer.grants]` table's body).
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("invalid grants: {e}"))
+    }
 }
 
 fn empty_table() -> toml::Table {
@@ -202,6 +214,17 @@ impl ProducerConfig {
             .with_promote_after(
                 (self.background && self.promote_after_ms > 0).then(|| Duration::from_millis(self.promote_after_ms)),
             )
+    }
+
+    /// The grants this instance runs with: the entry's, or, for a built-in
+    /// plugin whose entry grants nothing, the plugin's default grants (its
+    /// default configuration, [`crate::builtin::BuiltinPlugin::default_grants`]),
+    /// so configurations written before the grant existed keep working.
+    pub fn effective_grants(&self) -> anyhow::Result<Grants> {
+        match &self.plugin {
+            ProducerSource::Builtin(builtin) if self.grants == Grants::default() => builtin.default_grants(),
+            _ => Ok(self.grants.clone()),
+        }
     }
 
     /// The instance configuration as JSON, the form producers receive.
@@ -348,7 +371,7 @@ impl Config {
             producer(
                 "bash",
                 ProducerSource::Builtin(crate::builtin::find("bash").expect("bash is built in")),
-                Grants { process: Some(bash_grant) },
+                Grants { process: Some(bash_grant), ..Default::default() },
             ),
             producer("ticker", ProducerSource::Native(NativeProducer::Ticker), Grants::default()),
         ]
@@ -469,6 +492,22 @@ mod tests {
         let short = format!("{:#}", config.serve.http.tokens[0].resolve().unwrap_err());
         assert!(short.contains("token \"a\" is 5 bytes long"), "{short}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_builtin_plugin_that_grants_nothing_runs_with_its_default_grants() {
+        let config = Config::parse(
+            "[[producer]]\ntool = \"s\"\nplugin = \"builtin:subagent\"\n\
+             [[producer]]\ntool = \"t\"\nplugin = \"builtin:ticker\"\n\
+             [[producer]]\ntool = \"n\"\nplugin = \"builtin:subagent\"\ngrants.subagents = { backends = [\"x\"] }\n",
+        )
+        .unwrap();
+        let grants: Vec<Grants> = config.producers.iter().map(|p| p.effective_grants().unwrap()).collect();
+        assert_eq!(grants[0].subagents, Some(crate::subagents::SubagentsGrant::default()), "its default configuration");
+        assert_eq!(grants[1], Grants::default(), "the ticker is granted nothing");
+        assert_eq!(grants[2].subagents.as_ref().unwrap().backends, ["x"], "a written grant wins");
+        let unknown = Config::parse("[[producer]]\ntool = \"s\"\nplugin = \"builtin:ticker\"\ngrants.net = {}\n");
+        assert!(format!("{:#}", unknown.unwrap_err()).contains("unknown field `net`"));
     }
 
     #[test]

@@ -59,8 +59,8 @@ pub async fn build_producer(
     match &config.plugin {
         ProducerSource::Native(NativeProducer::Ticker) => {
             anyhow::ensure!(
-                config.grants.process.is_none(),
-                "tool {:?}: the native ticker starts no processes; remove its process grant",
+                config.grants == crate::config::Grants::default(),
+                "tool {:?}: the native ticker uses no capability; remove its grants",
                 config.tool
             );
             Ok(Arc::new(taskhost_core::native::ticker::TickerProducer::new(&config.config_json())?))
@@ -113,8 +113,8 @@ pub struct WasmEntry {
 }
 
 /// Builds the wasm producer of an entry whose plugin is `builtin:<name>` or
-/// a `.wasm` path, with the capabilities its grants name (and, for
-/// `builtin:subagent`, the `subagents` service when one is given); `Ok(None)`
+/// a `.wasm` path, with the capabilities its grants name (the `subagents`
+/// service among them when it is given and granted); `Ok(None)`
 /// for a native producer (see [`build_producer`]). Also what `taskhost dev`
 /// serves, so a plugin under development gets exactly the authority it will
 /// get in production.
@@ -177,11 +177,18 @@ impl WasmPlan {
                 (crate::plugin::component::plugin_name_of(&file), Cow::Owned(bytes), hash, Some(file))
             }
         };
-        let is_subagent = matches!(&config.plugin, ProducerSource::Builtin(builtin) if builtin.name == "subagent");
-        let instance_config = if is_subagent { subagent_instance_config(config)? } else { config.config_json() };
+        let grants = config.effective_grants().with_context(|| tool_context(config))?;
+        // A plugin granted subagents collects its children in the background
+        // exactly when the host offers `run_in_background` (see
+        // [`subagent_instance_config`]).
+        let instance_config =
+            if grants.subagents.is_some() { subagent_instance_config(config)? } else { config.config_json() };
         let config_json = serde_json::to_string(&instance_config).context("cannot encode the plugin config")?;
-        let subagents = if is_subagent { subagents.cloned() } else { None };
-        let process = match &config.grants.process {
+        let subagents = match (&grants.subagents, subagents) {
+            (Some(grant), Some(service)) => Some(service.restricted_to(grant).with_context(|| tool_context(config))?),
+            _ => None,
+        };
+        let process = match &grants.process {
             Some(grant) => {
                 // Checked now, once: a grant that names a program found through
                 // a directory process trees could write, or whose workspace is

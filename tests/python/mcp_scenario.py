@@ -107,7 +107,7 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
         started = await client.call_tool(
             "bash", {"command": "echo one; echo two >&2; exit 4", "run_in_background": True}
         )
-        assert only_text(started) == "started background task bash-1", text_blocks(started)
+        assert only_text(started) == "started background bash task bash-1", text_blocks(started)
         finished = only_text(await client.call_tool("task_output", {"task_id": "bash-1", "wait": True}))
         # The host drains each stream as it writes, so which came first is
         # the pipes' order; either way a header marks each stream.
@@ -139,7 +139,7 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
                 "notify_on": {"pattern": "listening on \\d+"},
             },
         )
-        assert only_text(started) == "started background task bash-2", text_blocks(started)
+        assert only_text(started) == "started background bash task bash-2", text_blocks(started)
         notice = None
         for _ in range(100):
             blocks = text_blocks(await client.call_tool("task_list", {}))
@@ -177,7 +177,7 @@ async def scenario(binary: str, mode: str, work: str, url: str | None, token: st
             "bash",
             {"command": "while read line; do echo \"got $line\"; done; echo bye", "run_in_background": True, "interactive": True},
         )
-        assert only_text(started) == "started background task bash-3", text_blocks(started)
+        assert only_text(started) == "started background bash task bash-3", text_blocks(started)
         sent = only_text(await client.call_tool("task_input", {"task_id": "bash-3", "text": "hello\n"}))
         assert sent == "sent 6 bytes to task bash-3", sent
         answered = ""

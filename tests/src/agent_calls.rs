@@ -92,8 +92,23 @@ pub fn subagent_started_id(reply: &str) -> String {
 
 /// Starts the `subagent` tool in the background; returns the task id.
 pub async fn start_subagent(host: &Host, context: &CallContext, description: &str, prompt: &str) -> String {
+    start_background(host, context, "subagent", description, prompt).await
+}
+
+/// Starts `tool` (a subagent producer) in the background; returns the task
+/// id, read from the reply's data (`ToolOutput::started`), never its text.
+pub async fn start_background(
+    host: &Host,
+    context: &CallContext,
+    tool: &str,
+    description: &str,
+    prompt: &str,
+) -> String {
     let args = json!({"description": description, "prompt": prompt, "run_in_background": true});
-    subagent_started_id(&call(host, context, "subagent", args).await)
+    match host.call_tool(tool, args, context).await {
+        Ok(output) => output.started.unwrap_or_else(|| panic!("not a start: {}", output.text)).to_string(),
+        Err(error) => panic!("not a start: {error}"),
+    }
 }
 
 /// The ids of the live child agents of subagent runs, sorted.

@@ -341,9 +341,8 @@ impl Producer for WasmProducer {
         self.active().descriptor.clone()
     }
 
-    /// A `bash` kind keeps the behaviour contract's wording
-    /// (`started background task bash-1`), which clients written against it
-    /// match on; every other kind names itself.
+    /// Every kind names itself (`started background bash task bash-1`);
+    /// clients read the id from `ToolOutput::started`, never from this text.
     fn start_reply(&self, descriptor: &Descriptor, id: &taskhost_core::ids::TaskId) -> String {
         start_reply(descriptor, id)
     }
@@ -414,12 +413,10 @@ impl Producer for WasmProducer {
     }
 }
 
+/// One rule for every kind: the reply names the kind and the task (the id
+/// itself travels as data, in `ToolOutput::started`).
 fn start_reply(descriptor: &Descriptor, id: &taskhost_core::ids::TaskId) -> String {
-    if descriptor.kind == "bash" {
-        format!("started background task {id}")
-    } else {
-        format!("started background {} task {id}", descriptor.kind)
-    }
+    format!("started background {} task {id}", descriptor.kind)
 }
 
 /// What a background load ends with: the described producer, or why it

@@ -311,3 +311,14 @@ mod tests {
         assert!(acp.contains("command must name the agent program"), "{acp}");
     }
 }
+
+/// `[producer.grants.subagents]`: a producer instance may start child agent
+/// runs, on the backends it names (`backends = ["fast"]`; none named: every
+/// configured backend). Without it the `subagents` import refuses every start.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SubagentsGrant {
+    /// The `[subagents.backends]` names this instance may use.
+    #[serde(default)]
+    pub backends: Vec<String>,
+}

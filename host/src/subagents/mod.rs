@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use config::{AcpConfig, BackendConfig, OpenAiConfig, ScriptedConfig, SubagentsConfig};
+pub use config::{AcpConfig, BackendConfig, OpenAiConfig, ScriptedConfig, SubagentsConfig, SubagentsGrant};
 pub use producer::{SubagentProducer, outcome_of};
 pub use run::{RunGuard, SubagentRun};
 pub use types::{RunResult, StopReason};
@@ -160,6 +160,40 @@ impl Subagents {
                 agents: agents.clone(),
                 toolbox,
                 default_backend: config.default_backend_name(),
+                backends,
+            }),
+        })
+    }
+
+    /// The service limited to the backends a `[producer.grants.subagents]`
+    /// names (all of them when it names none). A name that is not configured
+    /// is an error at load time, never a run that fails later; when the
+    /// default backend is not granted, the first granted one is the default.
+    pub fn restricted_to(&self, grant: &SubagentsGrant) -> anyhow::Result<Self> {
+        if grant.backends.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut backends = BTreeMap::new();
+        for name in &grant.backends {
+            let Some(backend) = self.inner.backends.get(name) else {
+                anyhow::bail!(
+                    "the subagents grant names backend {name:?}, which is not configured; configured: {} \
+                     (add it under [subagents.backends])",
+                    self.profiles().join(", ")
+                );
+            };
+            backends.insert(name.clone(), backend.clone());
+        }
+        let default_backend = if backends.contains_key(&self.inner.default_backend) {
+            self.inner.default_backend.clone()
+        } else {
+            grant.backends[0].clone()
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                agents: self.inner.agents.clone(),
+                toolbox: self.inner.toolbox.clone(),
+                default_backend,
                 backends,
             }),
         })

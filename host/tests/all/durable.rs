@@ -64,7 +64,7 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
     let peer = client.peer().clone();
     let started = call(&peer, "bash", json!({"command": command, "run_in_background": true})).await;
     assert!(!is_error(&started), "{started:?}");
-    assert_eq!(only_text(&started), "started background task bash-1");
+    assert_eq!(only_text(&started), "started background bash task bash-1");
     // The command ran once (the id was returned after its record was committed).
     let said = tokio::time::timeout(
         Duration::from_secs(20),
@@ -103,7 +103,7 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
     assert!(output.ends_with("]") && output.contains("[status: lost"), "{output}");
     // Ids continue after the restart.
     let next = call(&peer, "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&next), "started background task bash-2");
+    assert_eq!(only_text(&next), "started background bash task bash-2");
     assert_eq!(lines(&marker), 1, "the lost command never ran again");
     // `taskhost ps` reads the store beside the running server.
     let live = ps(&dir, &["--json"]).await;
@@ -135,7 +135,7 @@ async fn another_owner_and_a_plain_connection_see_none_of_a_stable_owners_tasks(
     let dir = temp_dir("durable-fence");
     let (client, child) = serve(&dir, Some("alice")).await;
     let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-1");
+    assert_eq!(only_text(&started), "started background bash task bash-1");
     sigkill(child, client).await;
 
     for owner in [Some("bob"), None] {
@@ -222,7 +222,7 @@ async fn an_http_tokens_tasks_are_told_once_after_a_sigkill_and_after_a_sigterm(
     let dir = temp_dir("durable-http");
     let (client, child) = serve_http(&dir).await;
     let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-1");
+    assert_eq!(only_text(&started), "started background bash task bash-1");
     sigkill(child, client).await;
 
     // The same token after a SIGKILL: bash-1 lost, told once.
@@ -234,7 +234,7 @@ async fn an_http_tokens_tasks_are_told_once_after_a_sigkill_and_after_a_sigterm(
     assert!(first[1].starts_with("background task bash-1 (bash: sleep 600) was lost [status: lost, "), "{first:?}");
     assert_eq!(texts(&call(&peer, "task_list", json!({})).await), [first[0].clone()]);
     let started = call(&peer, "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-2");
+    assert_eq!(only_text(&started), "started background bash task bash-2");
     // A SIGTERM stops the server and its trees; the token is told of that end once.
     let pid = child.id().expect("running").to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());

@@ -260,7 +260,7 @@ async fn shutdown_disposes_every_owners_tasks_and_leaves_no_process() {
     let escapees = format!("{}{ESCAPEES}", mark.export());
     assert_eq!(
         only_text(&call(alice.peer(), "bash", json!({"command": escapees, "run_in_background": true})).await),
-        "started background task bash-1"
+        "started background bash task bash-1"
     );
     call(bob.peer(), "ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await;
     mark.await_at_least(4, Duration::from_secs(20)).await;

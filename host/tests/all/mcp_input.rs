@@ -26,7 +26,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
     let command = "while read l; do echo \"got $l\"; done; echo \"input closed\"";
     let started =
         call(&peer, "bash", json!({"command": command, "run_in_background": true, "interactive": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-1");
+    assert_eq!(only_text(&started), "started background bash task bash-1");
     let sent = call(&peer, "task_input", json!({"task_id": "bash-1", "text": "alpha\n"})).await;
     assert!(!is_error(&sent));
     assert_eq!(only_text(&sent), "sent 6 bytes to task bash-1");
@@ -47,7 +47,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
     // started (exec'd keeper mode) do not hold the pipe, so the write fails.
     let deaf = "exec 0<&-; echo \"stdin closed\"; exec sleep 600";
     let started = call(&peer, "bash", json!({"command": deaf, "run_in_background": true, "interactive": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-2");
+    assert_eq!(only_text(&started), "started background bash task bash-2");
     assert_eq!(common::read_until(&peer, "bash-2", "stdin closed", Duration::from_secs(20)).await, "stdin closed\n");
     let refused = call(&peer, "task_input", json!({"task_id": "bash-2", "text": "x\n"})).await;
     assert!(is_error(&refused));
@@ -59,7 +59,7 @@ async fn an_interactive_bash_read_loop_over_stdio() {
 
     // Without interactive, stdin is empty: `cat` ends at once, and input is refused.
     let plain = call(&peer, "bash", json!({"command": "cat; echo eof; sleep 600", "run_in_background": true})).await;
-    assert_eq!(only_text(&plain), "started background task bash-3");
+    assert_eq!(only_text(&plain), "started background bash task bash-3");
     assert_eq!(common::read_until(&peer, "bash-3", "eof", Duration::from_secs(20)).await, "eof\n");
     let refused = call(&peer, "task_input", json!({"task_id": "bash-3", "text": "x\n"})).await;
     assert!(is_error(&refused));

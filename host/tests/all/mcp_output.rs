@@ -88,7 +88,7 @@ async fn reply(client: &Client, tool: &str, arguments: Value) -> String {
 /// Starts a background bash command and returns its task id.
 async fn start(client: &Client, command: &str) -> String {
     let reply = reply(client, "bash", json!({"command": command, "run_in_background": true})).await;
-    reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("not started: {reply}")).to_string()
+    reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("not started: {reply}")).to_string()
 }
 
 /// `[<n> bytes of output skipped here (lines <a>-<b>); …; your commands can
@@ -250,7 +250,7 @@ async fn a_saturated_host_never_blames_the_plugin_for_its_spawns() {
     let peer = server.client.peer().clone();
     // Warm up once (the keeper, the compile cache), unloaded.
     let first = common::only_text(&call(&peer, "bash", json!({"command": "true", "run_in_background": true})).await);
-    assert!(first.starts_with("started background task "), "{first}");
+    assert!(first.starts_with("started background bash task "), "{first}");
     let spinners = Spinners::on_every_core();
     let mut took = Vec::new();
     for round in 0..6 {
@@ -266,7 +266,7 @@ async fn a_saturated_host_never_blames_the_plugin_for_its_spawns() {
         });
         for (elapsed, answer) in futures::future::join_all(starts).await {
             assert!(!answer.contains("call deadline"), "round {round} blamed the plugin: {answer}");
-            assert!(answer.starts_with("started background task "), "round {round}: {answer}");
+            assert!(answer.starts_with("started background bash task "), "round {round}: {answer}");
             took.push(elapsed);
         }
     }

@@ -168,7 +168,7 @@ async fn background_bash_over_stdio_and_no_process_outlives_the_connection() {
     let script = "for i in $(seq 1 400); do echo \"line $i\"; if (( i % 100 == 0 )); then sleep 0.1; fi; done; \
                   echo warn >&2; exit 3";
     let started = call(&peer, "bash", json!({"command": script, "run_in_background": true})).await;
-    assert_eq!(only_text(&started), "started background task bash-1");
+    assert_eq!(only_text(&started), "started background bash task bash-1");
     let (mut bodies, mut notices) = (Vec::new(), Vec::new());
     let status = loop {
         // The task may settle between two reads; its notice then rides on
@@ -200,7 +200,7 @@ async fn background_bash_over_stdio_and_no_process_outlives_the_connection() {
     let escapees = format!("{}{}", kill_mark.export(), ESCAPEES);
     assert_eq!(
         only_text(&call(&peer, "bash", json!({"command": escapees, "run_in_background": true})).await),
-        "started background task bash-2"
+        "started background bash task bash-2"
     );
     kill_mark.await_at_least(4, Duration::from_secs(20)).await;
     // The tree was started by the server binary run again (a warm keeper

@@ -97,7 +97,7 @@ impl Fixture {
 
     async fn start(&self, command: &str) -> TaskId {
         let reply = self.call("bash", json!({"command": command, "run_in_background": true})).await;
-        let id = reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("not started: {reply}"));
+        let id = reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("not started: {reply}"));
         TaskId::new(id)
     }
 
@@ -426,7 +426,8 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
         let (host, context) = (host.clone(), context.clone());
         async move {
             let reply = host.call_tool("bash", args, &context).await.expect("started").text;
-            let id = reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("{reply}")).to_string();
+            let id =
+                reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("{reply}")).to_string();
             let args = json!({"task_id": id, "wait": true, "timeout_ms": 20_000});
             let out = host.call_tool("task_output", args, &context).await.expect("read").text;
             assert!(out.ends_with("[status: completed, exit code: 0]"), "{}", &out[out.len().saturating_sub(200)..]);
@@ -476,7 +477,7 @@ async fn task_logs_are_charged_to_the_owner_disk_budget() {
     for _ in 0..3 {
         let args = json!({"command": "for i in $(seq 1 60000); do echo \"row $i\"; done | head -c 600000", "run_in_background": true});
         let reply = host.call_tool("bash", args, &context).await.expect("started").text;
-        let id = TaskId::new(reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("{reply}")));
+        let id = TaskId::new(reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("{reply}")));
         let snapshot = host.registry().wait(&id, BOUND, Some(&agent), None).await.expect("wait");
         assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
         ids.push(id);

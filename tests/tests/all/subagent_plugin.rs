@@ -232,7 +232,7 @@ async fn two_subagents_and_a_bash_task_collected_together() {
         json!({"command": "sleep 0.2; echo built; echo warned >&2", "run_in_background": true}),
     )
     .await;
-    assert_eq!(bash, "started background task bash-1");
+    assert_eq!(bash, "started background bash task bash-1");
     let list = call(&host, &context, "task_list", json!({})).await;
     let kinds: Vec<&str> = list.lines().filter_map(|line| line.split(' ').nth(1)).collect();
     assert_eq!(kinds, ["[subagent]", "[subagent]", "[bash]"], "listed together: {list}");
@@ -288,6 +288,41 @@ async fn a_plugin_without_the_grant_gets_a_clear_error() {
     assert!(reply.contains("is not granted the subagents capability"), "{reply}");
     assert!(child_agents(&host).is_empty());
     host.dispose().await;
+}
+
+/// A plugin loaded from a file is third-party code: it gets the `subagents`
+/// capability from `[producer.grants.subagents]` alone, limited to the
+/// backends the grant names; a grant naming a backend that is not configured
+/// refuses to load.
+#[tokio::test]
+async fn a_file_plugin_runs_children_only_through_its_configuration_grant() {
+    let plugin = taskhost::builtin::SUBAGENT_PATH;
+    let config = |grants: &str| {
+        format!(
+            "[[producer]]\ntool = \"subagent\"\nplugin = {plugin:?}\n{grants}\n{}",
+            taskhost_tests::offline_subagent_backend!()
+        )
+    };
+    let granted = Config::parse(&config("grants.subagents = { backends = [\"offline\"] }")).unwrap();
+    let host = host_from_config(&granted, Path::new(".")).await.unwrap();
+    let parent = host.create_agent("parent", "parent-session").unwrap();
+    let context = CallContext::for_agent(&parent);
+    let id = start_subagent(&host, &context, "granted", "say hello").await;
+    assert_eq!(collect(&host, &context, &id).await, STOP_REASON_CASES[0].1);
+    host.dispose().await;
+
+    let ungranted = Config::parse(&config("")).unwrap();
+    let host = host_from_config(&ungranted, Path::new(".")).await.unwrap();
+    let parent = host.create_agent("parent", "parent-session").unwrap();
+    let reply =
+        call(&host, &CallContext::for_agent(&parent), "subagent", json!({"description": "d", "prompt": "p"})).await;
+    assert!(reply.contains("needs [producer.grants.subagents]"), "{reply}");
+    assert!(child_agents(&host).is_empty());
+    host.dispose().await;
+
+    let unknown = Config::parse(&config("grants.subagents = { backends = [\"cloud\"] }")).unwrap();
+    let error = format!("{:#}", host_from_config(&unknown, Path::new(".")).await.err().expect("refused at load"));
+    assert!(error.contains("names backend \"cloud\", which is not configured; configured: offline"), "{error}");
 }
 
 #[tokio::test]

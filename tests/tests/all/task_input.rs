@@ -81,7 +81,10 @@ impl Fixture {
             args["interactive"] = json!(true);
         }
         let reply = self.call("bash", args).await;
-        reply.strip_prefix("started background task ").unwrap_or_else(|| panic!("not started: {reply}")).to_string()
+        reply
+            .strip_prefix("started background bash task ")
+            .unwrap_or_else(|| panic!("not started: {reply}"))
+            .to_string()
     }
 
     async fn input(&self, id: &str, text: &str, close: bool) -> String {

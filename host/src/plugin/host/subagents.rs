@@ -69,8 +69,8 @@ impl WitHost for SubagentsView<'_> {
     ) -> wasmtime::Result<Result<Resource<RunResource>, String>> {
         let Some(subagents) = self.grant.cloned() else {
             return Ok(Err(format!(
-                "plugin {} is not granted the subagents capability: only subagent producer instances \
-                 (plugin = \"builtin:subagent\") may start child runs",
+                "plugin {} is not granted the subagents capability: its [[producer]] entry needs \
+                 [producer.grants.subagents] to start child runs",
                 self.tag.plugin
             )));
         };
