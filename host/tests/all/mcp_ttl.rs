@@ -22,9 +22,9 @@ async fn an_unread_background_command_is_stopped_at_its_ttl_and_says_why() {
     assert!(described.ends_with("Default: 600 s (this server's default)."), "{described}");
 
     let start = json!({"command": "sleep 600", "run_in_background": true, "ttl_ms": 4000});
-    assert_eq!(only_text(&call(&peer, "bash", start).await), "started background task bash-1");
+    assert_eq!(only_text(&call(&peer, "bash", start).await), "started background bash task bash-1");
     let default = json!({"command": "sleep 601", "run_in_background": true});
-    assert_eq!(only_text(&call(&peer, "bash", default).await), "started background task bash-2");
+    assert_eq!(only_text(&call(&peer, "bash", default).await), "started background bash task bash-2");
     let listed = only_text(&call(&peer, "task_list", json!({})).await);
     let rows: Vec<&str> = listed.lines().collect();
     assert!(
