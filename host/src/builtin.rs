@@ -39,13 +39,11 @@ include!(concat!(env!("OUT_DIR"), "/builtin_plugins.rs"));
 const DEFAULT_GRANTS: &[(&str, &str)] = &[("subagent", "[subagents]\n")];
 
 impl BuiltinPlugin {
-    /// The grants this plugin gets from its default configuration (none for
-    /// most).
-    pub fn default_grants(&self) -> anyhow::Result<crate::config::Grants> {
-        match DEFAULT_GRANTS.iter().find(|(name, _)| *name == self.name) {
-            Some((_, text)) => crate::config::Grants::from_toml(text),
-            None => Ok(crate::config::Grants::default()),
-        }
+    /// The grants this plugin gets from its default configuration, as the
+    /// body of a `[producer.grants]` table (`None` for most; the
+    /// configuration parses it: `crate::config::ProducerConfig::effective_grants`).
+    pub fn default_grants(&self) -> Option<&'static str> {
+        DEFAULT_GRANTS.iter().find(|(name, _)| *name == self.name).map(|(_, text)| *text)
     }
 }
 

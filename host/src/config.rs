@@ -222,7 +222,9 @@ impl ProducerConfig {
     /// so configurations written before the grant existed keep working.
     pub fn effective_grants(&self) -> anyhow::Result<Grants> {
         match &self.plugin {
-            ProducerSource::Builtin(builtin) if self.grants == Grants::default() => builtin.default_grants(),
+            ProducerSource::Builtin(builtin) if self.grants == Grants::default() => {
+                builtin.default_grants().map_or_else(|| Ok(Grants::default()), Grants::from_toml)
+            }
             _ => Ok(self.grants.clone()),
         }
     }
