@@ -291,17 +291,7 @@ fn push_number(buf: &mut [u8; 64], len: &mut usize, number: i32) {
         push(buf, len, b"-");
     }
     let mut digits = [0u8; 12];
-    let mut n = number.unsigned_abs();
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    push(buf, len, &digits[at..]);
+    push(buf, len, super::exit::decimal(number.unsigned_abs(), &mut digits));
 }
 
 /// Milliseconds from now until `deadline` (`CLOCK_MONOTONIC` seconds), at

@@ -29,6 +29,21 @@ pub(crate) unsafe fn fail_at(code: i32, what: &[u8], path: &std::ffi::CStr) -> !
     unsafe { fail_parts(code, &[what, b" ", path.to_bytes()]) }
 }
 
+/// `n` in decimal, written into the end of `digits` without allocating
+/// (async-signal-safe); returns the digits written.
+pub(crate) fn decimal(mut n: u32, digits: &mut [u8; 12]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &digits[at..]
+}
+
 /// Writes `taskhost: <parts…>: errno <n>` to stderr and exits with `code`.
 ///
 /// # Safety
@@ -38,21 +53,12 @@ unsafe fn fail_parts(code: i32, what: &[&[u8]]) -> ! {
     unsafe {
         let errno = *libc::__errno_location();
         let mut digits = [0u8; 12];
-        let mut at = digits.len();
-        let mut n = errno.unsigned_abs();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
+        let digits = decimal(errno.unsigned_abs(), &mut digits);
         libc::write(2, b"taskhost: ".as_ptr().cast(), 10);
         for part in what {
             libc::write(2, part.as_ptr().cast(), part.len());
         }
-        for part in [b": errno ".as_slice(), &digits[at..], b"\n"] {
+        for part in [b": errno ".as_slice(), digits, b"\n"] {
             libc::write(2, part.as_ptr().cast(), part.len());
         }
         libc::_exit(code)
