@@ -4,11 +4,13 @@
 //! [`registry`] holds the one concrete registry that owns every task;
 //! [`output`] the output it keeps of each stream task (reads, views and
 //! peeks are served from it); [`peek`] what a viewer's peek returns;
-//! [`store`] where the registry records what outlives the process.
+//! [`store`] where the registry records what outlives the process;
+//! [`stop_cause`] who asked a task to stop.
 
 mod output;
 mod peek;
 mod registry;
+mod stop_cause;
 pub mod store;
 mod types;
 

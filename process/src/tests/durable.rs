@@ -314,7 +314,8 @@ async fn helper_server_of_a_durable_tree() {
     process.write_stdin(b"one\n").unwrap();
     await_marked(&mark, 1).await;
     println!("record {}", serde_json::to_string(process.record()).unwrap());
-    tokio::time::sleep(Duration::from_secs(1000)).await;
+    // Held until the test SIGKILLs this process: nothing here ends it.
+    std::future::pending::<()>().await;
 }
 
 /// The server process is SIGKILLed (its lifeline hangs up, its spill
