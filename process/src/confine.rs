@@ -306,25 +306,33 @@ pub struct Applied {
     pub landlock: bool,
 }
 
+/// What a tree's view is planned from (see [`crate::view::plan`]): the
+/// tree's filesystem policy, its workspace's read-only set, the spill
+/// directories, the sizes of its private `tmpfs`es, and the cache that
+/// keeps plans between spawns.
+pub(crate) struct ViewInputs<'a> {
+    pub cache: &'a crate::spawn_cache::SpawnCache,
+    pub policy: &'a std::sync::Arc<TreePolicy>,
+    pub found: &'a crate::view::workspace::Found,
+    pub spill: crate::view::SpillView<'a>,
+    pub tmpfs: crate::view::TmpfsSizes,
+}
+
 impl ChildPlan {
     /// Plans the confinement of one spawn. `landlock` is the prepared ruleset
     /// (when the kernel supports it); `read_root`: Landlock reads everything
-    /// the view shows; `policy` the tree's filesystem policy and `found` its
-    /// workspace's read-only set; `bounds` the tree's limits; `tmpfs` the
-    /// sizes of its private `tmpfs`es.
+    /// the view shows; `view` what the tree's view is planned from;
+    /// `bounds` the tree's limits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         want_pid_ns: bool,
         want_net_ns: bool,
         landlock: Option<OwnedFd>,
         read_root: bool,
-        policy: &TreePolicy,
-        found: &crate::view::workspace::Found,
-        spill: crate::view::SpillView<'_>,
+        view: ViewInputs<'_>,
         cwd: &std::path::Path,
         exec: ExecPlan,
         bounds: Bounds,
-        tmpfs: crate::view::TmpfsSizes,
     ) -> io::Result<(Self, Applied)> {
         use std::os::unix::ffi::OsStrExt;
         let support = support();
@@ -347,8 +355,11 @@ impl ChildPlan {
                 ns_flags |= flag;
             }
         }
-        let mounts =
-            if mount_ns { Some(crate::view::plan(policy, found, spill, fresh_proc, read_root, tmpfs)?) } else { None };
+        let mounts = if mount_ns {
+            Some(view.cache.plan(view.policy, view.found, view.spill, fresh_proc, read_root, view.tmpfs)?)
+        } else {
+            None
+        };
         let seccomp = if support.seccomp { seccomp_programs() } else { None };
         let devnull = devnull()?;
         let applied = Applied {
@@ -406,7 +417,7 @@ impl ChildPlan {
             ns_flags,
             maps: (ns_flags & libc::CLONE_NEWUSER != 0).then(IdMaps::current),
             loopback_up,
-            mounts,
+            mounts: mounts.map(std::sync::Arc::new),
             landlock,
             landlock_rights: landlock::handled_bits(),
             landlock_read_rights: landlock::read_bits(),

@@ -7,9 +7,9 @@
 //! what must stay hidden or read-only *where the view shows the host*
 //! ([`DEFAULT_DENY_READ`] as a second line behind the private home,
 //! [`SYSTEM_DENY_READ`] inside `/etc`, the host's protected and
-//! write-protected paths, the grant's `deny_read`). [`PolicyCache`] reuses
-//! the previous resolution while `stat` shows every path it was resolved
-//! from unchanged.
+//! write-protected paths, the grant's `deny_read`).
+//! [`crate::spawn_cache`] reuses a resolution while the paths it was
+//! resolved from are unchanged.
 //!
 //! Invariants: the host's protected paths are hidden wherever the view
 //! shows the host, whatever the grant says; paths are compared after
@@ -17,7 +17,6 @@
 //! not named here does not exist for the tree.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -184,7 +183,7 @@ impl Resolution {
 
 /// Every path a policy was resolved from, with what it named then.
 #[derive(Clone, Debug, Default)]
-struct Resolutions(Vec<Resolution>);
+pub(crate) struct Resolutions(Vec<Resolution>);
 
 impl Resolutions {
     /// Canonical form of a path that exists; `None` otherwise. Recorded.
@@ -198,8 +197,14 @@ impl Resolutions {
         found
     }
 
-    fn all_hold(&self) -> bool {
+    /// Every path still names what it named (one or two `stat`s a path).
+    pub(crate) fn all_hold(&self) -> bool {
         self.0.iter().all(Resolution::holds)
+    }
+
+    /// The paths, in the order they were resolved.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.0.iter().map(|r| r.path.as_path())
     }
 }
 
@@ -323,7 +328,8 @@ impl TreePolicy {
         Self::resolve(inputs, &mut Resolutions::default())
     }
 
-    fn resolve(inputs: &PolicyInputs, paths: &mut Resolutions) -> Self {
+    /// Resolves the policy now, recording every path it was resolved from.
+    pub(crate) fn resolve(inputs: &PolicyInputs, paths: &mut Resolutions) -> Self {
         let home = inputs.home.as_deref();
         let canonical_all = |list: &[PathBuf], paths: &mut Resolutions| -> Vec<PathBuf> {
             let mut out: Vec<PathBuf> =
@@ -375,59 +381,6 @@ impl TreePolicy {
     }
 }
 
-/// Resolved policies of recent spawns, so a spawn does not resolve every
-/// default path again (a `canonicalize` per path, ~30 paths).
-///
-/// Invariant: a cached policy is only used after every path it was resolved
-/// from was checked again with `stat`: each path that existed still names
-/// the same file (device, inode, type), as does its canonical form, and
-/// each path that was missing is still missing. A credential directory
-/// created, removed, replaced or re-linked since is seen, as without the
-/// cache; only a policy whose every input still holds is reused (one or
-/// two `stat`s per path instead of a resolution). The inputs that are not
-/// paths (the grant, `$HOME`, the protected paths) are
-/// the key. At most [`PolicyCache::ENTRIES`] policies are kept.
-#[derive(Debug, Default)]
-pub(crate) struct PolicyCache {
-    entries: std::sync::Mutex<Vec<Arc<CachedPolicy>>>,
-}
-
-#[derive(Debug)]
-struct CachedPolicy {
-    inputs: PolicyInputs,
-    paths: Resolutions,
-    policy: Arc<TreePolicy>,
-}
-
-impl PolicyCache {
-    /// Policies kept (one per grant in practice; the least recently used
-    /// goes first).
-    pub(crate) const ENTRIES: usize = 8;
-
-    /// The policy [`TreePolicy::new`] would resolve now.
-    pub(crate) fn policy(&self, inputs: PolicyInputs) -> Arc<TreePolicy> {
-        let cached = {
-            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            entries.iter().find(|e| e.inputs == inputs).cloned()
-        };
-        if let Some(cached) = cached
-            && cached.paths.all_hold()
-        {
-            return cached.policy.clone();
-        }
-        let mut paths = Resolutions::default();
-        let policy = Arc::new(TreePolicy::resolve(&inputs, &mut paths));
-        let fresh = Arc::new(CachedPolicy { inputs, paths, policy: policy.clone() });
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.retain(|e| e.inputs != fresh.inputs);
-        entries.push(fresh);
-        if entries.len() > Self::ENTRIES {
-            entries.remove(0);
-        }
-        policy
-    }
-}
-
 impl TreePolicy {
     /// What Landlock lets the tree write on the host's inodes: the
     /// read-write roots (the view's own writable directories get rules from
@@ -465,50 +418,6 @@ mod tests {
         assert!(!policy.deny.contains(&cred), "allow_read lifts a grant's own deny");
         assert!(policy.deny.contains(&protected), "a host-protected path stays denied");
         assert_eq!(policy.read, vec![PathBuf::from("/")]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A cached policy is reused while its paths hold, and resolved again
-    /// when a denied path appears, disappears or is replaced by a link.
-    #[test]
-    fn the_cache_sees_every_change_of_a_denied_path() {
-        let dir = std::env::temp_dir().join(format!("taskhost-fs-policy-cache-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let dir = dir.canonicalize().unwrap();
-        let (cred, elsewhere) = (dir.join("cred"), dir.join("elsewhere"));
-        std::fs::create_dir_all(&elsewhere).unwrap();
-        let grant = grant_with(FsPolicy { deny_read: vec![cred.clone()], allow_read: vec![] });
-        let cache = PolicyCache::default();
-        let inputs = |grant: &crate::ProcessGrant| PolicyInputs::new(grant, std::slice::from_ref(&dir), &[], &[]);
-        let policy = || cache.policy(inputs(&grant));
-        let uncached = || TreePolicy::new(&inputs(&grant));
-
-        let first = policy();
-        assert!(!first.deny.contains(&cred), "a missing path is not mounted over");
-        assert!(Arc::ptr_eq(&first, &policy()), "nothing changed: the resolution is reused");
-
-        std::fs::create_dir(&cred).unwrap();
-        let created = policy();
-        assert!(created.deny.contains(&cred), "a credential directory created after the first spawn is denied");
-        assert_eq!(*created, uncached());
-
-        std::fs::remove_dir(&cred).unwrap();
-        std::os::unix::fs::symlink(&elsewhere, &cred).unwrap();
-        let linked = policy();
-        assert!(linked.deny.contains(&elsewhere), "a link to a directory denies the directory it names");
-        assert!(!linked.deny.contains(&cred));
-        assert_eq!(*linked, uncached());
-
-        std::fs::remove_file(&cred).unwrap();
-        let removed = policy();
-        assert!(!removed.deny.contains(&elsewhere) && !removed.deny.contains(&cred));
-        assert_eq!(*removed, uncached());
-
-        let other = grant_with(FsPolicy { deny_read: vec![elsewhere.clone()], allow_read: vec![] });
-        let by_grant = cache.policy(inputs(&other));
-        assert!(by_grant.deny.contains(&elsewhere), "another grant is another entry");
-        assert!(Arc::ptr_eq(&removed, &policy()), "the first grant's entry is still there");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -46,10 +46,12 @@ pub mod limits;
 pub mod output;
 mod plan;
 mod sandbox;
+mod spawn_cache;
 mod stdin;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod view;
+mod watch;
 pub use keeper::zygote;
 
 #[cfg(test)]
@@ -241,8 +243,9 @@ pub struct ProcessHost {
     /// dead hosts' spill directories): its spill root until started, then
     /// its handle until waited for.
     cleanup: std::sync::Mutex<Cleanup>,
-    /// Resolved filesystem policies of recent spawns, revalidated per use.
-    policies: fs_policy::PolicyCache,
+    /// Resolved filesystem policies and view plans of recent spawns, kept
+    /// while the paths they were computed from are unchanged.
+    spawn_cache: spawn_cache::SpawnCache,
     /// The workspaces' read-only sets, their listings remembered.
     scanner: view::workspace::Scanner,
 }
@@ -323,7 +326,7 @@ impl ProcessHost {
             cpu_weight: config.cpu_weight_per_owner,
             limiter: Default::default(),
             cleanup: std::sync::Mutex::new(Cleanup::Pending(root)),
-            policies: Default::default(),
+            spawn_cache: Default::default(),
             scanner: Default::default(),
         }))
     }
@@ -530,8 +533,12 @@ impl ProcessHost {
         let max_grace = Duration::from_millis(limits.kill_grace_ms);
         let grace = request.kill_grace.map_or(max_grace, |g| g.min(max_grace));
 
-        let policy =
-            self.policies.policy(fs_policy::PolicyInputs::new(grant, &roots, &self.protected, &self.write_protected));
+        let policy = self.spawn_cache.policy(fs_policy::PolicyInputs::new(
+            grant,
+            &roots,
+            &self.protected,
+            &self.write_protected,
+        ));
         // In a view, a rule on the host's root reaches nothing: "read
         // everything" becomes a rule on the view's root, added by the keeper.
         let in_view = confine::support().mount_namespace;
@@ -570,13 +577,16 @@ impl ProcessHost {
             !grant.network,
             ruleset,
             read_root,
-            &policy,
-            &found,
-            spill,
+            confine::ViewInputs {
+                cache: &self.spawn_cache,
+                policy: &policy,
+                found: &found,
+                spill,
+                tmpfs: limiter.tmpfs_sizes(),
+            },
             &cwd,
             exec,
             bounds,
-            limiter.tmpfs_sizes(),
         )
         .map_err(failed)?;
 

@@ -79,7 +79,7 @@ pub(crate) struct ChildPlan {
     pub(crate) maps: Option<IdMaps>,
     pub(crate) loopback_up: bool,
     /// The mount namespace's set-up (with `CLONE_NEWNS` in `ns_flags`).
-    pub(crate) mounts: Option<MountPlan>,
+    pub(crate) mounts: Option<std::sync::Arc<MountPlan>>,
     pub(crate) landlock: Option<OwnedFd>,
     /// The rights of a read-write Landlock rule on this kernel.
     pub(crate) landlock_rights: u64,

@@ -242,3 +242,51 @@ fn a_workspace_that_is_the_root_or_holds_the_home_is_refused_at_load() {
     assert!(rw.check_workspace(Some(&home)).unwrap_err().contains("the home directory"));
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// One host, spawns before and after the host's filesystem changes: what
+/// the view is planned from is cached between spawns, and every change is
+/// seen by the next spawn (a denied file created in the workspace, a
+/// protected directory moved aside and replaced, a denied path removed).
+#[tokio::test]
+async fn every_spawn_sees_the_hosts_filesystem_as_it_is_now() {
+    if !confine::support().mount_namespace {
+        eprintln!("NOTE: no mount namespaces here: the view cannot be checked (the probe logged it)");
+        return;
+    }
+    let work = scratch("cache");
+    let state = work.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("key"), "STATE-CANARY").unwrap();
+    let host = ProcessHost::new(&ProcessHostConfig { protected_paths: vec![state.clone()], ..Default::default() })
+        .unwrap();
+    let secret = work.join("secret");
+    let filesystem = crate::fs_policy::FsPolicy { deny_read: vec![secret.clone()], allow_read: vec![] };
+    let grant = ProcessGrant { working_dirs: vec![work.clone()], filesystem, ..bash_grant() };
+    let run = |script: &'static str| {
+        let (host, grant) = (&host, &grant);
+        async move {
+            let mark = marker("cache");
+            let process = host.spawn(grant, bash(script, &mark), &tracing::Span::none()).await.unwrap();
+            let (out, _, _, _) = drain(&process).await;
+            String::from_utf8(out).unwrap()
+        }
+    };
+    let read_both = "cat secret state/key 2>/dev/null; echo end";
+    assert_eq!(run(read_both).await, "end\n", "nothing readable at first");
+    assert_eq!(run(read_both).await, "end\n", "the same, planned from the cache");
+
+    std::fs::write(&secret, "SECRET-CANARY").unwrap();
+    assert_eq!(run(read_both).await, "end\n", "a denied file created between spawns is hidden");
+    std::fs::remove_file(&secret).unwrap();
+    assert_eq!(run("test -e secret && echo shown; echo end").await, "end\n");
+
+    // The protected directory moved aside and a new one made in its place:
+    // the new one is protected (it is the path that is), the old one is an
+    // ordinary workspace directory now.
+    std::fs::rename(&state, work.join("old-state")).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(state.join("key"), "NEW-STATE-CANARY").unwrap();
+    assert_eq!(run(read_both).await, "end\n", "the replaced protected directory is hidden");
+    assert_eq!(run("cat old-state/key; echo; echo end").await, "STATE-CANARY\nend\n");
+    std::fs::remove_dir_all(&work).unwrap();
+}

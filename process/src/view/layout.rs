@@ -66,7 +66,8 @@ impl TmpfsSizes {
     }
 }
 
-/// The view of one tree. `found`: the workspace scan's result;
+/// The view of one tree, and every host path it was planned from (see
+/// [`crate::spawn_cache`]). `found`: the workspace scan's result;
 /// `fresh_proc`: I mounts `/proc`; `read_root`: Landlock reads below the
 /// view's root.
 pub(crate) fn plan(
@@ -76,7 +77,7 @@ pub(crate) fn plan(
     fresh_proc: bool,
     read_root: bool,
     sizes: TmpfsSizes,
-) -> std::io::Result<MountPlan> {
+) -> std::io::Result<(MountPlan, Vec<PathBuf>)> {
     let mut view = ViewBuilder::default();
     super::system::add(&mut view);
     let private = |mode: &str, size: u64| format!("mode={mode},size={size}");
@@ -139,5 +140,9 @@ pub(crate) fn plan(
     // come back, read-only (so `tail` of a path named in its output works).
     view.tmpfs_over_host(spill.hidden, "mode=0755,size=64k".into(), flags | libc::MS_NOEXEC, true);
     view.bind(spill.owner, true, Over::Anything);
-    view.finish(fresh_proc, read_root)
+    if !fresh_proc {
+        view.bind_required(Path::new("/proc"), false);
+    }
+    let consulted = view.take_consulted();
+    Ok((view.finish(fresh_proc, read_root)?, consulted))
 }

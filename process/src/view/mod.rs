@@ -133,6 +133,9 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct ViewBuilder {
     entries: Vec<Entry>,
+    /// Every host path the plan looked at (whether it exists, what it is):
+    /// a cached plan holds while none of them changed.
+    consulted: Vec<PathBuf>,
 }
 
 impl ViewBuilder {
@@ -151,7 +154,7 @@ impl ViewBuilder {
     /// The host's `source` at another path `target` (a home allow-list
     /// entry reached through a symlink), read-only; skipped if gone.
     pub(crate) fn bind_at(&mut self, source: &Path, target: &Path, read_only: bool) {
-        let Ok(meta) = std::fs::metadata(source) else { return };
+        let Ok(meta) = self.metadata(source) else { return };
         let kind = Kind::Bind { source: source.to_path_buf(), read_only, optional: true, dir: meta.is_dir() };
         self.push(target, kind, Over::Anything);
     }
@@ -160,7 +163,7 @@ impl ViewBuilder {
     /// a file); `read_only`; `over`: see [`Over`]. A path that vanishes
     /// before the tree is set up is skipped.
     pub(crate) fn bind(&mut self, path: &Path, read_only: bool, over: Over) {
-        let Ok(meta) = std::fs::metadata(path) else { return };
+        let Ok(meta) = self.metadata(path) else { return };
         let kind = Kind::Bind { source: path.to_path_buf(), read_only, optional: true, dir: meta.is_dir() };
         self.push(path, kind, over);
     }
@@ -168,7 +171,7 @@ impl ViewBuilder {
     /// As [`Self::bind`], for a path that must be there (the set-up fails
     /// without it).
     pub(crate) fn bind_required(&mut self, path: &Path, read_only: bool) {
-        let dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(true);
+        let dir = self.metadata(path).map(|m| m.is_dir()).unwrap_or(true);
         let kind = Kind::Bind { source: path.to_path_buf(), read_only, optional: false, dir };
         self.push(path, kind, Over::Anything);
     }
@@ -183,7 +186,7 @@ impl ViewBuilder {
     /// Hides the host's `path` where the view shows it: an empty directory
     /// nobody can list, or an empty file (`/dev/null`).
     pub(crate) fn hide(&mut self, path: &Path) {
-        let Ok(meta) = std::fs::metadata(path) else { return };
+        let Ok(meta) = self.metadata(path) else { return };
         if meta.is_dir() {
             let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
             let kind =
@@ -204,17 +207,30 @@ impl ViewBuilder {
         self.push(path, Kind::Devpts { options }, Over::Anything);
     }
 
+    /// `stat` of a host path the plan depends on (recorded).
+    fn metadata(&mut self, path: &Path) -> io::Result<std::fs::Metadata> {
+        self.consult(path);
+        std::fs::metadata(path)
+    }
+
+    /// Records that the plan depends on what `path` is.
+    pub(crate) fn consult(&mut self, path: &Path) {
+        self.consulted.push(path.to_path_buf());
+    }
+
+    /// The host paths looked at so far (see [`Self::consult`]).
+    pub(crate) fn take_consulted(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.consulted)
+    }
+
     fn push(&mut self, target: &Path, kind: Kind, over: Over) {
         self.entries.push(Entry { target: target.to_path_buf(), kind, over });
     }
 
     /// Orders the entries and adds what their mount points need (see the
-    /// module doc). `fresh_proc`: I mounts `/proc` (else the host's is
-    /// bound); `read_root`: Landlock reads below the view's root.
-    pub(crate) fn finish(mut self, fresh_proc: bool, read_root: bool) -> io::Result<MountPlan> {
-        if !fresh_proc {
-            self.bind_required(Path::new("/proc"), false);
-        }
+    /// module doc). `fresh_proc`: I mounts `/proc` (else the caller binds
+    /// the host's); `read_root`: Landlock reads below the view's root.
+    pub(crate) fn finish(self, fresh_proc: bool, read_root: bool) -> io::Result<MountPlan> {
         // Where a path lies: in a tmpfs of the view (`true`) or a host bind;
         // the mounts kept so far (entries are visited parents first).
         let mut mounts: Vec<(PathBuf, bool)> = Vec::new();

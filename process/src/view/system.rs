@@ -25,6 +25,7 @@ pub const SYS_READ: &[&str] = &["/sys/devices/system/cpu"];
 
 pub(crate) fn add(view: &mut ViewBuilder) {
     for path in SYSTEM_READ.iter().map(Path::new) {
+        view.consult(path);
         match std::fs::read_link(path) {
             Ok(target) => view.symlink(path, &target),
             Err(_) => view.bind(path, true, Over::Anything),
@@ -35,6 +36,7 @@ pub(crate) fn add(view: &mut ViewBuilder) {
     }
     // A resolver configuration kept under /run (systemd-resolved's stub):
     // the file itself, in the tree's private /run.
+    view.consult(Path::new("/etc/resolv.conf"));
     if let Ok(target) = Path::new("/etc/resolv.conf").canonicalize()
         && target.starts_with("/run")
     {
