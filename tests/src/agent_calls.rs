@@ -82,14 +82,6 @@ pub async fn collect(host: &Host, context: &CallContext, id: &str) -> String {
     call(host, context, "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 20000})).await
 }
 
-/// The task id of a background subagent start reply.
-pub fn subagent_started_id(reply: &str) -> String {
-    reply
-        .strip_prefix("started background subagent task ")
-        .unwrap_or_else(|| panic!("not a start reply: {reply}"))
-        .into()
-}
-
 /// Starts the `subagent` tool in the background; returns the task id.
 pub async fn start_subagent(host: &Host, context: &CallContext, description: &str, prompt: &str) -> String {
     start_background(host, context, "subagent", description, prompt).await
@@ -105,6 +97,12 @@ pub async fn start_background(
     prompt: &str,
 ) -> String {
     let args = json!({"description": description, "prompt": prompt, "run_in_background": true});
+    start_task(host, context, tool, args).await
+}
+
+/// Calls `tool` with `args` (which ask for a background run); returns the
+/// started task's id, read from the reply's data (`ToolOutput::started`).
+pub async fn start_task(host: &Host, context: &CallContext, tool: &str, args: Value) -> String {
     match host.call_tool(tool, args, context).await {
         Ok(output) => output.started.unwrap_or_else(|| panic!("not a start: {}", output.text)).to_string(),
         Err(error) => panic!("not a start: {error}"),

@@ -362,7 +362,8 @@ impl ProducerTool {
             "[still running after {} s: moved to the background as task {id}. Read the rest with task_output.]",
             crate::tasks::seconds(after)
         );
-        Ok(ToolOutput::ok(if body.is_empty() { line } else { format!("{body}\n{line}") }))
+        // The task is the caller's now: its id as data, as a background start's.
+        Ok(ToolOutput::started(if body.is_empty() { line } else { format!("{body}\n{line}") }, id.clone()))
     }
 }
 

@@ -148,6 +148,10 @@ impl ServerHandler for McpHandler {
     }
 }
 
+/// The `_meta` key of a tools/call result that started a background task:
+/// the task's id (a string), as data.
+pub const STARTED_TASK_META: &str = "taskhost/started-task";
+
 impl McpServer {
     /// Runs one tools/call as `owner` and builds its result, notices included.
     async fn call_tool(
@@ -157,8 +161,8 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
         let name = request.name.as_ref();
-        let (text, is_error) = match self.check_argument_size(name, request.arguments.as_ref()) {
-            Err(refusal) => (refusal, true),
+        let (text, is_error, started) = match self.check_argument_size(name, request.arguments.as_ref()) {
+            Err(refusal) => (refusal, true, None),
             Ok(()) if self.answers_as_task(name, request.arguments.as_ref(), context) => {
                 let mut args = request.arguments.unwrap_or_default();
                 args.insert(RUN_IN_BACKGROUND.to_string(), true.into());
@@ -167,8 +171,8 @@ impl McpServer {
                 let call = CallContext::for_agent(owner);
                 match self.start_task(owner, name, args, &call).await {
                     Ok(created) => return CallToolResponse::Task(created),
-                    Err(Ok(output)) => (output.text, output.is_error),
-                    Err(Err(error)) => (error.to_string(), true),
+                    Err(Ok(output)) => (output.text, output.is_error, output.started),
+                    Err(Err(error)) => (error.to_string(), true, None),
                 }
             }
             Ok(()) => {
@@ -187,11 +191,11 @@ impl McpServer {
                             is_error = output.is_error,
                             "tool call answered"
                         );
-                        (output.text, output.is_error)
+                        (output.text, output.is_error, output.started)
                     }
                     Err(error) => {
                         tracing::info!(%error, "tool call refused");
-                        (error.to_string(), true)
+                        (error.to_string(), true, None)
                     }
                 }
             }
@@ -202,7 +206,14 @@ impl McpServer {
             tracing::debug!(count = notices.len(), "delivering notices with the result");
         }
         content.extend(notices.into_iter().map(|message| ContentBlock::text(message.text)));
-        let result = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        let mut result = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        if let Some(id) = started {
+            // The started task's id as data, so no client parses the text
+            // (whose wording is the producer's).
+            let mut meta = rmcp::model::JsonObject::new();
+            meta.insert(STARTED_TASK_META.into(), id.to_string().into());
+            result.meta = Some(rmcp::model::MetaObject(meta));
+        }
         result.into()
     }
 

@@ -38,7 +38,7 @@ pub mod tokens;
 
 use std::sync::Arc;
 
-pub use handler::McpHandler;
+pub use handler::{McpHandler, STARTED_TASK_META};
 use settings::ServeSettings;
 
 use crate::plugin::producer::LoadGate;

@@ -229,6 +229,19 @@ pub async fn call(client: &rmcp::service::Peer<RoleClient>, tool: &str, argument
         .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
 }
 
+/// The id of the background task a tools/call result started, read from
+/// its `_meta` (data, never the producer's wording); panics with the result
+/// when it started none.
+pub fn started_task(result: &CallToolResult) -> String {
+    result
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.0.get(taskhost::mcp::STARTED_TASK_META))
+        .and_then(|id| id.as_str())
+        .unwrap_or_else(|| panic!("the call started no task: {result:?}"))
+        .to_string()
+}
+
 /// The text blocks of a result.
 pub fn texts(result: &CallToolResult) -> Vec<String> {
     result.content.iter().map(|block| block.as_text().expect("text content").text.clone()).collect()

@@ -911,7 +911,9 @@ async fn a_long_foreground_call_is_promoted_over_mcp() {
     let config = "[[producer]]\ntool = \"ticker\"\nplugin = \"native:ticker\"\npromote_after_ms = 300\n";
     let server = StdioServer::start("stdio-promote", Some(config)).await;
     let peer = server.client.peer().clone();
-    let answer = only_text(&call(&peer, "ticker", json!({"count": 4, "interval_ms": 200})).await);
+    let result = call(&peer, "ticker", json!({"count": 4, "interval_ms": 200})).await;
+    assert_eq!(common::started_task(&result), "ticker-1", "the promoted task's id, as data");
+    let answer = only_text(&result);
     let line = "[still running after 0.3 s: moved to the background as task ticker-1. Read the rest with task_output.]";
     assert!(answer.ends_with(line), "{answer}");
     let before = answer.strip_suffix(line).unwrap();
@@ -946,7 +948,9 @@ async fn a_cancelled_wait_reports_nothing_and_the_notice_comes_later() {
     // ticker-1 ends first (after 2 s: the cancel lands long before, however
     // loaded the machine); ticker-2 a second later, and its wait is the clock.
     raw.send(call(2, "ticker", json!({"count": 2, "interval_ms": 1000, "run_in_background": true}))).await;
-    assert_eq!(text(&raw.answer().await), ["started background ticker task ticker-1"]);
+    let started = raw.answer().await;
+    assert_eq!(text(&started), ["started background ticker task ticker-1"]);
+    assert_eq!(started["result"]["_meta"], json!({"taskhost/started-task": "ticker-1"}), "the id on the wire, as data");
     raw.send(call(3, "ticker", json!({"count": 3, "interval_ms": 1000, "run_in_background": true}))).await;
     assert_eq!(text(&raw.answer().await), ["started background ticker task ticker-2"]);
     raw.send(call(4, "task_output", json!({"task_id": "ticker-1", "wait": true, "timeout_ms": 30_000}))).await;

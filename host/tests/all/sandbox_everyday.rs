@@ -175,11 +175,10 @@ async fn a_dev_server_answers_on_loopback(server: &Server) {
 
 async fn an_interactive_python_takes_input(server: &Server) {
     let peer = server.client.peer();
-    let started = only_text(
+    let id = common::started_task(
         &call(peer, "bash", json!({"command": "python3 -u -i -q", "run_in_background": true, "interactive": true}))
             .await,
     );
-    let id = started.strip_prefix("started background bash task ").expect("a background task").to_string();
     call(peer, "task_input", json!({"task_id": id, "text": "x = 6 * 7\nprint('answer', x)\n"})).await;
     assert!(
         common::read_until(server.client.peer(), &id, "answer 42", Duration::from_secs(30)).await.contains("answer 42")

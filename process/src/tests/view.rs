@@ -257,8 +257,8 @@ async fn every_spawn_sees_the_hosts_filesystem_as_it_is_now() {
     let state = work.join("state");
     std::fs::create_dir_all(&state).unwrap();
     std::fs::write(state.join("key"), "STATE-CANARY").unwrap();
-    let host = ProcessHost::new(&ProcessHostConfig { protected_paths: vec![state.clone()], ..Default::default() })
-        .unwrap();
+    let host =
+        ProcessHost::new(&ProcessHostConfig { protected_paths: vec![state.clone()], ..Default::default() }).unwrap();
     let secret = work.join("secret");
     let filesystem = crate::fs_policy::FsPolicy { deny_read: vec![secret.clone()], allow_read: vec![] };
     let grant = ProcessGrant { working_dirs: vec![work.clone()], filesystem, ..bash_grant() };

@@ -96,9 +96,9 @@ impl Fixture {
     }
 
     async fn start(&self, command: &str) -> TaskId {
-        let reply = self.call("bash", json!({"command": command, "run_in_background": true})).await;
-        let id = reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("not started: {reply}"));
-        TaskId::new(id)
+        let args = json!({"command": command, "run_in_background": true});
+        let output = self.host.call_tool("bash", args, &self.context).await.expect("a start");
+        output.started.unwrap_or_else(|| panic!("not started: {}", output.text))
     }
 
     /// Raw consuming reads until the task settles: every delta, concatenated.
@@ -356,12 +356,12 @@ async fn no_leak_after_a_trapping_plugin() {
         "fault": "trap", "in": "read-output", "run_in_background": true,
         "spawn": format!("{}{ESCAPEES}", mark.export()),
     });
-    let reply = host.call_tool("misbehave", args, &context).await.expect("started").text;
-    let id = reply.strip_prefix("started background misbehave task ").unwrap_or_else(|| panic!("{reply}"));
+    let output = host.call_tool("misbehave", args, &context).await.expect("started");
+    let id = output.started.unwrap_or_else(|| panic!("{}", output.text));
     mark.await_at_least(4, BOUND).await;
     // The read calls `read-output`, which traps.
     let reply = host.call_tool("task_output", json!({"task_id": id}), &context).await.expect("read");
-    let snapshot = host.registry().get(&TaskId::new(id), Some(&agent)).expect("still listed");
+    let snapshot = host.registry().get(&id, Some(&agent)).expect("still listed");
     assert_eq!(snapshot.status, TaskStatus::Failed, "{}", reply.text);
     assert!(snapshot.detail.as_deref().is_some_and(|d| d.contains("read-output")), "{snapshot:?}");
     mark.assert_none_within(Duration::from_secs(5)).await;
@@ -386,15 +386,15 @@ async fn a_read_that_traps_reports_the_failure_every_time() {
     let context = CallContext::for_agent(&agent);
     for round in 0..100 {
         let args = json!({"fault": "trap", "in": "read-output", "run_in_background": true});
-        let reply = host.call_tool("misbehave", args, &context).await.expect("started").text;
-        let id = reply.strip_prefix("started background misbehave task ").unwrap_or_else(|| panic!("{reply}"));
+        let output = host.call_tool("misbehave", args, &context).await.expect("started");
+        let id = output.started.unwrap_or_else(|| panic!("{}", output.text));
         let reply = host.call_tool("task_output", json!({"task_id": id}), &context).await.expect("read").text;
         let status = reply.lines().last().unwrap_or_default();
         assert!(
             status.starts_with("[status: failed,") && status.contains("read-output"),
             "round {round}: the read that trapped must report the failure: {reply}"
         );
-        assert!(host.registry().get(&TaskId::new(id), Some(&agent)).unwrap().reported, "round {round}");
+        assert!(host.registry().get(&id, Some(&agent)).unwrap().reported, "round {round}");
         assert!(agent.take_unread().is_empty(), "round {round}: no notice after the read reported the end");
     }
     host.dispose().await;
@@ -425,9 +425,8 @@ async fn a_task_dropped_from_the_history_removes_its_spill_files() {
         let args = json!({"command": command, "run_in_background": true});
         let (host, context) = (host.clone(), context.clone());
         async move {
-            let reply = host.call_tool("bash", args, &context).await.expect("started").text;
-            let id =
-                reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("{reply}")).to_string();
+            let output = host.call_tool("bash", args, &context).await.expect("started");
+            let id = output.started.unwrap_or_else(|| panic!("{}", output.text));
             let args = json!({"task_id": id, "wait": true, "timeout_ms": 20_000});
             let out = host.call_tool("task_output", args, &context).await.expect("read").text;
             assert!(out.ends_with("[status: completed, exit code: 0]"), "{}", &out[out.len().saturating_sub(200)..]);
@@ -476,8 +475,8 @@ async fn task_logs_are_charged_to_the_owner_disk_budget() {
     let mut ids = Vec::new();
     for _ in 0..3 {
         let args = json!({"command": "for i in $(seq 1 60000); do echo \"row $i\"; done | head -c 600000", "run_in_background": true});
-        let reply = host.call_tool("bash", args, &context).await.expect("started").text;
-        let id = TaskId::new(reply.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("{reply}")));
+        let output = host.call_tool("bash", args, &context).await.expect("started");
+        let id = output.started.unwrap_or_else(|| panic!("{}", output.text));
         let snapshot = host.registry().wait(&id, BOUND, Some(&agent), None).await.expect("wait");
         assert_eq!(snapshot.status_line(), "[status: completed, exit code: 0]");
         ids.push(id);

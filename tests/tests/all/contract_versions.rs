@@ -62,8 +62,8 @@ impl Fixture {
 
     async fn start(&self, tool: &str, mut args: Value) -> String {
         args["run_in_background"] = json!(true);
-        let reply = self.call(tool, args).await;
-        reply.rsplit_once(" task ").map(|(_, id)| id.to_string()).unwrap_or_else(|| panic!("not started: {reply}"))
+        let output = self.host.call_tool(tool, args, &self.context).await.expect("a start");
+        output.started.unwrap_or_else(|| panic!("not started: {}", output.text)).to_string()
     }
 
     async fn wait_end(&self, id: &str) -> String {

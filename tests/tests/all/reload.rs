@@ -59,10 +59,6 @@ fn ticks(count: u32) -> String {
     (1..=count).map(|i| format!("tick {i}\n")).collect()
 }
 
-fn task_id(reply: &str) -> TaskId {
-    TaskId::new(reply.strip_prefix("started background ticker task ").unwrap_or_else(|| panic!("reply {reply:?}")))
-}
-
 async fn start(host: &Host, agent: &Agent) -> Result<TaskId, ToolError> {
     let out = host
         .call_tool(
@@ -71,7 +67,7 @@ async fn start(host: &Host, agent: &Agent) -> Result<TaskId, ToolError> {
             &CallContext::for_agent(agent),
         )
         .await?;
-    Ok(task_id(&out.text))
+    Ok(out.started.unwrap_or_else(|| panic!("reply {:?}", out.text)))
 }
 
 /// Consuming reads until the terminal state; returns the whole output.

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent, subagent_started_id};
+use agent_calls::{STOP_REASON_CASES, call, child_agents, collect, start_subagent, start_task};
 use serde_json::json;
 use taskhost::Host;
 use taskhost::config::Config;
@@ -75,14 +75,7 @@ async fn every_stop_reason_collected_through_task_output() {
     let parent = host.create_agent("parent", "parent-session").unwrap();
     let context = CallContext::for_agent(&parent);
     for (prompt, expected) in STOP_REASON_CASES {
-        let reply = call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": format!("case {prompt}"), "prompt": prompt, "run_in_background": true}),
-        )
-        .await;
-        let id = subagent_started_id(&reply);
+        let id = start_subagent(&host, &context, &format!("case {prompt}"), prompt).await;
         assert!(id.starts_with("subagent-"), "{id}");
         assert_eq!(collect(&host, &context, &id).await, expected, "prompt {prompt:?}");
         // Final reads are idempotent.
@@ -277,14 +270,7 @@ async fn owner_disposal_awaits_every_child_and_the_childrens_tasks() {
     let context = CallContext::for_agent(&parent);
     let mut ids = Vec::new();
     for n in 0..2 {
-        let reply = call(
-            &host,
-            &context,
-            "subagent",
-            json!({"description": format!("holder {n}"), "prompt": "hold a ticker", "run_in_background": true}),
-        )
-        .await;
-        ids.push(subagent_started_id(&reply));
+        ids.push(start_subagent(&host, &context, &format!("holder {n}"), "hold a ticker").await);
     }
     // Wait until both children run their own background ticker: each start
     // is an event of the registry, so the count is checked after each.
@@ -332,16 +318,15 @@ async fn two_subagents_and_a_ticker_in_one_session_listed_and_collected_together
     let context = CallContext::for_agent(&parent);
     let a = start_subagent(&host, &context, "research A", "say A").await;
     let b = start_subagent(&host, &context, "research B", "start a ticker").await;
-    let ticker = call(
+    // Ticker ids are per kind; the child of B starts its own ticker
+    // concurrently, so the parent's may be any ticker-N.
+    let ticker = start_task(
         &host,
         &context,
         "ticker",
         json!({"count": 3, "interval_ms": 100, "message": "tick", "run_in_background": true}),
     )
     .await;
-    // Ticker ids are per kind; the child of B starts its own ticker
-    // concurrently, so the parent's may be any ticker-N.
-    let ticker = ticker.strip_prefix("started background ticker task ").expect("a ticker id").to_string();
     let list = call(&host, &context, "task_list", json!({})).await;
     let lines: Vec<&str> = list.lines().collect();
     assert_eq!(lines.len(), 3, "{list}");

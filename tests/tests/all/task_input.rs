@@ -80,11 +80,13 @@ impl Fixture {
         if interactive {
             args["interactive"] = json!(true);
         }
-        let reply = self.call("bash", args).await;
-        reply
-            .strip_prefix("started background bash task ")
-            .unwrap_or_else(|| panic!("not started: {reply}"))
-            .to_string()
+        self.start_kind("bash", args).await
+    }
+
+    /// Starts a background task of `tool` as alice; its id, as data.
+    async fn start_kind(&self, tool: &str, args: Value) -> String {
+        let output = self.host.call_tool(tool, args, &self.alice).await.expect("a start");
+        output.started.unwrap_or_else(|| panic!("not started: {}", output.text)).to_string()
     }
 
     async fn input(&self, id: &str, text: &str, close: bool) -> String {
@@ -170,8 +172,7 @@ async fn input_refusals_name_the_task_and_say_why() {
     );
 
     // A kind that takes no input.
-    let reply = fx.call("ticker", json!({"count": 1000, "interval_ms": 1000, "run_in_background": true})).await;
-    let ticker = reply.strip_prefix("started background ticker task ").expect(&reply).to_string();
+    let ticker = fx.start_kind("ticker", json!({"count": 1000, "interval_ms": 1000, "run_in_background": true})).await;
     assert_eq!(
         fx.input(&ticker, "x", false).await,
         format!("ERROR: task {ticker} is a ticker task, and ticker tasks take no input")
