@@ -88,10 +88,7 @@ impl Server {
 async fn start(client: &Client, tool: &str, arguments: Value) -> String {
     let mut arguments = arguments;
     arguments["run_in_background"] = true.into();
-    // The first block is the reply; completion notices may follow it.
-    let reply = common::texts(&call(client.peer(), tool, arguments).await).remove(0);
-    assert!(reply.starts_with("started background "), "{reply}");
-    reply.rsplit(' ').next().unwrap().to_string()
+    common::started_task(&call(client.peer(), tool, arguments).await)
 }
 
 async fn get(http: &reqwest::Client, url: &str, token: Option<&str>) -> (u16, reqwest::header::HeaderMap, String) {

@@ -408,18 +408,16 @@ async fn a_builtin_wasm_plugin_is_served_like_a_native_producer() {
     let tools = server.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
     assert_eq!(names, ["task_input", "task_kill", "task_list", "task_output", "task_wait", "ticker", "wasm_ticker"]);
-    let started =
-        only_text(&call(&peer, "wasm_ticker", json!({"count": 2, "interval_ms": 10, "run_in_background": true})).await);
-    let id = started.rsplit(' ').next().unwrap().to_string();
-    assert!(started.starts_with("started background ") && id.contains('-'), "{started}");
+    let id = common::started_task(
+        &call(&peer, "wasm_ticker", json!({"count": 2, "interval_ms": 10, "run_in_background": true})).await,
+    );
     let output = only_text(&call(&peer, "task_output", json!({"task_id": id, "wait": true})).await);
     assert!(output.ends_with("[status: completed, ticks: 2]"), "{output}");
     assert!(output.contains("tick 1\ntick 2"), "{output}");
     // A long one dies with the connection.
-    let long = only_text(
+    let long_id = common::started_task(
         &call(&peer, "wasm_ticker", json!({"count": 100000, "interval_ms": 1000, "run_in_background": true})).await,
     );
-    let long_id = long.rsplit(' ').next().unwrap().to_string();
     let (status, log) = server.disconnect().await;
     assert!(status.success(), "exit status {status}; log:\n{log}");
     assert!(log.contains(&format!("task settled task={long_id} status=killed")), "not killed:\n{log}");

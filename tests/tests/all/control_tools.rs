@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_calls::call;
+use agent_calls::{call, start_task};
 use serde_json::json;
 use taskhost::Host;
 use taskhost::config::Config;
@@ -376,9 +376,9 @@ async fn the_read_that_reports_an_end_carries_no_notice_of_it() {
     let context = CallContext::for_agent(&agent);
     let mut told = std::collections::HashMap::<String, usize>::new();
     for n in 1..=40 {
-        let started =
-            call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true})).await;
-        let id = started.rsplit(' ').next().unwrap().to_string();
+        let id =
+            start_task(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true}))
+                .await;
         // Race the read against the settlement (and its notice).
         let out = call(&host, &context, "task_output", json!({"task_id": id, "wait": n % 2 == 0})).await;
         let unread: Vec<String> = agent.take_unread().into_iter().map(|m| m.text).collect();
@@ -413,9 +413,9 @@ async fn task_list_says_how_many_finished_tasks_were_dropped() {
     let agent = host.create_agent("a", "s-a").unwrap();
     let context = CallContext::for_agent(&agent);
     for _ in 0..5 {
-        let started =
-            call(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true})).await;
-        let id = started.rsplit(' ').next().unwrap().to_string();
+        let id =
+            start_task(&host, &context, "ticker", json!({"count": 1, "interval_ms": 0, "run_in_background": true}))
+                .await;
         call(&host, &context, "task_output", json!({"task_id": id, "wait": true})).await;
     }
     let listed = call(&host, &context, "task_list", json!({})).await;
