@@ -16,6 +16,7 @@ mod mcp_input;
 mod mcp_output;
 mod mcp_python;
 mod mcp_stdio;
+mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_ttl;
 mod sandbox_attacks;
