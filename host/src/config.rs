@@ -187,6 +187,14 @@ impl Grants {
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         toml::from_str(text).map_err(|e| anyhow::anyhow!("invalid grants: {e}"))
     }
+
+    /// Whether these grants give `capability` (what a plugin's imports are
+    /// checked against when it loads).
+    pub fn grants(&self, capability: crate::plugin::preflight::GatedCapability) -> bool {
+        match capability {
+            crate::plugin::preflight::GatedCapability::Subagents => self.subagents.is_some(),
+        }
+    }
 }
 
 fn empty_table() -> toml::Table {

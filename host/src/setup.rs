@@ -178,6 +178,13 @@ impl WasmPlan {
             }
         };
         let grants = config.effective_grants().with_context(|| tool_context(config))?;
+        // A capability the plugin imports but is not granted refuses it now,
+        // naming the grant to add, not at its first call (before compiling:
+        // the component's type information alone).
+        if let Some(imports) = crate::plugin::preflight::imports_of(&bytes) {
+            crate::plugin::preflight::check_grants(&imports, |capability| grants.grants(capability))
+                .with_context(|| tool_context(config))?;
+        }
         // A plugin granted subagents collects its children in the background
         // exactly when the host offers `run_in_background` (see
         // [`subagent_instance_config`]).

@@ -4,7 +4,9 @@
 //! Model: two stages, stopping at the first that fails. First the contract,
 //! on the component's names and types alone, without compiling
 //! ([`crate::plugin::preflight`]): imports taskhost does not provide,
-//! contract version skew, a missing export or function. Then the exact load
+//! contract version skew, a missing export or function, a capability it
+//! imports that its configuration does not grant (naming the grant to add;
+//! a `.wasm` target is granted only what its flags grant). Then the exact load
 //! path of `taskhost serve` ([`super::target::open`]: compile, link,
 //! signatures, `describe(config)`, the descriptor checks, the grants), and
 //! the tool definition(s) printed as the model sees them, with
@@ -70,6 +72,10 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
                 )?;
                 let imports = if found.imports.is_empty() { "none".to_string() } else { found.imports.join(", ") };
                 outln!("imports: {imports}")?;
+                // A capability it imports but is not granted: the grant to add.
+                let grants = entry.effective_grants()?;
+                crate::plugin::preflight::check_grants(&found.imports, |capability| grants.grants(capability))
+                    .map_err(|err| err.context(format!("plugin {}", path.display())))?;
             }
             None => outln!("contract: {} could not be decoded; compiling it will say why", path.display())?,
         }

@@ -193,6 +193,88 @@ pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
     Ok(Some(Preflight { imports, exports, contract_version }))
 }
 
+/// A capability a plugin reaches only when its configuration grants it,
+/// told by the imports that use it: a plugin importing one it is not granted
+/// is refused when it loads, not when it first calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedCapability {
+    /// `taskhost:producer/subagents`: start child agent runs.
+    Subagents,
+}
+
+impl GatedCapability {
+    /// The capability `full` (an import name) belongs to, if it is gated.
+    pub fn of_import(full: &str) -> Option<Self> {
+        let name = Name::parse(full)?;
+        match (name.namespace, name.package, name.interface) {
+            ("taskhost", "producer", Some("subagents")) => Some(Self::Subagents),
+            _ => None,
+        }
+    }
+
+    /// The configuration table that grants it.
+    pub fn grant_table(self) -> &'static str {
+        match self {
+            Self::Subagents => "[producer.grants.subagents]",
+        }
+    }
+
+    /// What to write in [`Self::grant_table`], or do instead.
+    fn hint(self) -> &'static str {
+        match self {
+            Self::Subagents => "with the backends it may use, e.g. `grants.subagents = { backends = [\"claude\"] }`",
+        }
+    }
+}
+
+/// Refuses a component whose imports need a capability `granted` says its
+/// configuration does not grant, naming each import and the grant to add.
+/// Imports of capabilities that are not gated are left to [`preflight`].
+pub fn check_grants(imports: &[String], granted: impl Fn(GatedCapability) -> bool) -> anyhow::Result<()> {
+    let mut problems = String::new();
+    let mut seen = Vec::new();
+    for full in imports {
+        let Some(capability) = GatedCapability::of_import(full) else { continue };
+        if granted(capability) || seen.contains(&capability) {
+            continue;
+        }
+        seen.push(capability);
+        let _ = writeln!(
+            problems,
+            "- it imports `{full}`, which its configuration does not grant: add {} to its \
+             [[producer]] entry ({})",
+            capability.grant_table(),
+            capability.hint()
+        );
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    bail!("the plugin needs a capability it is not granted:\n{}", problems.trim_end())
+}
+
+/// The imports of a component, by full name, from its type information
+/// alone (no compiling); `None` when it cannot be decoded (the compiler
+/// will say why).
+pub fn imports_of(bytes: &[u8]) -> Option<Vec<String>> {
+    let wit_parser::decoding::DecodedWasm::Component(resolve, world) = wit_parser::decoding::decode(bytes).ok()? else {
+        return None;
+    };
+    let world = &resolve.worlds[world];
+    Some(
+        world
+            .imports
+            .keys()
+            .map(|key| match key {
+                wit_parser::WorldKey::Name(name) => name.clone(),
+                wit_parser::WorldKey::Interface(id) => {
+                    resolve.id_of(*id).unwrap_or_else(|| "<unnamed interface>".into())
+                }
+            })
+            .collect(),
+    )
+}
+
 /// What is wrong with importing `full`, if anything.
 fn import_problem(full: &str) -> Option<String> {
     let provided = super::host::PROVIDED_IMPORTS;
@@ -326,6 +408,26 @@ mod tests {
         assert!(!in_series("garbage", "0.2"));
         assert!(!in_series("0.2", "0.2"), "not a semantic version");
         assert!(in_series("1.4.0", "1.0") && !in_series("2.0.0", "1.0"));
+    }
+
+    #[test]
+    fn an_ungranted_capability_is_named_with_its_grant() {
+        let imports = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let subagents = imports(&["wasi:io/poll@0.2.0", "taskhost:producer/subagents@0.2.1"]);
+        check_grants(&subagents, |_| true).expect("granted");
+        let refused = format!("{:#}", check_grants(&subagents, |_| false).unwrap_err());
+        assert!(
+            refused.contains("`taskhost:producer/subagents@0.2.1`")
+                && refused.contains("add [producer.grants.subagents]"),
+            "{refused}"
+        );
+        // The frozen contract's import is the same capability, named once.
+        let both = imports(&["taskhost:producer/subagents@0.1.0", "taskhost:producer/subagents@0.2.1"]);
+        let refused = format!("{:#}", check_grants(&both, |_| false).unwrap_err());
+        assert_eq!(refused.matches("add [producer.grants.subagents]").count(), 1, "{refused}");
+        // Imports of capabilities that are not gated need no grant.
+        check_grants(&imports(&["taskhost:producer/host-log@0.2.1", "wasi:cli/stdout@0.2.0"]), |_| false)
+            .expect("nothing gated");
     }
 
     #[test]

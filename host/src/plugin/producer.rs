@@ -171,6 +171,11 @@ impl WasmProducer {
     /// one. No call is refused or delayed by a reload.
     pub async fn reload(&self, version: Arc<PluginVersion>) -> anyhow::Result<(ServingVersion, Arc<Descriptor>)> {
         let _serialized = self.reloading.lock().await;
+        // A new version may not start importing what this instance is not granted.
+        super::preflight::check_grants(version.imports(), |capability| match capability {
+            super::preflight::GatedCapability::Subagents => self.subagents.is_some(),
+        })
+        .with_context(|| format!("the new version {} cannot replace the serving one", version.version()))?;
         let descriptor = Arc::new(
             describe(&version, &self.config_json)
                 .await

@@ -155,6 +155,21 @@ fn check_names_each_author_mistake_and_what_to_change() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A plugin importing a capability its configuration does not grant is
+/// refused by `check` before compiling, with the grant to add; the built
+/// subagent plugin, checked as a bare file (granted nothing), is one.
+#[test]
+fn check_refuses_a_capability_the_configuration_does_not_grant() {
+    let dir = common::temp_dir("check-grants");
+    assert_refused(
+        &dir,
+        Path::new(taskhost::builtin::SUBAGENT_PATH),
+        "it imports `taskhost:producer/subagents@0.2.1`, which its configuration does not grant: add \
+         [producer.grants.subagents] to its [[producer]] entry",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn check_exit_codes_tell_usage_mistakes_from_invalid_plugins() {
     let dir = common::temp_dir("check-usage");

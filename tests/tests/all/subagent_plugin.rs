@@ -292,8 +292,8 @@ async fn a_plugin_without_the_grant_gets_a_clear_error() {
 
 /// A plugin loaded from a file is third-party code: it gets the `subagents`
 /// capability from `[producer.grants.subagents]` alone, limited to the
-/// backends the grant names; a grant naming a backend that is not configured
-/// refuses to load.
+/// backends the grant names; without the grant, or with one naming a backend
+/// that is not configured, it refuses to load.
 #[tokio::test]
 async fn a_file_plugin_runs_children_only_through_its_configuration_grant() {
     let plugin = taskhost::builtin::SUBAGENT_PATH;
@@ -311,14 +311,16 @@ async fn a_file_plugin_runs_children_only_through_its_configuration_grant() {
     assert_eq!(collect(&host, &context, &id).await, STOP_REASON_CASES[0].1);
     host.dispose().await;
 
+    // Not granted: refused when it loads, naming the grant, not at its first call.
     let ungranted = Config::parse(&config("")).unwrap();
-    let host = host_from_config(&ungranted, Path::new(".")).await.unwrap();
-    let parent = host.create_agent("parent", "parent-session").unwrap();
-    let reply =
-        call(&host, &CallContext::for_agent(&parent), "subagent", json!({"description": "d", "prompt": "p"})).await;
-    assert!(reply.contains("needs [producer.grants.subagents]"), "{reply}");
-    assert!(child_agents(&host).is_empty());
-    host.dispose().await;
+    let error = format!("{:#}", host_from_config(&ungranted, Path::new(".")).await.err().expect("refused at load"));
+    assert!(
+        error.contains(
+            "imports `taskhost:producer/subagents@0.2.1`, which its configuration does not grant: add \
+                        [producer.grants.subagents]"
+        ),
+        "{error}"
+    );
 
     let unknown = Config::parse(&config("grants.subagents = { backends = [\"cloud\"] }")).unwrap();
     let error = format!("{:#}", host_from_config(&unknown, Path::new(".")).await.err().expect("refused at load"));
