@@ -39,7 +39,7 @@ use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
 use crate::plugin::engine::open_cache_in;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
-use crate::plugin::resources::ProcessCapability;
+use crate::plugin::resources::{DurableTrees, ProcessCapability};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
 use crate::state::trust::{FileKind, TrustPolicy};
@@ -148,6 +148,7 @@ struct WasmPlan {
     config_json: String,
     subagents: Option<Subagents>,
     process: Option<ProcessCapability>,
+    durable_trees: Option<DurableTrees>,
 }
 
 impl WasmPlan {
@@ -214,6 +215,7 @@ impl WasmPlan {
             instance_config,
             config_json,
             subagents,
+            durable_trees: process.as_ref().and(runtime.durable_trees.clone()),
             process,
         }))
     }
@@ -233,6 +235,9 @@ impl WasmPlan {
         }
         if let Some(process) = self.process {
             producer = producer.with_process(process);
+        }
+        if let Some(trees) = self.durable_trees {
+            producer = producer.with_durable_trees(trees);
         }
         Ok(Arc::new(producer))
     }
@@ -261,6 +266,9 @@ pub struct PluginRuntime {
     /// What plugin files must pass, at load and on every reload (none:
     /// every file is loaded, as an embedder building a host wants).
     trust: Option<Arc<TrustPolicy>>,
+    /// Where handed-over trees of stable owners are made durable; `None`
+    /// when the task store does not outlive the process.
+    durable_trees: Option<DurableTrees>,
 }
 
 impl PluginRuntime {
@@ -287,6 +295,7 @@ impl PluginRuntime {
             process_host: None,
             gate: LoadGate::open_now(),
             trust: None,
+            durable_trees: None,
         }
     }
 
@@ -412,6 +421,9 @@ impl PluginRuntime {
     }
 }
 
+/// Whether restarts re-adopt durable trees (until then no tree is made durable).
+const DURABLE_TREES_ADOPTED: bool = false;
+
 /// A host serving the configuration's producers (or the defaults).
 /// `base_dir` is the configuration file's directory.
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
@@ -455,11 +467,17 @@ pub async fn served_from_config_gated(
     trust: Option<Arc<TrustPolicy>>,
     store: Option<Arc<dyn taskhost_core::tasks::store::TaskStore>>,
 ) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
+    let outlives_process = store.as_ref().is_some_and(|store| store.outlives_process());
     let host = match store {
         Some(store) => Host::with_store(&config.tasks, store)?,
         None => Host::new(&config.tasks)?,
     };
     let mut runtime = PluginRuntime::new(config).with_gate(gate).with_trust(trust);
+    // Trees are made durable once a restart re-adopts them (step 3).
+    if outlives_process && DURABLE_TREES_ADOPTED {
+        let root = StateDir::open_configured(&config.state)?.trees_root()?;
+        runtime.durable_trees = Some(DurableTrees { root });
+    }
     let producers = config.effective_producers();
     let subagents = Subagents::for_host(&host, &config.subagents)?;
     let mut plugins = Vec::new();

@@ -379,6 +379,10 @@ impl TaskStore for SqliteStore {
     fn describe(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn outlives_process(&self) -> bool {
+        true
+    }
 }
 
 /// Every record of the store at `file`, read-only (for `taskhost ps`: no

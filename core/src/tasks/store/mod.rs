@@ -201,4 +201,10 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// A short name for logs and errors (`memory`, the SQLite file's path).
     fn describe(&self) -> String;
+
+    /// True when what it records outlives this process (a file, a
+    /// cluster): only then is work made to outlive it too. Default: false.
+    fn outlives_process(&self) -> bool {
+        false
+    }
 }
