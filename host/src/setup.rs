@@ -421,9 +421,6 @@ impl PluginRuntime {
     }
 }
 
-/// Whether restarts re-adopt durable trees (until then no tree is made durable).
-const DURABLE_TREES_ADOPTED: bool = false;
-
 /// A host serving the configuration's producers (or the defaults).
 /// `base_dir` is the configuration file's directory.
 pub async fn host_from_config(config: &Config, base_dir: &Path) -> anyhow::Result<Host> {
@@ -473,8 +470,7 @@ pub async fn served_from_config_gated(
         None => Host::new(&config.tasks)?,
     };
     let mut runtime = PluginRuntime::new(config).with_gate(gate).with_trust(trust);
-    // Trees are made durable once a restart re-adopts them (step 3).
-    if outlives_process && DURABLE_TREES_ADOPTED {
+    if outlives_process {
         let root = StateDir::open_configured(&config.state)?.trees_root()?;
         runtime.durable_trees = Some(DurableTrees { root });
     }
@@ -518,6 +514,8 @@ pub async fn served_from_config_gated(
             host.registry().set_output_spill_dir(&parent).context("creating the task output directory")?;
         }
     }
+    // Trees handed over before a restart go on (their output files are set).
+    host.registry().readopt(&crate::durable_tasks::DurableTreeAdopter);
     Ok((host, plugins))
 }
 

@@ -45,6 +45,35 @@ pub struct LogOffsets {
     pub stderr: u64,
 }
 
+/// Where a durable tree's forwarded output stands: the log bytes whose
+/// text was appended (a character split at the end is not counted), and
+/// the formatter's state there. The sink's mark ([`OutputSink::taken_mark`])
+/// is one, as text ([`TreeCursor::to_mark`]): a later server resumes the output right after what was
+/// taken, with no byte lost or repeated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct TreeCursor {
+    pub stdout: u64,
+    pub stderr: u64,
+    pub in_stderr: bool,
+    pub mid_line: bool,
+}
+
+impl TreeCursor {
+    /// The mark's text: `cursor <stdout> <stderr> <in_stderr> <mid_line>`.
+    pub fn to_mark(&self) -> String {
+        format!("cursor {} {} {} {}", self.stdout, self.stderr, u8::from(self.in_stderr), u8::from(self.mid_line))
+    }
+
+    /// Reads a mark; `None` when it is not one.
+    pub fn parse(mark: &str) -> Option<Self> {
+        let mut words = mark.strip_prefix("cursor ")?.split(' ');
+        let mut number = || words.next()?.parse::<u64>().ok();
+        let (stdout, stderr, in_stderr, mid_line) = (number()?, number()?, number()?, number()?);
+        Some(Self { stdout, stderr, in_stderr: in_stderr == 1, mid_line: mid_line == 1 })
+    }
+}
+
 /// How a followed tree ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TreeEnd {
@@ -74,11 +103,12 @@ impl std::fmt::Debug for FollowedTree {
 impl FollowedTree {
     /// Follows `process`'s logs from `from` into `sink` (which it marks as
     /// forwarded). Needs a tokio runtime.
-    pub fn follow(process: DurableProcess, sink: Arc<OutputSink>, from: LogOffsets, grace: Duration) -> Self {
+    pub fn follow(process: DurableProcess, sink: Arc<OutputSink>, from: TreeCursor, grace: Duration) -> Self {
         let process = Arc::new(process);
         let offsets = Arc::new([AtomicU64::new(from.stdout), AtomicU64::new(from.stderr)]);
         let (tell, end) = watch::channel(None);
         let forwarding = Forwarding::new(sink);
+        forwarding.resume(from.in_stderr, from.mid_line);
         let follower = tokio::spawn(follow(process.clone(), forwarding, offsets.clone(), tell)).abort_handle();
         Self { process, end, offsets, grace, killing: AtomicBool::new(false), follower }
     }
@@ -183,8 +213,15 @@ fn look(process: &DurableProcess, forwarding: &Forwarding, offsets: &[AtomicU64;
     if data.is_empty() {
         return false;
     }
-    forwarding.push(stream == Stream::Stderr, &data, false);
-    offsets[index].store(offset + data.len() as u64, Ordering::Release);
+    let mut read = [offsets[0].load(Ordering::Acquire), offsets[1].load(Ordering::Acquire)];
+    read[index] = offset + data.len() as u64;
+    let mark = |in_stderr: bool, mid_line: bool, carry: [usize; 2]| {
+        let cursor =
+            TreeCursor { stdout: read[0] - carry[0] as u64, stderr: read[1] - carry[1] as u64, in_stderr, mid_line };
+        cursor.to_mark()
+    };
+    forwarding.push_marked(stream == Stream::Stderr, &data, false, Some(&mark));
+    offsets[index].store(read[index], Ordering::Release);
     true
 }
 

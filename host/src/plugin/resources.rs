@@ -57,6 +57,9 @@ pub struct ProcessCtx {
     /// Where handed-over trees of a stable owner go; `None`: the owner is
     /// not stable, or the host keeps no durable store.
     pub(crate) durable: Option<DurableTrees>,
+    /// The durable tree the guest handed over, as the store keeps it
+    /// ([`crate::durable_tasks::HandedOverTree`]).
+    pub(crate) handed_over: Option<String>,
 }
 
 impl Default for ProcessCtx {
@@ -70,6 +73,7 @@ impl Default for ProcessCtx {
             owner: None,
             output: OutputSink::new(super::bounds::MAX_FORWARDED_WAITING_BYTES),
             durable: None,
+            handed_over: None,
         }
     }
 }
@@ -109,6 +113,12 @@ impl ProcessCtx {
     /// durable under `trees` (see [`Tree::HandedOver`]).
     pub fn set_durable(&mut self, trees: DurableTrees) {
         self.durable = Some(trees);
+    }
+
+    /// The durable tree the guest handed over, as the store keeps it (its
+    /// proof, which is as secret as a token, and where it lives).
+    pub fn handed_over_tree(&self) -> Option<String> {
+        self.handed_over.clone()
     }
 
     /// True when the task is a foreground run (its output is read at the end).

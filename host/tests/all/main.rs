@@ -18,6 +18,7 @@ mod mcp_python;
 mod mcp_stdio;
 mod mcp_tasks;
 mod mcp_ttl;
+mod readopt;
 mod sandbox_attacks;
 mod sandbox_everyday;
 mod sandbox_limits;

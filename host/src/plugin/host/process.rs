@@ -20,11 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use taskhost_process::{
-    DurableSpawn, ExitStatus, FollowedTree, LogOffsets, Refusal, SpawnError, SpawnRequest, StdinMode, Stream, TreeEnd,
+    DurableSpawn, ExitStatus, FollowedTree, Refusal, SpawnError, SpawnRequest, StdinMode, Stream, TreeCursor, TreeEnd,
 };
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::DynPollable;
 
+use crate::durable_tasks::HandedOverTree;
 use crate::plugin::bindings::taskhost::producer::process as wit;
 use crate::plugin::clock::{CallClock, SPAWN_BOUND};
 use crate::plugin::resources::{DurableTrees, ExitWatch, Held, ProcessCtx, ProcessResource, Tree};
@@ -142,9 +143,11 @@ impl ProcessView<'_> {
                 })?,
             };
             match flavor {
-                Flavor::Plain => {
-                    capability.host.spawn_for(&owner, &capability.grant, request, &span).await.map(Tree::Plain)
-                }
+                Flavor::Plain => capability
+                    .host
+                    .spawn_for(&owner, &capability.grant, request, &span)
+                    .await
+                    .map(|process| (Tree::Plain(process), None)),
                 Flavor::Durable(trees) => {
                     let failed = |source: std::io::Error| SpawnError::Failed { program: program.clone(), source };
                     let dir = trees.root.join(tree_dir_name());
@@ -159,7 +162,9 @@ impl ProcessView<'_> {
                     match capability.host.spawn_durable(&owner, &capability.grant, request, durable, &span).await {
                         Ok(process) => {
                             tracing::info!(pid = process.pid(), dir = %dir.display(), "durable tree handed over");
-                            Ok(Tree::HandedOver(FollowedTree::follow(process, sink, LogOffsets::default(), grace)))
+                            let kept = HandedOverTree::new(process.record().clone(), grace).to_text();
+                            let tree = FollowedTree::follow(process, sink, TreeCursor::default(), grace);
+                            Ok((Tree::HandedOver(tree), Some(kept)))
                         }
                         Err(error) => {
                             let _ = std::fs::remove_dir_all(&dir);
@@ -170,7 +175,12 @@ impl ProcessView<'_> {
             }
         };
         let tree = match self.clock.host_step("process spawn", SPAWN_BOUND, spawn).await {
-            Ok(Ok(tree)) => tree,
+            Ok(Ok((tree, kept))) => {
+                if kept.is_some() {
+                    ctx.handed_over = kept;
+                }
+                tree
+            }
             Ok(Err(err @ SpawnError::Refused(_))) => {
                 tracing::debug!(plugin, error = %err, "process spawn refused");
                 return Ok(Err(err.to_string()));
