@@ -260,3 +260,66 @@ async fn stopping_in(store: &Path) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A durable tree cannot reach what proves it: the trees' directory (its
+/// own keeper's logs, status and socket) and the store (its secret) are
+/// outside its view, whatever path it tries; with the server as `uid` too.
+async fn a_durable_tree_cannot_reach(tag: &str, uid: Option<u32>) {
+    let base = temp_dir(tag);
+    let workspace = base.join("work");
+    let home = base.join("home");
+    let state_home = base.join("state");
+    for dir in [&workspace, &home, &state_home] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    if let Some(uid) = uid {
+        for dir in [&base, &workspace, &home, &state_home] {
+            std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+        }
+    }
+    let state = state_home.join("taskhost");
+    let trees = state.join("trees");
+    let probes = [
+        trees.display().to_string(),
+        format!("{}/*/k.sock", trees.display()),
+        format!("{}/*/stdout.log", trees.display()),
+        state.join("tasks.sqlite3").display().to_string(),
+    ];
+    let command = format!(
+        "for p in {}; do if ls -d $p >/dev/null 2>&1 || cat $p >/dev/null 2>&1; then echo \"reached $p\"; fi; done; echo probed",
+        probes.join(" ")
+    );
+    let mut server = common::serve_stdio_as(uid, &base, &workspace, &home);
+    server.env("XDG_STATE_HOME", &state_home).args(["--owner", "alice"]);
+    let (client, child) = common::connect_stdio(&mut server).await;
+    let started = call(client.peer(), "bash", json!({"command": command, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    let output = read_until(client.peer(), "bash-1", "probed", Duration::from_secs(30)).await;
+    assert_eq!(output, "probed\n", "a durable tree reached its keeper's files or the store");
+    // The tree was durable: its keeper's directory is there, on the host.
+    let kept = std::fs::read_dir(&trees).expect("the trees' directory").count();
+    assert!(kept <= 1, "{kept} trees");
+    let store =
+        rusqlite::Connection::open_with_flags(state.join("tasks.sqlite3"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let tree: Option<String> =
+        store.query_row("SELECT tree FROM tasks WHERE id = 'bash-1'", [], |row| row.get(0)).unwrap();
+    assert!(tree.is_some_and(|t| t.contains("keeper_pid")), "bash-1 was a durable tree");
+    sigkill(child, client).await;
+}
+
+#[tokio::test]
+async fn a_durable_tree_cannot_reach_its_keepers_files_or_the_store() {
+    a_durable_tree_cannot_reach("readopt-reach", None).await;
+}
+
+#[tokio::test]
+async fn a_durable_tree_of_an_unprivileged_server_cannot_reach_its_keepers_files_or_the_store() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
+        return;
+    }
+    a_durable_tree_cannot_reach("readopt-reach-nobody", Some(65534)).await;
+}
