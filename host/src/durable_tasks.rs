@@ -68,13 +68,53 @@ pub fn outcome(end: &TreeEnd, cancelled: bool) -> TaskOutcome {
     }
 }
 
+/// Removes a handed-over tree's directory once it ended, when dropped:
+/// held by the task's control, which the record holds until it leaves the
+/// history, long after its end was recorded.
+#[derive(Debug)]
+pub struct TreeDir(pub DurableRecord);
+
+impl TreeDir {
+    /// The guard of the tree a store keeps as `text`.
+    pub fn of(text: &str) -> Option<Self> {
+        HandedOverTree::parse(text).ok().map(|kept| Self(kept.record))
+    }
+}
+
+impl Drop for TreeDir {
+    fn drop(&mut self) {
+        taskhost_process::durable_follow::remove_ended(&self.0);
+    }
+}
+
 /// Re-adopts handed-over trees for the registry.
 #[derive(Debug, Default)]
-pub struct DurableTreeAdopter;
+pub struct DurableTreeAdopter {
+    /// The directories of the trees it was asked about.
+    asked: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+impl DurableTreeAdopter {
+    /// Removes the directories under `root` of ended trees no re-adopted
+    /// task holds (records released at a shutdown leave theirs behind); a
+    /// tree still running keeps its directory (it ends at its deadline).
+    pub fn sweep(&self, root: &std::path::Path) {
+        let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(entries) = std::fs::read_dir(root) else { return };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) && !asked.contains(&dir) && dir.join("status").exists() {
+                tracing::debug!(dir = %dir.display(), "an ended durable tree's directory is removed");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
 
 impl TreeAdopter for DurableTreeAdopter {
     fn adopt(&self, tree: &str, cursor: Option<&str>, kill: bool) -> Result<TaskHooks, String> {
         let kept = HandedOverTree::parse(tree)?;
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).push(kept.record.dir.clone());
         let cursor = match cursor {
             None => TreeCursor::default(),
             Some(text) => {
@@ -88,7 +128,8 @@ impl TreeAdopter for DurableTreeAdopter {
         let sink = OutputSink::new(WAITING_BYTES);
         let tree = Arc::new(FollowedTree::follow(process, sink.clone(), cursor, Duration::from_millis(kept.grace_ms)));
         let cancelled = Arc::new(AtomicBool::new(kill));
-        let control = Arc::new(AdoptedTree { tree: tree.clone(), sink, cancelled: cancelled.clone() });
+        let dir = TreeDir(kept.record.clone());
+        let control = Arc::new(AdoptedTree { tree: tree.clone(), sink, cancelled: cancelled.clone(), _dir: dir });
         let done = Box::pin(async move {
             tree.ended().await;
             let end = tree.end().expect("ended");
@@ -104,6 +145,7 @@ struct AdoptedTree {
     sink: Arc<OutputSink>,
     /// A kill was asked for (the end is then `killed`).
     cancelled: Arc<AtomicBool>,
+    _dir: TreeDir,
 }
 
 #[async_trait::async_trait]

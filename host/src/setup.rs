@@ -515,7 +515,11 @@ pub async fn served_from_config_gated(
         }
     }
     // Trees handed over before a restart go on (their output files are set).
-    host.registry().readopt(&crate::durable_tasks::DurableTreeAdopter);
+    let adopter = crate::durable_tasks::DurableTreeAdopter::default();
+    host.registry().readopt(&adopter);
+    if let Some(trees) = &runtime.durable_trees {
+        adopter.sweep(&trees.root);
+    }
     Ok((host, plugins))
 }
 

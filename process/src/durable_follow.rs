@@ -21,6 +21,8 @@
 //!   grant's spill cap, so a slow reader costs disk, never memory).
 //! - Dropping a [`FollowedTree`] stops the follower and leaves the tree
 //!   running (the tree outlives its server); [`FollowedTree::kill`] ends it.
+//!   Its directory is its owner's to remove once the end is recorded
+//!   ([`remove_ended`]): the next server reads the end from it until then.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -165,19 +167,6 @@ impl FollowedTree {
         });
     }
 
-    /// Ends the tree (as [`Self::kill`]) and, once it ended, removes its
-    /// directory: its task is over and nothing will read its logs.
-    pub fn discard(self) {
-        self.kill();
-        let process = self.process.clone();
-        tokio::spawn(async move {
-            let _ = process.finished().await;
-            let record = process.record();
-            let _ = std::fs::remove_file(&record.socket);
-            let _ = std::fs::remove_dir_all(&record.dir);
-        });
-    }
-
     /// SIGKILL to the tree now (a kill carried out after a restart).
     pub fn kill_now(&self) -> std::io::Result<()> {
         self.process.kill()
@@ -187,14 +176,6 @@ impl FollowedTree {
 impl Drop for FollowedTree {
     fn drop(&mut self) {
         self.follower.abort();
-        // An ended tree's directory and socket are its server's to remove
-        // (K cannot: its mount namespace hides them); a live tree keeps
-        // them for the next server.
-        if self.end().is_some() {
-            let record = self.process.record();
-            let _ = std::fs::remove_file(&record.socket);
-            let _ = std::fs::remove_dir_all(&record.dir);
-        }
     }
 }
 
@@ -365,5 +346,16 @@ impl Drop for LogChanges {
                 unsafe { libc::inotify_rm_watch(inotify.fd.as_raw_fd(), wd) };
             }
         }
+    }
+}
+
+/// Removes an ended durable tree's directory (logs, status, socket: K
+/// cannot, its mount namespace hides them); a tree still running (no
+/// status yet) keeps it. Call once its end is recorded where the next
+/// server looks.
+pub fn remove_ended(record: &crate::durable::DurableRecord) {
+    if record.dir.join("status").exists() {
+        let _ = std::fs::remove_file(&record.socket);
+        let _ = std::fs::remove_dir_all(&record.dir);
     }
 }

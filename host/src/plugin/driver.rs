@@ -78,6 +78,8 @@ struct Shared {
     /// The durable tree the guest handed over (`spawn-handed-over` for a
     /// stable owner), as the store keeps it.
     handed_over: Option<String>,
+    /// Removes the handed-over tree's directory once the record goes.
+    _tree_dir: Option<crate::durable_tasks::TreeDir>,
 }
 
 /// Everything the driver needs to run a task that `run` just returned.
@@ -95,6 +97,7 @@ pub(crate) struct TaskParts {
 pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
+    let handed_over = parts.store.data_mut().process().handed_over_tree();
     let shared = Arc::new(Shared {
         pulled: parts.store.data_mut().process().output_sink(),
         pulls_itself: AtomicBool::new(false),
@@ -102,7 +105,8 @@ pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
         output_signal: std::sync::OnceLock::new(),
         _spill_files: Mutex::new(Vec::new()),
         abandoned: AtomicBool::new(false),
-        handed_over: parts.store.data_mut().process().handed_over_tree(),
+        handed_over: handed_over.clone(),
+        _tree_dir: handed_over.as_deref().and_then(crate::durable_tasks::TreeDir::of),
     });
     let streams_output = parts.streams_output;
     let plugin = parts.store.data().tag().plugin.clone();

@@ -379,8 +379,9 @@ impl wit::HostProcess for ProcessView<'_> {
                 // Dropping a plain process kills its tree if it is still alive.
                 drop(process);
             }
-            // The guest let go of it: the task is over, so is its tree.
-            Tree::HandedOver(tree) => tree.discard(),
+            // The guest let go of it: the task is over, so is its tree
+            // (its directory goes with the task's record).
+            Tree::HandedOver(tree) => tree.kill(),
         }
         Ok(())
     }
