@@ -130,6 +130,9 @@ tokio::task_local! {
     /// state (the process capability's private spill directory) read it with
     /// [`preparing_for`]; it is unset outside a tool call.
     static PREPARING_FOR: String;
+    /// Whether the owner [`PREPARING_FOR`] names is stable (its tasks may
+    /// outlive this process: see [`preparing_for_stable_owner`]).
+    static PREPARING_FOR_STABLE: bool;
 }
 
 /// The owner session the current [`Producer::prepare`] runs for, if any.
@@ -137,9 +140,23 @@ pub fn preparing_for() -> Option<String> {
     PREPARING_FOR.try_with(Clone::clone).ok()
 }
 
-/// Runs `prepare` as a prepare for `owner` (see [`preparing_for`]).
+/// Whether the owner the current [`Producer::prepare`] runs for is stable
+/// (an HTTP token, `serve --owner`): its tasks may outlive this process, so
+/// a producer may make their work durable. False outside a tool call.
+pub fn preparing_for_stable_owner() -> bool {
+    PREPARING_FOR_STABLE.try_with(|stable| *stable).unwrap_or(false)
+}
+
+/// Runs `prepare` as a prepare for `owner` (see [`preparing_for`]), an
+/// owner that is not stable.
 pub async fn prepare_for<F: std::future::Future>(owner: String, prepare: F) -> F::Output {
-    PREPARING_FOR.scope(owner, prepare).await
+    prepare_for_owner(owner, false, prepare).await
+}
+
+/// Runs `prepare` as a prepare for `owner`, stable or not (see
+/// [`preparing_for_stable_owner`]).
+pub async fn prepare_for_owner<F: std::future::Future>(owner: String, stable: bool, prepare: F) -> F::Output {
+    PREPARING_FOR.scope(owner, PREPARING_FOR_STABLE.scope(stable, prepare)).await
 }
 
 /// Wraps a future that starts work into a [`TaskRunner`].

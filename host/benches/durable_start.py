@@ -2,11 +2,13 @@
 # run_in_background → the task id), [state] store = "sqlite" against "memory"
 # in the same run: 3 rounds of each, alternating, N starts per round (the
 # first 5 dropped), each start's task waited for before the next.
-# Usage: python3 host/benches/durable_start.py target/debug/taskhost 60
-# (issue 31's goal: sqlite ≤ 1.3× memory at p50). Not a cargo bench: it
+# Usage: python3 host/benches/durable_start.py target/debug/taskhost 60 [--owner]
+# (issue 31's goal: sqlite ≤ 1.3× memory at p50). With --owner both servers
+# run `serve --owner bench`: a stable owner, so under sqlite each command is
+# a durable tree (handed over), under memory a plain one. Not a cargo bench: it
 # drives the built binary like a client, with Python's standard library only.
 import json, subprocess, sys, time, os, statistics, tempfile
-BIN = sys.argv[1]; N = int(sys.argv[2])
+BIN = sys.argv[1]; N = int(sys.argv[2]); OWNER = ["--owner", "bench"] if "--owner" in sys.argv[3:] else []
 def run(store):
     d = tempfile.mkdtemp(prefix=f"durable-bench-{store}-")
     state = d + "/state"
@@ -15,7 +17,7 @@ def run(store):
     env = dict(os.environ, RUST_LOG="warn")
     # the configuration is outside the server's writable roots (its working directory is d/work)
     os.makedirs(d + "/work")
-    p = subprocess.Popen([BIN, "serve", "--config", cfg], cwd=d + "/work", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(d + "/err", "w"), env=env, text=True, bufsize=1)
+    p = subprocess.Popen([BIN, "serve", "--config", cfg] + OWNER, cwd=d + "/work", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(d + "/err", "w"), env=env, text=True, bufsize=1)
     n = 0
     def rpc(method, params, notify=False):
         nonlocal n

@@ -29,6 +29,7 @@
 pub mod builtin;
 pub mod cli;
 pub mod config;
+pub mod durable_tasks;
 pub mod http_client;
 pub mod mcp;
 pub mod plugin;

@@ -39,7 +39,7 @@ use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
 use crate::plugin::engine::open_cache_in;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
-use crate::plugin::resources::ProcessCapability;
+use crate::plugin::resources::{DurableTrees, ProcessCapability};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
 use crate::state::trust::{FileKind, TrustPolicy};
@@ -148,6 +148,7 @@ struct WasmPlan {
     config_json: String,
     subagents: Option<Subagents>,
     process: Option<ProcessCapability>,
+    durable_trees: Option<DurableTrees>,
 }
 
 impl WasmPlan {
@@ -221,6 +222,7 @@ impl WasmPlan {
             instance_config,
             config_json,
             subagents,
+            durable_trees: process.as_ref().and(runtime.durable_trees.clone()),
             process,
         }))
     }
@@ -240,6 +242,9 @@ impl WasmPlan {
         }
         if let Some(process) = self.process {
             producer = producer.with_process(process);
+        }
+        if let Some(trees) = self.durable_trees {
+            producer = producer.with_durable_trees(trees);
         }
         Ok(Arc::new(producer))
     }
@@ -268,6 +273,9 @@ pub struct PluginRuntime {
     /// What plugin files must pass, at load and on every reload (none:
     /// every file is loaded, as an embedder building a host wants).
     trust: Option<Arc<TrustPolicy>>,
+    /// Where handed-over trees of stable owners are made durable; `None`
+    /// when the task store does not outlive the process.
+    durable_trees: Option<DurableTrees>,
 }
 
 impl PluginRuntime {
@@ -294,6 +302,7 @@ impl PluginRuntime {
             process_host: None,
             gate: LoadGate::open_now(),
             trust: None,
+            durable_trees: None,
         }
     }
 
@@ -462,11 +471,16 @@ pub async fn served_from_config_gated(
     trust: Option<Arc<TrustPolicy>>,
     store: Option<Arc<dyn taskhost_core::tasks::store::TaskStore>>,
 ) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
+    let outlives_process = store.as_ref().is_some_and(|store| store.outlives_process());
     let host = match store {
         Some(store) => Host::with_store(&config.tasks, store)?,
         None => Host::new(&config.tasks)?,
     };
     let mut runtime = PluginRuntime::new(config).with_gate(gate).with_trust(trust);
+    if outlives_process {
+        let root = StateDir::open_configured(&config.state)?.trees_root()?;
+        runtime.durable_trees = Some(DurableTrees { root });
+    }
     let producers = config.effective_producers();
     let subagents = Subagents::for_host(&host, &config.subagents)?;
     let mut plugins = Vec::new();
@@ -506,6 +520,12 @@ pub async fn served_from_config_gated(
             let parent = runtime.spill_root().context("placing the task output directory")?;
             host.registry().set_output_spill_dir(&parent).context("creating the task output directory")?;
         }
+    }
+    // Trees handed over before a restart go on (their output files are set).
+    let adopter = crate::durable_tasks::DurableTreeAdopter::default();
+    host.registry().readopt(&adopter);
+    if let Some(trees) = &runtime.durable_trees {
+        adopter.sweep(&trees.root);
     }
     Ok((host, plugins))
 }

@@ -60,6 +60,8 @@ pub struct OutputSink {
     /// The task ended: no buffer is kept for the next take (a finished
     /// task's record may stay for long, and thousands of them with it).
     released: AtomicBool,
+    /// The mark of the text the last take took (see [`Self::taken_mark`]).
+    taken_mark: Mutex<Option<Arc<str>>>,
 }
 
 /// The text waiting in a sink, and where in it the output changes stream.
@@ -71,6 +73,9 @@ struct Pending {
     switches: Vec<(usize, Stream)>,
     /// The stream `text` begins in.
     starts_in: Stream,
+    /// Where the source of the text appended last stood (a durable tree's
+    /// [`crate::durable_follow::TreeCursor`]), taken with the text.
+    mark: Option<Arc<str>>,
 }
 
 impl Pending {
@@ -116,6 +121,7 @@ impl OutputSink {
             signal: OnceLock::new(),
             forwarding: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            taken_mark: Mutex::new(None),
         })
     }
 
@@ -134,6 +140,7 @@ impl OutputSink {
             let mut pending = lock(&self.text);
             pending.starts_in = pending.ends_in();
             pending.switches.clear();
+            *lock(&self.taken_mark) = pending.mark.clone();
             std::mem::take(&mut pending.text)
         };
         self.taken.notify_waiters();
@@ -156,6 +163,7 @@ impl OutputSink {
             std::mem::swap(&mut lent, &mut pending.text);
             let starts_in = pending.starts_in;
             pending.starts_in = pending.ends_in();
+            *lock(&self.taken_mark) = pending.mark.clone();
             (starts_in, std::mem::take(&mut pending.switches))
         };
         self.taken.notify_waiters();
@@ -175,6 +183,13 @@ impl OutputSink {
         let mut pending = lock(&self.text);
         pending.text.shrink_to_fit();
         pending.switches.shrink_to_fit();
+    }
+
+    /// Where the source stood after the text taken last (everything taken
+    /// so far came from before it): set by a durable tree's follower, so a
+    /// later server resumes the tree's output right after what was taken.
+    pub fn taken_mark(&self) -> Option<Arc<str>> {
+        lock(&self.taken_mark).clone()
     }
 
     /// Bytes waiting to be taken.
@@ -253,6 +268,25 @@ impl Forwarding {
     /// appends it to the sink. `closed`: the stream ended, so a split
     /// character left over is flushed (as U+FFFD).
     pub(crate) fn push(&self, to_stderr: bool, data: &[u8], closed: bool) {
+        self.push_marked(to_stderr, data, closed, None);
+    }
+
+    /// Starts from a state a mark reported (no carried bytes).
+    pub(crate) fn resume(&self, in_stderr: bool, mid_line: bool) {
+        let mut format = lock(&self.format);
+        format.in_stderr = in_stderr;
+        format.mid_line = mid_line;
+    }
+
+    /// As [`Self::push`]; `mark` (given the state after the push) is set as
+    /// the sink's mark together with the text (see [`OutputSink::taken_mark`]).
+    pub(crate) fn push_marked(
+        &self,
+        to_stderr: bool,
+        data: &[u8],
+        closed: bool,
+        mark: Option<&dyn Fn(bool, bool, [usize; 2]) -> String>,
+    ) {
         let mut format = lock(&self.format);
         let format = &mut *format;
         let index = usize::from(to_stderr);
@@ -269,6 +303,10 @@ impl Forwarding {
         let (complete, tail) = bytes.split_at(bytes.len() - keep);
         format.carry[index] = tail.to_vec();
         if complete.is_empty() {
+            if let Some(mark) = mark {
+                let carry = [format.carry[0].len(), format.carry[1].len()];
+                lock(&self.sink.text).mark = Some(mark(format.in_stderr, format.mid_line, carry).into());
+            }
             return;
         }
         // The strict check first: it is several times faster than the
@@ -292,8 +330,12 @@ impl Forwarding {
                 format.in_stderr = to_stderr;
             }
             pending.text.push_str(&decoded);
+            format.mid_line = !decoded.ends_with('\n');
+            if let Some(mark) = mark {
+                let carry = [format.carry[0].len(), format.carry[1].len()];
+                pending.mark = Some(mark(format.in_stderr, format.mid_line, carry).into());
+            }
         }
-        format.mid_line = !decoded.ends_with('\n');
         self.sink.raise();
     }
 }

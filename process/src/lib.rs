@@ -34,6 +34,7 @@
 mod child;
 pub mod confine;
 pub mod durable;
+pub mod durable_follow;
 pub mod env;
 pub mod forward;
 pub mod fs_policy;
@@ -65,6 +66,7 @@ use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
 pub use durable::{AdoptError, DurableExit, DurableProcess, DurableRecord, DurableSpawn};
+pub use durable_follow::{FollowedTree, LogOffsets, TreeCursor, TreeEnd};
 pub use forward::{OutputSink, StreamSections};
 pub use grant::{ArgumentRule, EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};

@@ -15,7 +15,7 @@
 //!   ticker), [`fixtures::CONTRACT_V0_1_PATH`] (a producer built against
 //!   the frozen `taskhost:producer@0.1.0`), [`fixtures::CONTRACT_V0_2_0_PATH`]
 //!   (one built against `taskhost:producer@0.2.0`, the patch before the
-//!   current 0.2.1), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
+//!   current 0.2.2), [`fixtures::NOT_A_COMPONENT_WAT_PATH`] (a
 //!   core module as WAT text: compile it with `wat::parse_file`). A truncated
 //!   component is made at run time with [`truncated`].
 

@@ -192,6 +192,34 @@ pub trait TaskControl: Send + Sync + 'static {
         let _ = (data, close);
         anyhow::bail!("this task takes no input")
     }
+
+    /// A durable tree whose outcome is the task's (its producer handed it
+    /// over), as the text a [`TreeAdopter`] of a later process re-adopts it
+    /// by; asked once, at the commit, and stored with the start. The
+    /// default: none (the task cannot outlive its process).
+    fn handed_over_tree(&self) -> Option<String> {
+        None
+    }
+
+    /// For a handed-over tree: where its output stood after the text the
+    /// registry took last (see [`Self::take_pulled_sections`]); the
+    /// registry stores it after each consuming read, so a later process
+    /// resumes the output right after what the owner read. Default: none.
+    fn tree_cursor(&self) -> Option<std::sync::Arc<str>> {
+        None
+    }
+}
+
+/// Re-adopts handed-over trees at start-up ([`crate::tasks::TaskRegistry::readopt`]):
+/// the host side of a durable tree, which the registry (free of processes)
+/// cannot prove or reach itself.
+pub trait TreeAdopter: Send + Sync {
+    /// Re-adopts the tree `tree` names (a [`TaskControl::handed_over_tree`]
+    /// text), its output resuming at `cursor`: the task's control and the
+    /// future of its outcome, as a start gives. `kill`: its stop was
+    /// requested before the restart, so it is killed now. An error is why
+    /// the tree cannot be carried on (the task is then `lost` with it).
+    fn adopt(&self, tree: &str, cursor: Option<&str>, kill: bool) -> Result<TaskHooks, String>;
 }
 
 /// Whether a task can take input while it runs (`task_input`).

@@ -527,9 +527,14 @@ impl Tool for ProducerTool {
         }
         // The caller's session owns the spill files of the run's processes.
         let owner = context.caller.as_ref().map(|agent| agent.session().to_string()).unwrap_or_default();
-        let prepared = crate::panics::contained(crate::producer::prepare_for(owner, self.producer.prepare(args, mode)))
-            .await
-            .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
+        let stable = context.caller.as_ref().is_some_and(crate::agents::Agent::is_durable);
+        let prepared = crate::panics::contained(crate::producer::prepare_for_owner(
+            owner,
+            stable,
+            self.producer.prepare(args, mode),
+        ))
+        .await
+        .map_err(|error| ToolError::Failed { tool: self.options.name.clone(), message: format!("{error:#}") })?;
         if !background {
             return self.run_foreground(prepared, &descriptor.kind, context).await;
         }

@@ -239,7 +239,7 @@ taskhost call target/wasm32-wasip2/release/{file}.wasm '{"count": 3}' --backgrou
 ```
 
 `wit/` is the contract of the taskhost that created this crate
-(`taskhost:producer@0.2.1`); `src/lib.rs` implements it.
+(`taskhost:producer@0.2.2`); `src/lib.rs` implements it.
 "#;
 
 const PY_APP: &str = r##""""`{name}`: a taskhost producer plugin. It streams `count` numbered lines,

@@ -16,7 +16,7 @@
 //! can await it there. Both versions map their `process` and `run` resources
 //! to the same host types, so one store serves either.
 
-/// The current contract, `taskhost:producer@0.2.1` (`wit/`); wasmtime's
+/// The current contract, `taskhost:producer@0.2.2` (`wit/`); wasmtime's
 /// semver matching links a plugin built against 0.2.0 to it too.
 pub mod v0_2 {
     wasmtime::component::bindgen!({

@@ -12,7 +12,7 @@
 use anyhow::bail;
 
 /// The export every plugin of the current contract provides.
-pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.2.1";
+pub const PRODUCER_EXPORT: &str = "taskhost:producer/producer@0.2.2";
 
 /// The functions of the current `producer` interface, by their component
 /// export names.
@@ -72,7 +72,7 @@ impl ContractVersion {
     pub fn wit_version(self) -> &'static str {
         match self {
             Self::V0_1 => "0.1.0",
-            Self::V0_2 => "0.2.1",
+            Self::V0_2 => "0.2.2",
         }
     }
 

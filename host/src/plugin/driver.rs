@@ -75,6 +75,11 @@ struct Shared {
     /// them, so they live as long as the task's record holds the control.
     _spill_files: Mutex<Vec<Arc<SpillFile>>>,
     abandoned: AtomicBool,
+    /// The durable tree the guest handed over (`spawn-handed-over` for a
+    /// stable owner), as the store keeps it.
+    handed_over: Option<String>,
+    /// Removes the handed-over tree's directory once the record goes.
+    _tree_dir: Option<crate::durable_tasks::TreeDir>,
 }
 
 /// Everything the driver needs to run a task that `run` just returned.
@@ -92,6 +97,7 @@ pub(crate) struct TaskParts {
 pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
+    let handed_over = parts.store.data_mut().process().handed_over_tree();
     let shared = Arc::new(Shared {
         pulled: parts.store.data_mut().process().output_sink(),
         pulls_itself: AtomicBool::new(false),
@@ -99,6 +105,8 @@ pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
         output_signal: std::sync::OnceLock::new(),
         _spill_files: Mutex::new(Vec::new()),
         abandoned: AtomicBool::new(false),
+        handed_over: handed_over.clone(),
+        _tree_dir: handed_over.as_deref().and_then(crate::durable_tasks::TreeDir::of),
     });
     let streams_output = parts.streams_output;
     let plugin = parts.store.data().tag().plugin.clone();
@@ -223,6 +231,14 @@ impl TaskControl for WasmTaskControl {
     fn abandon(&self) {
         self.shared.abandoned.store(true, Ordering::Release);
         self.abort.abort();
+    }
+
+    fn handed_over_tree(&self) -> Option<String> {
+        self.shared.handed_over.clone()
+    }
+
+    fn tree_cursor(&self) -> Option<Arc<str>> {
+        self.shared.handed_over.as_ref().and_then(|_| self.shared.pulled.taken_mark())
     }
 }
 

@@ -41,7 +41,7 @@ use super::driver::{self, TaskParts};
 use super::fault;
 use super::state::StoreState;
 use super::versions::Guest;
-use crate::plugin::resources::ProcessCapability;
+use crate::plugin::resources::{DurableTrees, ProcessCapability};
 use taskhost_core::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 
 /// A producer backed by a wasm plugin.
@@ -52,6 +52,8 @@ pub struct WasmProducer {
     process: Option<ProcessCapability>,
     /// The `subagents` grant given to every task store of this instance.
     subagents: Option<crate::subagents::Subagents>,
+    /// Where a stable owner's handed-over trees are made durable.
+    durable_trees: Option<DurableTrees>,
     /// Held for a whole reload, so two reloads cannot interleave their
     /// describe, kind check and swap (the later one would compare against a
     /// stale "old" version, and sequence numbers could go backwards).
@@ -151,6 +153,7 @@ impl WasmProducer {
             live: Arc::default(),
             process: None,
             subagents: None,
+            durable_trees: None,
         })
     }
 
@@ -202,6 +205,14 @@ impl WasmProducer {
     /// (not to `describe`). Without it, the plugin's spawns are refused.
     pub fn with_process(mut self, capability: ProcessCapability) -> Self {
         self.process = Some(capability);
+        self
+    }
+
+    /// Makes the trees a plugin hands over (`process.spawn-handed-over`)
+    /// for a stable owner durable, under `trees` (see
+    /// [`crate::plugin::resources::Tree::HandedOver`]).
+    pub fn with_durable_trees(mut self, trees: DurableTrees) -> Self {
+        self.durable_trees = Some(trees);
         self
     }
 
@@ -364,6 +375,11 @@ impl Producer for WasmProducer {
         store.data_mut().process().set_capability(self.process.clone(), mode == RunMode::Foreground);
         if let Some(owner) = taskhost_core::producer::preparing_for() {
             store.data_mut().process().set_owner(&owner);
+            if let Some(trees) =
+                self.durable_trees.clone().filter(|_| taskhost_core::producer::preparing_for_stable_owner())
+            {
+                store.data_mut().process().set_durable(trees);
+            }
         }
         if let Some(subagents) = &self.subagents {
             store.data_mut().grant_subagents(subagents.clone());

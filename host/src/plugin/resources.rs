@@ -54,6 +54,12 @@ pub struct ProcessCtx {
     pub(crate) owner: Option<Arc<OwnerSpill>>,
     /// The task's output on its way to the host's log.
     pub(crate) output: Arc<OutputSink>,
+    /// Where handed-over trees of a stable owner go; `None`: the owner is
+    /// not stable, or the host keeps no durable store.
+    pub(crate) durable: Option<DurableTrees>,
+    /// The durable tree the guest handed over, as the store keeps it
+    /// ([`crate::durable_tasks::HandedOverTree`]).
+    pub(crate) handed_over: Option<String>,
 }
 
 impl Default for ProcessCtx {
@@ -66,6 +72,8 @@ impl Default for ProcessCtx {
             spills_to_host: false,
             owner: None,
             output: OutputSink::new(super::bounds::MAX_FORWARDED_WAITING_BYTES),
+            durable: None,
+            handed_over: None,
         }
     }
 }
@@ -101,6 +109,18 @@ impl ProcessCtx {
         }
     }
 
+    /// The task's owner is stable: a `spawn-handed-over` tree is made
+    /// durable under `trees` (see [`Tree::HandedOver`]).
+    pub fn set_durable(&mut self, trees: DurableTrees) {
+        self.durable = Some(trees);
+    }
+
+    /// The durable tree the guest handed over, as the store keeps it (its
+    /// proof, which is as secret as a token, and where it lives).
+    pub fn handed_over_tree(&self) -> Option<String> {
+        self.handed_over.clone()
+    }
+
     /// True when the task is a foreground run (its output is read at the end).
     pub(crate) fn is_foreground(&self) -> bool {
         self.spills_to_host
@@ -131,8 +151,27 @@ impl ProcessCtx {
 
 /// A guest-held process.
 pub struct ProcessResource {
-    pub(crate) process: Process,
+    pub(crate) tree: Tree,
     pub(crate) _held: Held,
+}
+
+/// What a guest-held process is.
+pub(crate) enum Tree {
+    /// A tree of this server (`spawn`, or `spawn-handed-over` for an owner
+    /// that is not stable): it dies with its resource.
+    Plain(Process),
+    /// A durable tree handed over to the host (`spawn-handed-over` for a
+    /// stable owner): its output is its logs, followed into the task's
+    /// sink; it outlives the server (not the guest's `drop`).
+    HandedOver(taskhost_process::FollowedTree),
+}
+
+/// Where a spawn with `spawn-handed-over` for a stable owner keeps its
+/// durable tree: a private directory per tree under `root` (in the state
+/// directory, protected from every tree), and how long K lets it run.
+#[derive(Clone, Debug)]
+pub struct DurableTrees {
+    pub root: std::path::PathBuf,
 }
 
 /// Counts a process against the grant's `max_live_processes` while it is held.
@@ -147,17 +186,29 @@ impl Drop for Held {
 #[async_trait::async_trait]
 impl wasmtime_wasi::p2::Pollable for ProcessResource {
     async fn ready(&mut self) {
-        self.process.ready().await;
+        match &self.tree {
+            Tree::Plain(process) => process.ready().await,
+            // Its output goes to the sink: only its end is news.
+            Tree::HandedOver(tree) => tree.ended().await,
+        }
     }
 }
 
 /// The target of a `subscribe-exit` pollable.
-pub struct ExitWatch(pub(crate) ProcessWatch);
+pub enum ExitWatch {
+    Plain(ProcessWatch),
+    HandedOver(tokio::sync::watch::Receiver<Option<taskhost_process::TreeEnd>>),
+}
 
 #[async_trait::async_trait]
 impl wasmtime_wasi::p2::Pollable for ExitWatch {
     async fn ready(&mut self) {
-        self.0.finished().await;
+        match self {
+            Self::Plain(watch) => watch.finished().await,
+            Self::HandedOver(ended) => {
+                let _ = ended.wait_for(Option::is_some).await;
+            }
+        }
     }
 }
 

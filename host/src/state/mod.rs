@@ -117,6 +117,8 @@ const TRUST_FILE: &str = "trust.json";
 const CACHE_KEY_FILE: &str = "cache.key";
 /// The state directory's spill root.
 const SPILL_DIR: &str = "spill";
+/// The state directory's durable trees (their logs and keepers' sockets).
+const TREES_DIR: &str = "trees";
 
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -162,6 +164,15 @@ impl StateDir {
     pub fn spill_root(&self) -> anyhow::Result<PathBuf> {
         let root = self.file(SPILL_DIR);
         private_dir(&root, "[state] dir").with_context(|| format!("the spill root {}", root.display()))?;
+        Ok(root)
+    }
+
+    /// Where durable process trees keep their logs and sockets (one
+    /// private directory per tree), created `0700`.
+    pub fn trees_root(&self) -> anyhow::Result<PathBuf> {
+        let root = self.file(TREES_DIR);
+        private_dir(&root, "[state] dir")
+            .with_context(|| format!("the durable trees' directory {}", root.display()))?;
         Ok(root)
     }
 

@@ -27,20 +27,21 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 use taskhost_core::ids::{SessionId, TaskId};
 use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{
-    ReportState, StoreError, StoredEnd, StoredOwner, StoredState, StoredTask, TaskStore,
+    ReportState, StoreError, StoredEnd, StoredOwner, StoredState, StoredTask, StoredTree, TaskStore,
 };
 
 /// The store's file in the state directory.
 pub const STORE_FILE: &str = "tasks.sqlite3";
 /// The schema this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// `PRAGMA application_id`: "tskh".
 const APPLICATION_ID: i64 = 0x7473_6b68;
 /// How long a write waits for another server's write to the same file.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The schema, version by version: `MIGRATIONS[n]` takes version `n` to `n + 1`.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE counters (kind TEXT PRIMARY KEY, last INTEGER NOT NULL) STRICT;
     CREATE TABLE tasks (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -59,7 +60,12 @@ const MIGRATIONS: &[&str] = &["
         output TEXT
     ) STRICT;
     CREATE INDEX tasks_by_server ON tasks (server);
-"];
+",
+    "
+    ALTER TABLE tasks ADD COLUMN tree TEXT;
+    ALTER TABLE tasks ADD COLUMN tree_cursor TEXT;
+",
+];
 
 /// The SQLite task store of one server.
 pub struct SqliteStore {
@@ -234,6 +240,11 @@ fn stored_task(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredTask> {
     task.producer_info = row.get("producer_info")?;
     task.reporting = ReportState::parse(&reporting).unwrap_or(ReportState::Reported);
     task.output = row.get("output")?;
+    if let Some(record) = row.get::<_, Option<String>>("tree")? {
+        let mut tree = StoredTree::new(record);
+        tree.cursor = row.get("tree_cursor")?;
+        task.tree = Some(tree);
+    }
     Ok(task)
 }
 
@@ -306,8 +317,8 @@ impl TaskStore for SqliteStore {
         transaction
             .execute(
                 "INSERT INTO tasks (id, kind, label, owner, owner_durable, server, status, detail, started_at_ns,
-                                    finished_at_ns, producer_info, reporting, output)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                                    finished_at_ns, producer_info, reporting, output, tree, tree_cursor)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     task.id.as_str(),
                     task.kind,
@@ -322,6 +333,8 @@ impl TaskStore for SqliteStore {
                     task.producer_info,
                     task.reporting.as_str(),
                     task.output,
+                    task.tree.as_ref().map(|t| t.record.as_str()),
+                    task.tree.as_ref().and_then(|t| t.cursor.as_deref()),
                 ],
             )
             .map_err(|error| self.error(&format!("recording the start of {}", task.id), error))?;
@@ -362,6 +375,16 @@ impl TaskStore for SqliteStore {
         Ok(())
     }
 
+    fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
+        self.connection()
+            .execute(
+                "UPDATE tasks SET tree_cursor = ?2 WHERE id = ?1 AND tree IS NOT NULL",
+                params![id.as_str(), cursor],
+            )
+            .map_err(|error| self.error("recording where a tree's output was read to", error))?;
+        Ok(())
+    }
+
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {
         let mut connection = self.connection();
         let transaction = connection.transaction().map_err(|error| self.error("deleting records", error))?;
@@ -378,6 +401,10 @@ impl TaskStore for SqliteStore {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn outlives_process(&self) -> bool {
+        true
     }
 }
 

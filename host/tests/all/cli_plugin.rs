@@ -65,8 +65,8 @@ fn check_describes_the_ticker_as_the_model_sees_it() {
     let output = taskhost(&dir, &["check", TICKER]);
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    assert!(stdout.contains(&format!("contract: {TICKER} fits taskhost:producer@0.2.1")), "{stdout}");
-    assert!(stdout.contains("taskhost:producer/host-log@0.2.1"), "{stdout}");
+    assert!(stdout.contains(&format!("contract: {TICKER} fits taskhost:producer@0.2.2")), "{stdout}");
+    assert!(stdout.contains("taskhost:producer/host-log@0.2.2"), "{stdout}");
     assert!(stdout.contains("\"name\": \"ticker\""), "{stdout}");
     assert!(stdout.contains("\"run_in_background\""), "the model's schema offers background runs:\n{stdout}");
     assert!(stdout.contains("\"interval_ms\""), "{stdout}");
@@ -108,7 +108,7 @@ fn check_names_each_author_mistake_and_what_to_change() {
                 describe_only_body("taskhost:producer/producer@0.3.0")
             ),
             "the component was built against taskhost:producer@0.3.0; this host speaks 0.1.x and 0.2.x \
-             (newest: taskhost:producer/producer@0.2.1)",
+             (newest: taskhost:producer/producer@0.2.2)",
         ),
         (
             "missing-functions",
@@ -126,7 +126,7 @@ fn check_names_each_author_mistake_and_what_to_change() {
         (
             "wrong-world",
             only_describe("taskhost:wrong/thing"),
-            "the component does not export `taskhost:producer/producer@0.2.1`, so it is not a taskhost producer \
+            "the component does not export `taskhost:producer/producer@0.2.2`, so it is not a taskhost producer \
              (world `taskhost:producer/plugin`); it exports `taskhost:wrong/thing`",
         ),
         (

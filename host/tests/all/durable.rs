@@ -1,7 +1,9 @@
 //! The durable task store through `taskhost serve` (issue 31, first part):
-//! a stable owner's task live when the server is SIGKILLed is told lost
-//! once by the next server with the same owner, never run again, and ids
-//! continue; a store file the server cannot use is refused, untouched.
+//! a stable owner's task live when the server is SIGKILLed whose tree
+//! cannot be carried on (its keeper died with it) is told lost once by the
+//! next server with the same owner, never run again, and ids continue; a
+//! store file the server cannot use is refused, untouched. (Trees that are
+//! carried on: `readopt.rs`.)
 
 use crate::common;
 
@@ -44,12 +46,41 @@ async fn sigkill(mut child: tokio::process::Child, client: Client) {
     drop(client);
 }
 
+/// SIGKILLs the keeper of every live handed-over tree the store records
+/// (the server is gone): the trees die with them (their init's parent
+/// death signal), so the next server finds them lost. Waits for each
+/// keeper to be gone or a zombie.
+fn kill_keepers(dir: &Path) {
+    let store = rusqlite::Connection::open_with_flags(store_file(dir), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .expect("the store opens");
+    let trees: Vec<String> = store
+        .prepare("SELECT tree FROM tasks WHERE tree IS NOT NULL AND status IN ('running', 'stopping')")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for tree in trees {
+        let tree: serde_json::Value = serde_json::from_str(&tree).unwrap();
+        let pid = tree["record"]["keeper_pid"].as_i64().expect("a keeper pid") as i32;
+        // SAFETY: a signal to a process this test's server started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        {
+            assert!(std::time::Instant::now() < deadline, "keeper {pid} survived SIGKILL");
+            std::thread::yield_now();
+        }
+    }
+}
+
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
 }
 
 #[tokio::test]
-async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_again() {
+async fn a_stable_owners_task_whose_keeper_died_is_told_lost_once_and_never_run_again() {
     let dir = temp_dir("durable-lost");
     let marker = dir.join("marker");
     // The command says it ran through a FIFO the test reads: the read
@@ -83,6 +114,7 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
         let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", file.display());
     }
+    kill_keepers(&dir);
 
     // The same owner again: the first result carries exactly one lost notice.
     let (client, child) = serve(&dir, Some("alice")).await;
@@ -118,6 +150,7 @@ async fn a_stable_owners_task_is_told_lost_once_after_a_sigkill_and_never_run_ag
     let statuses: Vec<&str> = all.as_array().unwrap().iter().map(|t| t["status"].as_str().unwrap()).collect();
     assert_eq!(statuses, ["lost", "running"]);
     sigkill(child, client).await;
+    kill_keepers(&dir);
 
     // A third server: bash-1 is not told again, and bash-2 is told lost once.
     let (client, child) = serve(&dir, Some("alice")).await;
@@ -224,8 +257,9 @@ async fn an_http_tokens_tasks_are_told_once_after_a_sigkill_and_after_a_sigterm(
     let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
     assert_eq!(only_text(&started), "started background bash task bash-1");
     sigkill(child, client).await;
+    kill_keepers(&dir);
 
-    // The same token after a SIGKILL: bash-1 lost, told once.
+    // The same token after a SIGKILL, its keeper gone too: bash-1 lost, told once.
     let (client, mut child) = serve_http(&dir).await;
     let peer = client.peer().clone();
     let first = texts(&call(&peer, "task_list", json!({})).await);

@@ -19,6 +19,7 @@ mod mcp_stdio;
 mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_ttl;
+mod readopt;
 mod sandbox_attacks;
 mod sandbox_everyday;
 mod sandbox_limits;

@@ -2,15 +2,14 @@
 //! starts `<shell> -c <command>` through the host's `process` capability, which enforces the
 //! grant, confines the process tree, bounds its output and kills it when the store goes away.
 //!
-//! - Background: the output is forwarded to the host (`process.forward-output`), which appends
-//!   it to the task's log as it is read, stdout as it comes and stderr under a `[stderr]`
+//! - Background: the command is handed over to the host (`process.spawn-handed-over`): its
+//!   output is forwarded from the start, and for a stable owner the tree outlives a restart of
+//!   the server, which then ends the task from the exit status in the words below. The host
+//!   appends the output to the task's log as it is read, stdout as it comes and stderr under a `[stderr]`
 //!   header (a header marks every change of stream, `[stdout]` included, and a read that
 //!   begins inside stderr starts with one). The log keeps its own bounds (memory, then a log
-//!   file the owner's commands can read), so `memory_cap_bytes` and `spill_cap_bytes` apply
-//!   to foreground runs only and `read-output` adds nothing. Should the host refuse it, reads are
-//!   consuming deltas in the same format, each preceded by
-//!   `[some output was dropped from memory; full output: <path>]` after a reader fell more
-//!   than the memory cap behind.
+//!   file the owner's commands can read), so `memory_cap_bytes` applies to foreground runs
+//!   only (`spill_cap_bytes` bounds a durable tree's logs) and `read-output` adds nothing.
 //! - Interactive (background with `interactive: true`): as background, with a stdin pipe;
 //!   `write-input` writes to it (never blocking: the host queues what the pipe cannot take)
 //!   and `close` closes it. Every other run's stdin is `/dev/null` (end-of-file at once).
@@ -204,23 +203,23 @@ impl Guest for Bash {
             timeout_ms,
             stdin: if interactive { StdinMode::Pipe } else { StdinMode::Empty },
         };
-        let process = process::spawn(&request)?;
+        let mode = match mode {
+            RunMode::Foreground => Mode::Foreground,
+            RunMode::Background | RunMode::Interactive => Mode::Background,
+        };
+        // In the background the command's outcome is the task's and the task
+        // keeps no other state: hand it over (the host may keep it across a
+        // restart of the server, and then ends the task itself).
+        let process = match mode {
+            Mode::Background => process::spawn_handed_over(&request)?,
+            Mode::Foreground => process::spawn(&request)?,
+        };
         log::debug!(
             "started pid {} ({}): {}",
             process.pid(),
             args.description.as_deref().unwrap_or("no description"),
             args.command
         );
-        let mode = match mode {
-            RunMode::Foreground => Mode::Foreground,
-            RunMode::Background | RunMode::Interactive => Mode::Background,
-        };
-        if mode == Mode::Background
-            && let Err(error) = process.forward_output()
-        {
-            // Still correct through reads, only slower.
-            log::warn!("the host did not take the output ({error}); reading it instead");
-        }
         Ok(Task::new(BashTask { process, mode, interactive, timeout_ms, state: RefCell::new(State::default()) }))
     }
 }

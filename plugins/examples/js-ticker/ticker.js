@@ -16,7 +16,7 @@
 // (clock instants) are BigInts; enums are their WIT names as strings.
 
 import { now, subscribeDuration, subscribeInstant } from 'wasi:clocks/monotonic-clock@0.2.12';
-import { log } from 'taskhost:producer/host-log@0.2.1';
+import { log } from 'taskhost:producer/host-log@0.2.2';
 
 const KIND = 'js-ticker';
 const DESCRIPTION = 'Emits a numbered line every interval_ms milliseconds, count times (a JavaScript plugin).';

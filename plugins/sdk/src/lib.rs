@@ -1,5 +1,5 @@
 //! The guest SDK for taskhost producer plugins: WebAssembly components (`wasm32-wasip2`) that
-//! export `taskhost:producer/producer@0.2.1` (the contract in `wit/`; a host that speaks 0.2
+//! export `taskhost:producer/producer@0.2.2` (the contract in `wit/`; a host that speaks 0.2
 //! also serves plugins built against 0.1.0).
 //!
 //! Two ways to write one: the typed API ([`typed`]: implement [`typed::Producer`] with serde

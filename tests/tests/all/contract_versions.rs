@@ -205,10 +205,10 @@ fn the_sdk_carries_the_current_wit_exactly() {
 
 /// The patch rule of the versioning policy: a plugin built against 0.2.0
 /// (the `contract-v0_2_0` fixture, from its own copy of that WIT) loads on
-/// this 0.2.1 host as a 0.2 plugin and is driven like any other, input
+/// this 0.2.2 host as a 0.2 plugin and is driven like any other, input
 /// through its 0.2.0 `process` import included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_2_0_plugin_is_served_by_the_0_2_1_host() {
+async fn a_0_2_0_plugin_is_served_by_the_0_2_2_host() {
     let engine = taskhost_tests::engine(|_| {});
     let older = engine.load_file(fixtures::CONTRACT_V0_2_0_PATH).await.expect("a 0.2.0 plugin loads");
     assert_eq!(older.contract(), ContractVersion::V0_2);
@@ -242,14 +242,14 @@ async fn a_0_2_0_plugin_is_served_by_the_0_2_1_host() {
         format!("sent 3 bytes to task {id}")
     );
     assert_eq!(fx.wait_end(&id).await, "0.2.0 got hi\n[status: completed, exit code: 0]");
-    // Beside the 0.2.1 bash plugin, whose background output is forwarded.
+    // Beside the 0.2.2 bash plugin, whose background output is handed over.
     let bash = fx.start("bash", json!({"command": "echo out; echo err >&2; exit 2"})).await;
     assert_eq!(fx.wait_end(&bash).await, "out\n[stderr]\nerr\n[status: completed, exit code: 2]");
     fx.host.dispose().await;
 }
 
 /// The 0.2.0 fixture really is a 0.2.0 plugin: its WIT declares 0.2.0 and
-/// has no trace of what 0.2.1 added.
+/// has no trace of what 0.2.1 and 0.2.2 added.
 #[test]
 fn the_0_2_0_fixture_was_built_against_0_2_0() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -257,7 +257,8 @@ fn the_0_2_0_fixture_was_built_against_0_2_0() {
     let producer = std::fs::read_to_string(fixture.join("producer.wit")).unwrap();
     assert!(producer.contains("package taskhost:producer@0.2.0;"));
     let process = std::fs::read_to_string(fixture.join("process.wit")).unwrap();
-    assert!(!process.contains("forward-output"));
+    assert!(!process.contains("forward-output") && !process.contains("spawn-handed-over"));
     let current = std::fs::read_to_string(root.join("wit/process.wit")).unwrap();
-    assert!(current.contains("package taskhost:producer@0.2.1;") && current.contains("forward-output: func()"));
+    assert!(current.contains("package taskhost:producer@0.2.2;") && current.contains("forward-output: func()"));
+    assert!(current.contains("spawn-handed-over: func(request: spawn-request) -> result<process, string>;"));
 }

@@ -151,7 +151,7 @@ fn assert_check(example: &Example, expected: Value) {
     let output = taskhost(&["check", example.path()]);
     let stdout = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    assert!(stdout.contains("fits taskhost:producer@0.2.1"), "{stdout}");
+    assert!(stdout.contains("fits taskhost:producer@0.2.2"), "{stdout}");
     assert!(stdout.contains(&format!("tool {} — plugin {}", example.name, example.name)), "{stdout}");
     let definition = stdout
         .split_once("as the model sees it:\n")

@@ -408,7 +408,7 @@ async fn malformed_artifacts_are_refused_with_what_is_wrong() {
 
     let err = engine.load_file(fixtures::WRONG_WORLD_PATH).await.expect_err("wrong world");
     let text = format!("{err:#}");
-    assert!(text.contains("does not export `taskhost:producer/producer@0.2.1`"), "{text}");
+    assert!(text.contains("does not export `taskhost:producer/producer@0.2.2`"), "{text}");
 
     let core = wat::parse_file(fixtures::NOT_A_COMPONENT_WAT_PATH).unwrap();
     let text = format!("{:#}", engine.load_bytes("core", core).await.expect_err("core module"));

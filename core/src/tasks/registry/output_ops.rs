@@ -182,7 +182,17 @@ impl TaskRegistry {
         let mut output = output.lock().await;
         output.rearm();
         match self.pull(id, &*control, &mut output).await? {
-            None => Ok(TaskRead { text: output.log.take_new(), snapshot }),
+            None => {
+                let text = output.log.take_new();
+                // Everything taken is read now: a handed-over tree's output
+                // resumes after it on a later process.
+                if let Some(cursor) = control.tree_cursor()
+                    && let Err(error) = self.shared.store.set_tree_cursor(id, &cursor)
+                {
+                    tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record where the task's output was read to");
+                }
+                Ok(TaskRead { text, snapshot })
+            }
             // The read itself ended the task (a fault in it): settle with
             // that outcome, and answer with it.
             Some(outcome) => {

@@ -14,11 +14,12 @@
 //!   [`TaskRegistry::attach_owner`] hands it to the session's next durable
 //!   agent; an end nobody was told of is then told once, by a notice.
 
+use super::settle::{WatchedTask, Watcher};
 use super::state::{Ended, Owner, Record, Reporting, bucket_mut, unix_nanos};
 use super::*;
 use crate::agents::WeakAgent;
 use crate::ids::SessionId;
-use crate::tasks::store::{ReportState, StoreError, StoredEnd};
+use crate::tasks::store::{ReportState, StoreError, StoredEnd, StoredTask};
 
 /// The owner instance of a restored record until its owner appears (no
 /// agent instance has it: instances count up from 0).
@@ -68,6 +69,11 @@ impl TaskRegistry {
             let counter = state.next_id_by_kind.entry(task.kind.clone()).or_default();
             *counter = (*counter).max(number);
             let durable = task.owner.as_ref().is_some_and(|owner| owner.durable);
+            if !task.status.is_terminal() && durable && task.tree.is_some() {
+                // A handed-over tree: re-adopted (or told lost) by `readopt`.
+                state.awaiting_adoption.push(task);
+                continue;
+            }
             if !task.status.is_terminal() {
                 let (status, detail) = if task.status == TaskStatus::Stopping {
                     (TaskStatus::Killed, KILLED_BY_RESTART_DETAIL)
@@ -149,6 +155,154 @@ impl TaskRegistry {
         Ok(())
     }
 
+    /// Re-adopts the handed-over trees of the records [`Self::with_store`]
+    /// restored live, through `adopter`: each goes on under its id, status
+    /// and owner, its output resuming where its owner last read it, and
+    /// ends with its tree's outcome; a stop requested before the restart is
+    /// carried out now. A tree that cannot be carried on (its keeper died,
+    /// its proof failed) settles the task `lost` (or `killed`, for a
+    /// requested stop) with the reason, told once. Call it once, after the
+    /// output files are set ([`Self::set_output_files`]); records it is
+    /// never called for stay live in the store for the next start-up.
+    pub fn readopt(&self, adopter: &dyn TreeAdopter) {
+        let awaiting = std::mem::take(&mut self.shared.lock().awaiting_adoption);
+        let mut owners: HashMap<SessionId, Arc<Owner>> = HashMap::default();
+        for task in awaiting {
+            let Some(tree) = task.tree.clone() else { continue };
+            let Some(stored_owner) = task.owner.clone() else { continue };
+            let owner = owners
+                .entry(stored_owner.session.clone())
+                .or_insert_with(|| self.restored_owner(&stored_owner.session))
+                .clone();
+            let kill = task.status == TaskStatus::Stopping;
+            match adopter.adopt(&tree.record, tree.cursor.as_deref(), kill) {
+                Ok(hooks) => {
+                    tracing::info!(task = %task.id, owner = %stored_owner.session, kill, "a handed-over tree is re-adopted");
+                    self.insert_adopted(task, owner, hooks);
+                }
+                Err(why) => {
+                    let (status, detail) = if kill {
+                        (TaskStatus::Killed, KILLED_BY_RESTART_DETAIL.to_string())
+                    } else {
+                        (
+                            TaskStatus::Lost,
+                            format!(
+                                "the server stopped while the task ran, and its process tree could not be carried on ({why}); it was not run again"
+                            ),
+                        )
+                    };
+                    tracing::warn!(task = %task.id, owner = %stored_owner.session, %why, %status, "a handed-over tree cannot be re-adopted");
+                    self.insert_lost(task, owner, status, detail);
+                }
+            }
+        }
+    }
+
+    /// The owner of restored records until the session's next instance
+    /// appears: the one already restored for it, else a new one.
+    fn restored_owner(&self, session: &SessionId) -> Arc<Owner> {
+        let state = self.shared.lock();
+        let found = state
+            .tasks
+            .values()
+            .find_map(|r| r.owner.as_ref().filter(|o| o.instance == NO_INSTANCE_YET && &o.session == session).cloned());
+        found.unwrap_or_else(|| {
+            Arc::new(Owner {
+                session: session.clone(),
+                instance: NO_INSTANCE_YET,
+                agent: WeakAgent::none(),
+                durable: true,
+            })
+        })
+    }
+
+    /// A re-adopted task: live again, as a commit makes one.
+    fn insert_adopted(&self, task: StoredTask, owner: Arc<Owner>, hooks: TaskHooks) {
+        let TaskHooks { control, done } = hooks;
+        let Ok(kind_len) = u8::try_from(task.kind.len()) else { return };
+        let id = task.id.clone();
+        let session = owner.session.clone();
+        let output_log = control.streams_output().then(|| {
+            let target = self.shared.output_files.get().map(|files| FileTarget {
+                files: files.clone(),
+                owner: Some(session.clone()),
+                task: id.clone(),
+            });
+            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
+            Arc::new(StreamOutput::new(TaskOutput::new(log, &TaskOptions::default())))
+        });
+        {
+            let mut state = self.shared.lock();
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            let watched = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
+            let watcher = Some(tokio::spawn(Watcher { done, task: watched }).abort_handle());
+            state.tasks.insert(Box::new(Record {
+                seq,
+                id: id.clone(),
+                kind_len,
+                label: task.label.into_boxed_str(),
+                owner: Some(owner),
+                status: task.status,
+                ended: None,
+                started_at: unix_nanos(task.started_at),
+                reporting: Reporting::Untold,
+                pending_reporters: 0,
+                producer_info: task.producer_info.map(String::into_boxed_str),
+                input: TaskInput::Unsupported,
+                control: control.clone(),
+                output_log,
+                watcher,
+                waits: None,
+                lifetime: None,
+            }));
+        }
+        control.watch_output(self.output_signal(&id, Some(session)));
+    }
+
+    /// A task whose tree could not be carried on: settled in the store
+    /// (write-ahead), restored ended, told once to its owner's next instance.
+    fn insert_lost(&self, mut task: StoredTask, owner: Arc<Owner>, status: TaskStatus, detail: String) {
+        let now = SystemTime::now();
+        let reporting = match task.reporting {
+            told @ (ReportState::Reported | ReportState::Noticed) => told,
+            _ => ReportState::Untold,
+        };
+        if let Err(error) =
+            self.shared.store.settle(&task.id, &StoredEnd::new(status, Some(detail.clone()), now, reporting))
+        {
+            tracing::error!(task = %task.id, %error, "cannot record the task's end in the store");
+        }
+        let Ok(kind_len) = u8::try_from(task.kind.len()) else { return };
+        task.status = status;
+        let mut state = self.shared.lock();
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.tasks.insert(Box::new(Record {
+            seq,
+            id: task.id,
+            kind_len,
+            label: task.label.into_boxed_str(),
+            owner: Some(owner),
+            status,
+            ended: Some(Box::new(Ended { finished_at: now, detail: Some(detail), output: None })),
+            started_at: unix_nanos(task.started_at),
+            reporting: match reporting {
+                ReportState::Noticed => Reporting::Noticed,
+                ReportState::Reported => Reporting::Reported,
+                _ => Reporting::Untold,
+            },
+            pending_reporters: 0,
+            producer_info: task.producer_info.map(String::into_boxed_str),
+            input: TaskInput::Unsupported,
+            control: Arc::new(NoProducer),
+            output_log: None,
+            watcher: None,
+            waits: None,
+            lifetime: None,
+        }));
+    }
+
     /// Hands the records restored for `owner`'s session to `owner` (a
     /// durable agent just created): they join its history (and its bound),
     /// and each end nobody was told of is returned, so the caller can inject
@@ -185,8 +339,14 @@ impl TaskRegistry {
             if let Some(scope) = state.owner_scopes.get_mut(&owner.instance()) {
                 scope.tasks.extend(mine.iter().map(|(_, id)| id.clone()));
             }
+            // Re-adopted trees still run: they count as live.
+            let (ended, live): (Vec<_>, Vec<_>) = mine
+                .into_iter()
+                .map(|(_, id)| id)
+                .partition(|id| state.tasks.get(id).is_none_or(|r| r.status.is_terminal()));
             if let Some(bucket) = bucket_mut(&mut state, Some(owner.instance())) {
-                bucket.finished.extend(mine.into_iter().map(|(_, id)| id));
+                bucket.finished.extend(ended);
+                bucket.live += live.len();
             }
             let dropped = settle::prune_history(&mut state, &self.shared, Some(owner.instance()));
             (untold, dropped)

@@ -27,6 +27,9 @@ pub(super) struct State {
     pub(super) disposed: bool,
     /// The last wait ticket issued (see [`Waits`]).
     pub(super) last_wait_ticket: u64,
+    /// Live records of handed-over trees, restored and waiting for
+    /// [`super::TaskRegistry::readopt`].
+    pub(super) awaiting_adoption: Vec<crate::tasks::store::StoredTask>,
 }
 
 impl State {

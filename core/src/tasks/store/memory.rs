@@ -103,6 +103,15 @@ impl TaskStore for MemoryStore {
         Ok(())
     }
 
+    fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
+        if let Some((_, task)) = self.inner().tasks.get_mut(id)
+            && let Some(tree) = &mut task.tree
+        {
+            tree.cursor = Some(cursor.to_string());
+        }
+        Ok(())
+    }
+
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {
         let mut inner = self.inner();
         for id in ids {

@@ -103,6 +103,27 @@ pub struct StoredTask {
     pub reporting: ReportState,
     /// A final-output kind's output (stream kinds keep theirs in their log).
     pub output: Option<String>,
+    /// The durable process tree whose outcome is the task's (a plugin
+    /// handed it over): a later process re-adopts it.
+    pub tree: Option<StoredTree>,
+}
+
+/// A durable process tree a task's outcome is, as the store holds it. The
+/// texts are the host's (opaque here): how to prove and reach the tree,
+/// which is as secret as a token, and where its output stood when its
+/// owner last took it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredTree {
+    pub record: String,
+    /// `None`: nothing was taken yet (the output resumes from its start).
+    pub cursor: Option<String>,
+}
+
+impl StoredTree {
+    pub fn new(record: String) -> Self {
+        Self { record, cursor: None }
+    }
 }
 
 impl StoredTask {
@@ -120,6 +141,7 @@ impl StoredTask {
             producer_info: None,
             reporting: ReportState::Untold,
             output: None,
+            tree: None,
         }
     }
 
@@ -196,9 +218,23 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Records who was told of the end.
     fn set_reporting(&self, id: &TaskId, reporting: ReportState) -> Result<(), StoreError>;
 
+    /// Records where a handed-over tree's output stood when its owner last
+    /// took it ([`StoredTree::cursor`]). Default: not kept (a store that
+    /// keeps no tree).
+    fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
+        let _ = (id, cursor);
+        Ok(())
+    }
+
     /// Deletes records (the counters stay).
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError>;
 
     /// A short name for logs and errors (`memory`, the SQLite file's path).
     fn describe(&self) -> String;
+
+    /// True when what it records outlives this process (a file, a
+    /// cluster): only then is work made to outlive it too. Default: false.
+    fn outlives_process(&self) -> bool {
+        false
+    }
 }

@@ -69,7 +69,7 @@ pub fn linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> {
 
 /// The interfaces [`linker`] provides, for error messages.
 pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.2.1, \
-     taskhost:producer/process@0.2.1 and taskhost:producer/subagents@0.2.1 (both refused unless granted), \
+     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.2.2, \
+     taskhost:producer/process@0.2.2 and taskhost:producer/subagents@0.2.2 (both refused unless granted), \
      and the same three at the previous contract (taskhost:producer/host-log@0.1.0, \
      taskhost:producer/process@0.1.0, taskhost:producer/subagents@0.1.0)";

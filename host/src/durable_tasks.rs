@@ -1,0 +1,199 @@
+//! Tasks whose outcome is a durable tree a plugin handed over
+//! (`process.spawn-handed-over` for a stable owner), carried across a
+//! restart of the server: what the store keeps of such a tree
+//! ([`HandedOverTree`]) and the [`TreeAdopter`] that re-adopts it.
+//!
+//! Model: after a restart no guest holds the tree any more (its state died
+//! with the server), so the host finishes the task: its output is the
+//! tree's logs, followed from where the owner last read them
+//! ([`taskhost_process::TreeCursor`]), and its outcome is worded from the
+//! exit status as the built-in bash words a background command's:
+//! `completed` + `exit code: N`; after a kill, `killed` + `signal: <NAME>`
+//! (or `exit code: N`); at the tree's deadline, `killed` as after a timeout.
+//!
+//! Invariants:
+//! - A tree is adopted only by its proof ([`DurableProcess::adopt`]: the
+//!   recorded keeper pid and start time, and the secret); anything else is
+//!   an error, which the registry reports as the task lost, once.
+//! - A kill requested before the restart is carried out before the task
+//!   runs on; it ends `killed`, never `running` again.
+//! - The record holds the secret: the store keeps it in its 0600 file in
+//!   the 0700 state directory, never in a tree's reach.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use taskhost_core::tasks::{OutputSignal, SectionLabel, TaskControl, TaskHooks, TaskOutcome, TreeAdopter};
+use taskhost_process::{
+    DurableProcess, DurableRecord, ExitStatus, FollowedTree, OutputSink, Stream, TreeCursor, TreeEnd, signal_name,
+};
+
+/// The bytes of a re-adopted tree's output waiting for the registry at most
+/// (its follower waits meanwhile; the rest stays in the logs).
+const WAITING_BYTES: usize = 1 << 20;
+
+/// What the store keeps of a handed-over tree.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandedOverTree {
+    pub record: DurableRecord,
+    /// Milliseconds between SIGTERM and SIGKILL on a kill.
+    pub grace_ms: u64,
+}
+
+impl HandedOverTree {
+    pub fn new(record: DurableRecord, grace: Duration) -> Self {
+        Self { record, grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX) }
+    }
+
+    /// The text the store keeps.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text).map_err(|error| format!("its stored record is unreadable ({error})"))
+    }
+}
+
+/// The outcome of a handed-over tree, in the built-in bash's words.
+pub fn outcome(end: &TreeEnd, cancelled: bool) -> TaskOutcome {
+    match end {
+        TreeEnd::Exited(exit) => match exit.status {
+            ExitStatus::Signal(signal) => TaskOutcome::killed(format!("signal: {}", signal_name(signal))),
+            ExitStatus::Code(code) if cancelled || exit.deadline => TaskOutcome::killed(format!("exit code: {code}")),
+            ExitStatus::Code(code) => TaskOutcome::completed(format!("exit code: {code}")),
+        },
+        TreeEnd::Lost(why) => TaskOutcome::failed(format!("its process tree's end is unknown: {why}")),
+    }
+}
+
+/// Removes a handed-over tree's directory once it ended, when dropped:
+/// held by the task's control, which the record holds until it leaves the
+/// history, long after its end was recorded.
+#[derive(Debug)]
+pub struct TreeDir(pub DurableRecord);
+
+impl TreeDir {
+    /// The guard of the tree a store keeps as `text`.
+    pub fn of(text: &str) -> Option<Self> {
+        HandedOverTree::parse(text).ok().map(|kept| Self(kept.record))
+    }
+}
+
+impl Drop for TreeDir {
+    fn drop(&mut self) {
+        taskhost_process::durable_follow::remove_ended(&self.0);
+    }
+}
+
+/// Re-adopts handed-over trees for the registry.
+#[derive(Debug, Default)]
+pub struct DurableTreeAdopter {
+    /// The directories of the trees it was asked about.
+    asked: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+impl DurableTreeAdopter {
+    /// Removes the directories under `root` of ended trees no re-adopted
+    /// task holds (records released at a shutdown leave theirs behind); a
+    /// tree still running keeps its directory (it ends at its deadline).
+    pub fn sweep(&self, root: &std::path::Path) {
+        let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(entries) = std::fs::read_dir(root) else { return };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) && !asked.contains(&dir) && dir.join("status").exists() {
+                tracing::debug!(dir = %dir.display(), "an ended durable tree's directory is removed");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
+
+impl TreeAdopter for DurableTreeAdopter {
+    fn adopt(&self, tree: &str, cursor: Option<&str>, kill: bool) -> Result<TaskHooks, String> {
+        let kept = HandedOverTree::parse(tree)?;
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).push(kept.record.dir.clone());
+        let cursor = match cursor {
+            None => TreeCursor::default(),
+            Some(text) => {
+                TreeCursor::parse(text).ok_or_else(|| format!("its stored read cursor {text:?} is unreadable"))?
+            }
+        };
+        let process = DurableProcess::adopt(&kept.record).map_err(|error| error.to_string())?;
+        if kill && process.exit().is_none() {
+            process.kill().map_err(|error| format!("its stop could not be carried out: {error}"))?;
+        }
+        let sink = OutputSink::new(WAITING_BYTES);
+        let tree = Arc::new(FollowedTree::follow(process, sink.clone(), cursor, Duration::from_millis(kept.grace_ms)));
+        let cancelled = Arc::new(AtomicBool::new(kill));
+        let dir = TreeDir(kept.record.clone());
+        let control = Arc::new(AdoptedTree { tree: tree.clone(), sink, cancelled: cancelled.clone(), _dir: dir });
+        let done = Box::pin(async move {
+            tree.ended().await;
+            let end = tree.end().expect("ended");
+            Ok(outcome(&end, cancelled.load(Ordering::Acquire)))
+        });
+        Ok(TaskHooks::new(control, done))
+    }
+}
+
+/// The control of a re-adopted task.
+struct AdoptedTree {
+    tree: Arc<FollowedTree>,
+    sink: Arc<OutputSink>,
+    /// A kill was asked for (the end is then `killed`).
+    cancelled: Arc<AtomicBool>,
+    _dir: TreeDir,
+}
+
+#[async_trait::async_trait]
+impl TaskControl for AdoptedTree {
+    async fn cancel(&self, _reason: Option<&str>) -> anyhow::Result<()> {
+        self.cancelled.store(true, Ordering::Release);
+        self.tree.kill();
+        Ok(())
+    }
+
+    fn streams_output(&self) -> bool {
+        true
+    }
+
+    fn take_pulled_sections(&self, into: &mut dyn FnMut(&str, SectionLabel)) -> bool {
+        self.sink.take_sections_with(|text, sections| {
+            for (part, stream) in sections.parts(text) {
+                into(
+                    part,
+                    match stream {
+                        Stream::Stderr => Some("[stderr]"),
+                        Stream::Stdout => None,
+                    },
+                );
+            }
+        });
+        true
+    }
+
+    fn watch_output(&self, signal: OutputSignal) {
+        self.sink.set_signal(Box::new(move || signal.raise()));
+    }
+
+    async fn write_input(&self, data: &[u8], close: bool) -> anyhow::Result<()> {
+        let mut written = 0;
+        while written < data.len() {
+            match self.tree.process().write_stdin(&data[written..])? {
+                0 => anyhow::bail!("its stdin buffer is full ({written} of {} bytes were taken)", data.len()),
+                n => written += n,
+            }
+        }
+        if close {
+            self.tree.process().close_stdin()?;
+        }
+        Ok(())
+    }
+
+    fn tree_cursor(&self) -> Option<Arc<str>> {
+        self.sink.taken_mark()
+    }
+}

@@ -1,0 +1,325 @@
+//! Trees re-adopted across a restart (issue 31, step 4) through `taskhost
+//! serve`, real SQLite and real processes: a stable owner's background bash
+//! command outlives a SIGKILL of the server, the next server re-adopts it
+//! under the same id, its owner reads the rest of the output with no line
+//! lost or repeated and is told of its end once; a kill requested before
+//! the crash is carried out after it. Every wait ends on an event (a FIFO
+//! the command reads, a line of output, a status), paced reads where MCP
+//! gives no event.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Client, call, log_file, only_text, read_until, serve_command, temp_dir, texts};
+use rmcp::ServiceExt as _;
+use serde_json::json;
+
+const ALICE: &str = "alice-secret-0123456789abcdef";
+
+/// `taskhost serve --http` in `dir` with the token alice, and her client.
+async fn serve_http(dir: &Path) -> (Client, tokio::process::Child) {
+    let config = format!("[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n");
+    let mut command = serve_command(dir, Some(&config));
+    command.args(["--http", "127.0.0.1:0"]);
+    let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+        taskhost::http_client::client(),
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url).auth_header(ALICE),
+    );
+    (().serve(transport).await.expect("initialize over HTTP"), child)
+}
+
+/// `taskhost serve --owner NAME` over stdio in `dir`, and a client on it.
+async fn serve_owner(dir: &Path, owner: &str) -> (Client, tokio::process::Child) {
+    let mut child = serve_command(dir, None)
+        .arg("--owner")
+        .arg(owner)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve");
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    (().serve((stdout, stdin)).await.expect("initialize over stdio"), child)
+}
+
+async fn sigkill(mut child: tokio::process::Child, client: Client) {
+    child.start_kill().expect("SIGKILL the server");
+    child.wait().await.expect("the server is reaped");
+    drop(client);
+}
+
+fn fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Lets the command blocked reading `fifo` go on: the open returns once it
+/// reads (an event).
+async fn release(fifo: PathBuf) {
+    tokio::time::timeout(Duration::from_secs(20), tokio::task::spawn_blocking(move || std::fs::write(fifo, "go\n")))
+        .await
+        .expect("the command never read its FIFO")
+        .unwrap()
+        .unwrap();
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+/// Calls `task_list` until one notice about `id` came (paced: MCP gives a
+/// client no event for it), checking every listing with `check`; returns
+/// the notice. Then one more call: told once, no second notice.
+async fn told_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, check: impl Fn(&str)) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let notices = |result: &[String]| -> Vec<String> {
+        result.iter().skip(1).filter(|t| t.contains(&format!("task {id} "))).cloned().collect()
+    };
+    loop {
+        let result = texts(&call(peer, "task_list", json!({})).await);
+        check(&result[0]);
+        let mut found = notices(&result);
+        assert!(found.len() <= 1, "one notice at most: {result:?}");
+        if let Some(notice) = found.pop() {
+            let again = texts(&call(peer, "task_list", json!({})).await);
+            assert!(notices(&again).is_empty(), "told once: {again:?}");
+            return notice;
+        }
+        assert!(std::time::Instant::now() < deadline, "no notice of {id}: {result:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The command: says it ran (a marker line), prints, waits for `go`, prints
+/// more on both streams, exits 3.
+fn command(dir: &Path) -> String {
+    format!(
+        "echo ran >> {marker}; echo a1; echo a2; echo e1 >&2; read x < {go}; echo b1; echo b2; echo e2 >&2; exit 3",
+        marker = dir.join("marker").display(),
+        go = dir.join("go.fifo").display(),
+    )
+}
+
+/// The whole output, as it reads in one piece.
+const WHOLE: &str = "a1\na2\n[stderr]\ne1\n[stdout]\nb1\nb2\n[stderr]\ne2\n";
+
+/// Reads the rest after the restart and checks the end is told once: by
+/// the read that finds it, or else by one notice.
+async fn the_rest_after_the_restart(peer: &rmcp::service::Peer<rmcp::RoleClient>, dir: &Path, before: &str) {
+    // Re-adopted, not lost: the first result carries no notice, the task runs.
+    let first = texts(&call(peer, "task_list", json!({})).await);
+    assert_eq!(first.len(), 1, "no notice: the task goes on: {first:?}");
+    assert!(first[0].starts_with("bash-1 [bash] running"), "{first:?}");
+    release(dir.join("go.fifo")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut after = String::new();
+    let mut notices = 0;
+    let status = loop {
+        let result = texts(&call(peer, "task_output", json!({"task_id": "bash-1"})).await);
+        let (body, status) = result[0].rsplit_once('\n').expect("body and status line");
+        if body != "(no new output)" {
+            after.push_str(body);
+            after.push('\n');
+        }
+        notices += result.iter().skip(1).filter(|t| t.contains("task bash-1 ")).count();
+        if status != "[status: running]" {
+            break status.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "bash-1 never ended: {after:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status, "[status: completed, exit code: 3]");
+    assert_eq!(notices, 0, "the read told the end; a notice would tell it twice");
+    assert_eq!(format!("{before}{after}"), WHOLE, "no line lost or repeated across the restart");
+    let list = texts(&call(peer, "task_list", json!({})).await);
+    assert_eq!(list.len(), 1, "told once: {list:?}");
+    assert_eq!(lines(&dir.join("marker")), 1, "the command ran once");
+}
+
+#[tokio::test]
+async fn an_http_owners_background_command_survives_a_sigkill_of_the_server() {
+    let dir = temp_dir("readopt-http");
+    fifo(&dir.join("go.fifo"));
+    let (client, child) = serve_http(&dir).await;
+    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
+    assert_eq!(before, "a1\na2\n[stderr]\ne1\n");
+    sigkill(child, client).await;
+
+    let (client, child) = serve_http(&dir).await;
+    the_rest_after_the_restart(client.peer(), &dir, &before).await;
+    sigkill(child, client).await;
+}
+
+#[tokio::test]
+async fn an_owner_named_stdio_clients_background_command_survives_a_sigkill_of_the_server() {
+    let dir = temp_dir("readopt-owner");
+    fifo(&dir.join("go.fifo"));
+    let (client, child) = serve_owner(&dir, "alice").await;
+    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
+    sigkill(child, client).await;
+
+    let (client, child) = serve_owner(&dir, "alice").await;
+    the_rest_after_the_restart(client.peer(), &dir, &before).await;
+    sigkill(child, client).await;
+}
+
+/// A plain stdio connection's tree dies with its server: told lost once
+/// to nobody (the connection is gone), never run again, never re-adopted.
+#[tokio::test]
+async fn a_plain_stdio_task_is_not_carried_across_a_restart() {
+    let dir = temp_dir("readopt-plain");
+    fifo(&dir.join("go.fifo"));
+    let mut server = serve_command(&dir, None);
+    server.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log_file(&dir)).kill_on_drop(true);
+    let (client, child) = common::connect_stdio(&mut server).await;
+    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
+    sigkill(child, client).await;
+    // The tree dies with its server (its keeper sees the lifeline go):
+    // then nobody reads the FIFO any more (a non-blocking open for writing
+    // finds no reader). Paced: the tree's death gives this test no event.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let go = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(dir.join("go.fifo"));
+        match go.map_err(|e| e.raw_os_error()) {
+            Err(Some(libc::ENXIO)) => break,
+            other => {
+                drop(other);
+                assert!(std::time::Instant::now() < deadline, "the plain tree outlived its server");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    let (client, child) = serve_owner(&dir, "alice").await;
+    let list = texts(&call(client.peer(), "task_list", json!({})).await);
+    assert_eq!(list, ["(no background tasks)"], "another owner is told nothing");
+    assert_eq!(lines(&dir.join("marker")), 1, "the command ran once");
+    sigkill(child, client).await;
+}
+
+use std::os::unix::fs::OpenOptionsExt as _;
+
+/// A kill requested before the crash is carried out after it: the command
+/// ignores SIGTERM, so its tree outlives the SIGKILLed server's grace; the
+/// next server kills it, and it is never reported running again.
+#[tokio::test]
+async fn a_kill_requested_before_a_crash_is_carried_out_after_it() {
+    let dir = temp_dir("readopt-kill");
+    let marker = dir.join("marker");
+    let command = format!("trap '' TERM; echo ran >> {}; echo up; sleep 600", marker.display());
+    let (client, child) = serve_http(&dir).await;
+    let started = call(client.peer(), "bash", json!({"command": command, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    read_until(client.peer(), "bash-1", "up", Duration::from_secs(30)).await;
+    // The kill is requested (stored `stopping` before the SIGTERM), then the
+    // server dies inside the grace, before its SIGKILL.
+    let peer = client.peer().clone();
+    let kill = tokio::spawn(async move { call(&peer, "task_kill", json!({"task_id": "bash-1"})).await });
+    let store = common::state_home(&dir).join("taskhost").join("tasks.sqlite3");
+    stopping_in(&store).await;
+    sigkill(child, client).await;
+    let _ = kill.await;
+
+    let (client, child) = serve_http(&dir).await;
+    let peer = client.peer().clone();
+    let notice =
+        told_once(&peer, "bash-1", |list| assert!(!list.contains("running"), "never running again: {list}")).await;
+    assert!(notice.contains("[status: killed, signal: SIGKILL]"), "{notice}");
+    let list = texts(&call(&peer, "task_list", json!({})).await);
+    assert!(list[0].starts_with("bash-1 [bash] killed"), "{list:?}");
+    assert_eq!(lines(&marker), 1, "the command ran once");
+    sigkill(child, client).await;
+}
+
+/// Waits until the store records bash-1 `stopping` (read beside the
+/// server; paced: the file gives no event here).
+async fn stopping_in(store: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let connection = rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY);
+        let status: Option<String> = connection
+            .ok()
+            .and_then(|c| c.query_row("SELECT status FROM tasks WHERE id = 'bash-1'", [], |row| row.get(0)).ok());
+        if status.as_deref() == Some("stopping") {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the kill was never recorded: {status:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A durable tree cannot reach what proves it: the trees' directory (its
+/// own keeper's logs, status and socket) and the store (its secret) are
+/// outside its view, whatever path it tries; with the server as `uid` too.
+async fn a_durable_tree_cannot_reach(tag: &str, uid: Option<u32>) {
+    let base = temp_dir(tag);
+    let workspace = base.join("work");
+    let home = base.join("home");
+    let state_home = base.join("state");
+    for dir in [&workspace, &home, &state_home] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    if let Some(uid) = uid {
+        for dir in [&base, &workspace, &home, &state_home] {
+            std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+        }
+    }
+    let state = state_home.join("taskhost");
+    let trees = state.join("trees");
+    let probes = [
+        trees.display().to_string(),
+        format!("{}/*/k.sock", trees.display()),
+        format!("{}/*/stdout.log", trees.display()),
+        state.join("tasks.sqlite3").display().to_string(),
+    ];
+    let command = format!(
+        "for p in {}; do if ls -d $p >/dev/null 2>&1 || cat $p >/dev/null 2>&1; then echo \"reached $p\"; fi; done; echo probed",
+        probes.join(" ")
+    );
+    let mut server = common::serve_stdio_as(uid, &base, &workspace, &home);
+    server.env("XDG_STATE_HOME", &state_home).args(["--owner", "alice"]);
+    let (client, child) = common::connect_stdio(&mut server).await;
+    let started = call(client.peer(), "bash", json!({"command": command, "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    let output = read_until(client.peer(), "bash-1", "probed", Duration::from_secs(30)).await;
+    assert_eq!(output, "probed\n", "a durable tree reached its keeper's files or the store");
+    // The tree was durable: its keeper's directory is there, on the host.
+    let kept = std::fs::read_dir(&trees).expect("the trees' directory").count();
+    assert!(kept <= 1, "{kept} trees");
+    let store =
+        rusqlite::Connection::open_with_flags(state.join("tasks.sqlite3"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let tree: Option<String> =
+        store.query_row("SELECT tree FROM tasks WHERE id = 'bash-1'", [], |row| row.get(0)).unwrap();
+    assert!(tree.is_some_and(|t| t.contains("keeper_pid")), "bash-1 was a durable tree");
+    sigkill(child, client).await;
+}
+
+#[tokio::test]
+async fn a_durable_tree_cannot_reach_its_keepers_files_or_the_store() {
+    a_durable_tree_cannot_reach("readopt-reach", None).await;
+}
+
+#[tokio::test]
+async fn a_durable_tree_of_an_unprivileged_server_cannot_reach_its_keepers_files_or_the_store() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
+        return;
+    }
+    a_durable_tree_cannot_reach("readopt-reach-nobody", Some(65534)).await;
+}
