@@ -357,7 +357,7 @@ check and call it:
 
 ```sh
 python3 -m pip install componentize-py=={componentize_py}     # once
-componentize-py -d wit -w plugin componentize app -o {name}.wasm
+componentize-py -d wit -w process-plugin componentize app -o {name}.wasm
 taskhost check {name}.wasm
 taskhost call {name}.wasm '{"count": 3}' --background
 ```
@@ -365,7 +365,7 @@ taskhost call {name}.wasm '{"count": 3}' --background
 `wit/` is the contract of the taskhost that created this directory
 (`taskhost:producer@0.1.0`); `app.py` implements it. To see the generated
 bindings (the `wit_world` package) for your editor:
-`componentize-py -d wit -w plugin bindings bindings`.
+`componentize-py -d wit -w process-plugin bindings bindings`.
 
 componentize-py output differs on every build of the same source, so every
 rebuild is a new plugin version to taskhost (and compiled afresh).
@@ -496,7 +496,7 @@ const JS_PACKAGE: &str = r#"{
   "private": true,
   "type": "module",
   "scripts": {
-    "build": "componentize-js src/index.js --wit wit --world-name plugin -d http -d fetch-event -o {name}.wasm"
+    "build": "componentize-js src/index.js --wit wit --world-name process-plugin -d http -d fetch-event -o {name}.wasm"
   },
   "devDependencies": {
     "@bytecodealliance/componentize-js": "0.23.0",
@@ -594,7 +594,7 @@ pub fn build_steps(lang: Lang, name: &str) -> Vec<String> {
         ],
         Lang::Python => vec![
             format!("python3 -m pip install componentize-py=={COMPONENTIZE_PY_VERSION}   # once"),
-            format!("componentize-py -d wit -w plugin componentize app -o {name}.wasm"),
+            format!("componentize-py -d wit -w process-plugin componentize app -o {name}.wasm"),
             format!("taskhost check {name}.wasm"),
         ],
         Lang::Js => vec!["npm ci".into(), "npm run build".into(), format!("taskhost check {name}.wasm")],

@@ -193,6 +193,11 @@ pub fn preflight(bytes: &[u8]) -> anyhow::Result<Option<Preflight>> {
     Ok(Some(Preflight { imports, exports, contract_version }))
 }
 
+/// The contract from which an ungranted `taskhost:producer` capability
+/// import refuses a plugin at load (it brought the narrower world
+/// `process-plugin`, so importing `subagents` means wanting it).
+pub const GATED_AT_LOAD_SINCE: &str = "0.2.2";
+
 /// A capability a plugin reaches only when its configuration grants it,
 /// told by the imports that use it: a plugin importing one it is not granted
 /// is refused when it loads, not when it first calls.
@@ -203,11 +208,20 @@ pub enum GatedCapability {
 }
 
 impl GatedCapability {
-    /// The capability `full` (an import name) belongs to, if it is gated.
+    /// The capability `full` (an import name) belongs to, if it is gated at
+    /// load. A plugin built against a contract before
+    /// [`GATED_AT_LOAD_SINCE`] imports `subagents` whether it uses it or not
+    /// (toolchains such as componentize-py and jco import their whole world,
+    /// and no narrower world existed): it keeps loading, and an ungranted
+    /// call is refused when it is made.
     pub fn of_import(full: &str) -> Option<Self> {
         let name = Name::parse(full)?;
+        let before_gate = name
+            .version
+            .and_then(|v| semver::Version::parse(v).ok())
+            .is_some_and(|version| version < semver::Version::parse(GATED_AT_LOAD_SINCE).expect("a version"));
         match (name.namespace, name.package, name.interface) {
-            ("taskhost", "producer", Some("subagents")) => Some(Self::Subagents),
+            ("taskhost", "producer", Some("subagents")) if !before_gate => Some(Self::Subagents),
             _ => None,
         }
     }
@@ -413,21 +427,25 @@ mod tests {
     #[test]
     fn an_ungranted_capability_is_named_with_its_grant() {
         let imports = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-        let subagents = imports(&["wasi:io/poll@0.2.0", "taskhost:producer/subagents@0.2.1"]);
+        let subagents = imports(&["wasi:io/poll@0.2.0", "taskhost:producer/subagents@0.2.2"]);
         check_grants(&subagents, |_| true).expect("granted");
         let refused = format!("{:#}", check_grants(&subagents, |_| false).unwrap_err());
         assert!(
-            refused.contains("`taskhost:producer/subagents@0.2.1`")
+            refused.contains("`taskhost:producer/subagents@0.2.2`")
                 && refused.contains("add [producer.grants.subagents]"),
             "{refused}"
         );
-        // The frozen contract's import is the same capability, named once.
-        let both = imports(&["taskhost:producer/subagents@0.1.0", "taskhost:producer/subagents@0.2.1"]);
+        // A later patch's import is the same capability, named once.
+        let both = imports(&["taskhost:producer/subagents@0.2.2", "taskhost:producer/subagents@0.2.9"]);
         let refused = format!("{:#}", check_grants(&both, |_| false).unwrap_err());
         assert_eq!(refused.matches("add [producer.grants.subagents]").count(), 1, "{refused}");
         // Imports of capabilities that are not gated need no grant.
-        check_grants(&imports(&["taskhost:producer/host-log@0.2.1", "wasi:cli/stdout@0.2.0"]), |_| false)
+        check_grants(&imports(&["taskhost:producer/host-log@0.2.2", "wasi:cli/stdout@0.2.0"]), |_| false)
             .expect("nothing gated");
+        // Plugins built before the gate (whose toolchains imported the whole
+        // world, with no narrower one to target) keep loading.
+        let older = imports(&["taskhost:producer/subagents@0.1.0", "taskhost:producer/subagents@0.2.1"]);
+        check_grants(&older, |_| false).expect("refused at the call, not at load");
     }
 
     #[test]

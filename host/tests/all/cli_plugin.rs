@@ -164,7 +164,7 @@ fn check_refuses_a_capability_the_configuration_does_not_grant() {
     assert_refused(
         &dir,
         Path::new(taskhost::builtin::SUBAGENT_PATH),
-        "it imports `taskhost:producer/subagents@0.2.1`, which its configuration does not grant: add \
+        "it imports `taskhost:producer/subagents@0.2.2`, which its configuration does not grant: add \
          [producer.grants.subagents] to its [[producer]] entry",
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -502,7 +502,7 @@ fn new_python_skeleton_builds_and_passes_check() {
     let output = taskhost(&dir, &["new", "py-lines", "--lang", "python"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let stdout = text(&output.stdout);
-    let build = "componentize-py -d wit -w plugin componentize app -o py-lines.wasm";
+    let build = "componentize-py -d wit -w process-plugin componentize app -o py-lines.wasm";
     assert!(stdout.contains(build), "{stdout}");
     let skeleton = dir.join("py-lines");
     assert!(skeleton.join("wit/producer.wit").is_file() && skeleton.join("app.py").is_file());

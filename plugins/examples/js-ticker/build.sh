@@ -34,6 +34,6 @@ if [ "${FORCE:-0}" != 1 ] && [ -f "$out" ] && [ "$(cat "$out.source" 2>/dev/null
   exit 0
 fi
 mkdir -p "$(dirname "$out")"
-"$cli" "$here/ticker.js" --wit "$wit" --world-name plugin -d http -d fetch-event -o "$out"
+"$cli" "$here/ticker.js" --wit "$wit" --world-name process-plugin -d http -d fetch-event -o "$out"
 echo "$source_hash" > "$out.source"
 echo "built $out"

@@ -36,5 +36,5 @@ stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 cp "$here/app.py" "$stage/"
 cd "$stage"
-componentize-py -d "$wit" -w plugin componentize app -p "$stage" -o "$out"
+componentize-py -d "$wit" -w process-plugin componentize app -p "$stage" -o "$out"
 echo "$source_hash" > "$out.source"
