@@ -436,3 +436,51 @@ pub fn read_all(file: &Path) -> Result<Vec<StoredTask>, StoreError> {
         .and_then(|mut statement| statement.query_map([], stored_task)?.collect())
         .map_err(|error| refuse(format!("cannot be read ({error})")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of schema 1 (before handed-over trees) opens, is migrated to
+    /// 2 with its records intact, and then keeps a tree and its cursor.
+    #[test]
+    fn a_schema_1_store_is_migrated_and_keeps_trees() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(STORE_FILE);
+        {
+            let old = Connection::open(&file).unwrap();
+            old.execute_batch(&format!(
+                "{} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;",
+                MIGRATIONS[0]
+            ))
+            .unwrap();
+            old.execute(
+                "INSERT INTO tasks (id, kind, label, owner, owner_durable, server, status, started_at_ns, reporting)
+                 VALUES ('bash-1', 'bash', 'old', 'owner:a', 1, 'gone', 'completed', 1, 'reported')",
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&file).expect("a schema 1 file opens");
+        let version: i64 = store.connection().query_row("PRAGMA user_version", [], |row| row.get(0)).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.tasks.len(), 1);
+        assert_eq!((loaded.tasks[0].label.as_str(), &loaded.tasks[0].tree), ("old", &None));
+
+        let mut task = StoredTask::new(TaskId::new("bash-2"), "bash", "new", SystemTime::now());
+        task.owner = Some(StoredOwner::new(SessionId::new("owner:a"), true));
+        task.tree = Some(StoredTree::new("{\"record\":1}".into()));
+        store.record_start(&task).unwrap();
+        store.set_tree_cursor(&task.id, "cursor 3 4 0 1").unwrap();
+        // Only a record with a tree takes a cursor.
+        store.set_tree_cursor(&TaskId::new("bash-1"), "cursor 1 1 0 0").unwrap();
+        drop(store);
+        let store = SqliteStore::open(&file).unwrap();
+        let tasks = store.load().unwrap().tasks;
+        let tree = |id: &str| tasks.iter().find(|t| t.id.as_str() == id).unwrap().tree.clone();
+        assert_eq!(tree("bash-1"), None);
+        let kept = tree("bash-2").expect("the tree is kept");
+        assert_eq!((kept.record.as_str(), kept.cursor.as_deref()), ("{\"record\":1}", Some("cursor 3 4 0 1")));
+    }
+}

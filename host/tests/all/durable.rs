@@ -179,6 +179,8 @@ async fn another_owner_and_a_plain_connection_see_none_of_a_stable_owners_tasks(
         assert!(is_error(&foreign), "{owner:?}: {foreign:?}");
         sigkill(child, client).await;
     }
+    // alice's tree was re-adopted by each server and outlived it: end it.
+    kill_keepers(&dir);
 }
 
 /// `taskhost ps ARGS` with the state directory of the servers in `dir`.

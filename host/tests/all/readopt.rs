@@ -207,6 +207,21 @@ async fn a_plain_stdio_task_is_not_carried_across_a_restart() {
     let list = texts(&call(client.peer(), "task_list", json!({})).await);
     assert_eq!(list, ["(no background tasks)"], "another owner is told nothing");
     assert_eq!(lines(&dir.join("marker")), 1, "the command ran once");
+    // The store says how it ended, once: lost, with the reason; no tree.
+    let store = common::state_home(&dir).join("taskhost").join("tasks.sqlite3");
+    let store = rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let rows: Vec<(String, String, Option<String>, Option<String>)> = store
+        .prepare("SELECT id, status, detail, tree FROM tasks")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (id, status, detail, tree) = &rows[0];
+    assert_eq!((id.as_str(), status.as_str()), ("bash-1", "lost"), "{rows:?}");
+    assert!(detail.as_deref().is_some_and(|d| d.contains("was not run again")), "{rows:?}");
+    assert_eq!(tree, &None, "a plain connection's tree is never made durable");
     sigkill(child, client).await;
 }
 
@@ -322,4 +337,133 @@ async fn a_durable_tree_of_an_unprivileged_server_cannot_reach_its_keepers_files
         return;
     }
     a_durable_tree_cannot_reach("readopt-reach-nobody", Some(65534)).await;
+}
+
+/// The crash loop: iterations of three background commands of an HTTP
+/// owner, each waiting on its FIFO midway; before the SIGKILL of the
+/// server, a random number of reads of each (0 to 3) and, at random, its
+/// FIFO released (it may end, be read, be noticed, before the crash); then
+/// a restart, the rest released and read. Every command ran once (its
+/// marker has one line), its output read across the two servers is whole
+/// (no line lost or repeated), its end told exactly once (a notice, or the
+/// read that found it before any notice), and ids go on. CI runs
+/// `TASKHOST_CRASH_ITERATIONS` iterations (default 3); the full loop is
+/// `TASKHOST_CRASH_ITERATIONS=200` (the seed is printed).
+#[tokio::test]
+async fn a_crash_loop_never_runs_a_command_twice_and_tells_every_end_once() {
+    let iterations: usize = std::env::var("TASKHOST_CRASH_ITERATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(3);
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    println!("crash loop: {iterations} iterations, seed {seed}");
+    let mut random = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let dir = temp_dir("readopt-crash");
+    let whole: String = (1..=600).map(|n| format!("{n}\n")).collect();
+    let mut next = 1;
+    for iteration in 0..iterations {
+        let (client, child) = serve_http(&dir).await;
+        let peer = client.peer().clone();
+        let mut tasks = Vec::new();
+        for k in 0..3 {
+            let marker = dir.join(format!("marker-{iteration}-{k}"));
+            let go = dir.join(format!("go-{iteration}-{k}.fifo"));
+            fifo(&go);
+            let command =
+                format!("echo ran >> {}; seq 1 300; read x < {}; seq 301 600", marker.display(), go.display());
+            let started = call(&peer, "bash", json!({"command": command, "run_in_background": true})).await;
+            assert_eq!(only_text(&started), format!("started background bash task bash-{next}"));
+            tasks.push(Tracked { id: format!("bash-{next}"), marker, go, ..Tracked::default() });
+            next += 1;
+        }
+        for k in 0..tasks.len() {
+            if random(3) == 0 {
+                release(tasks[k].go.clone()).await;
+                tasks[k].released = true;
+            }
+            for _ in 0..random(4) {
+                let id = tasks[k].id.clone();
+                read_once(&peer, &id, &mut tasks).await;
+            }
+        }
+        sigkill(child, client).await;
+
+        let (client, child) = serve_http(&dir).await;
+        let peer = client.peer().clone();
+        for k in 0..tasks.len() {
+            if !tasks[k].released {
+                release(tasks[k].go.clone()).await;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !tasks[k].ended {
+                let id = tasks[k].id.clone();
+                read_once(&peer, &id, &mut tasks).await;
+                assert!(std::time::Instant::now() < deadline, "{} never ended: {:?}", tasks[k].id, tasks[k].read);
+                if !tasks[k].ended {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        // Notices still owed ride on the next result.
+        let list = texts(&call(&peer, "task_list", json!({})).await);
+        count_notices(&list, &mut tasks);
+        let again = texts(&call(&peer, "task_list", json!({})).await);
+        assert_eq!(again.len(), 1, "no notice left: {again:?}");
+        for task in &tasks {
+            let at = format!("{} in iteration {iteration}", task.id);
+            assert_eq!(task.read, whole, "{at}: no line lost or repeated");
+            assert_eq!(lines(&task.marker), 1, "{at} ran once");
+            assert_eq!(task.notices + usize::from(task.reported_before_notice), 1, "{at}'s end told once: {task:?}");
+        }
+        sigkill(child, client).await;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tracked {
+    id: String,
+    marker: PathBuf,
+    go: PathBuf,
+    released: bool,
+    /// The output read so far, across servers.
+    read: String,
+    /// A read returned its end.
+    ended: bool,
+    /// A read returned its end before any notice of it.
+    reported_before_notice: bool,
+    notices: usize,
+}
+
+/// Counts the notices of `result` (every text after the first) against the
+/// tasks they name.
+fn count_notices(result: &[String], tasks: &mut [Tracked]) {
+    for notice in result.iter().skip(1) {
+        for task in tasks.iter_mut() {
+            if notice.starts_with(&format!("background task {} ", task.id)) {
+                task.notices += 1;
+            }
+        }
+    }
+}
+
+/// One consuming read of `id`, its body and end and every notice riding on
+/// it counted.
+async fn read_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, tasks: &mut [Tracked]) {
+    let result = texts(&call(peer, "task_output", json!({"task_id": id})).await);
+    count_notices(&result, tasks);
+    let (body, status) = result[0].rsplit_once('\n').expect("body and status line");
+    let task = tasks.iter_mut().find(|t| t.id == id).unwrap();
+    if body != "(no new output)" {
+        task.read.push_str(body);
+        task.read.push('\n');
+    }
+    if status != "[status: running]" {
+        assert_eq!(status, "[status: completed, exit code: 0]", "{id}");
+        if !task.ended && task.notices == 0 {
+            task.reported_before_notice = true;
+        }
+        task.ended = true;
+    }
 }

@@ -74,6 +74,10 @@ impl TaskRegistry {
                 state.awaiting_adoption.push(task);
                 continue;
             }
+            if let Some(tree) = task.tree.clone().filter(|_| durable && task.status.is_terminal()) {
+                // Ended: what its owner did not read yet is in its logs.
+                state.ended_trees.push((task.id.clone(), tree));
+            }
             if !task.status.is_terminal() {
                 let (status, detail) = if task.status == TaskStatus::Stopping {
                     (TaskStatus::Killed, KILLED_BY_RESTART_DETAIL)
@@ -165,6 +169,14 @@ impl TaskRegistry {
     /// output files are set ([`Self::set_output_files`]); records it is
     /// never called for stay live in the store for the next start-up.
     pub fn readopt(&self, adopter: &dyn TreeAdopter) {
+        let ended = std::mem::take(&mut self.shared.lock().ended_trees);
+        for (id, tree) in ended {
+            // The output its owner did not read before the restart.
+            match adopter.adopt(&tree.record, tree.cursor.as_deref(), false) {
+                Ok(hooks) => self.attach_output(&id, hooks.control),
+                Err(why) => tracing::debug!(task = %id, %why, "an ended tree's unread output is gone"),
+            }
+        }
         let awaiting = std::mem::take(&mut self.shared.lock().awaiting_adoption);
         let mut owners: HashMap<SessionId, Arc<Owner>> = HashMap::default();
         for task in awaiting {
@@ -214,6 +226,25 @@ impl TaskRegistry {
                 durable: true,
             })
         })
+    }
+
+    /// Gives a restored ended record the output `control` still holds.
+    fn attach_output(&self, id: &TaskId, control: Arc<dyn TaskControl>) {
+        let session = {
+            let mut state = self.shared.lock();
+            let Some(record) = state.tasks.get_mut(id).filter(|r| r.output_log.is_none()) else { return };
+            let Some(session) = record.owner.as_ref().map(|o| o.session.clone()) else { return };
+            let target = self.shared.output_files.get().map(|files| FileTarget {
+                files: files.clone(),
+                owner: Some(session.clone()),
+                task: id.clone(),
+            });
+            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
+            record.output_log = Some(Arc::new(StreamOutput::new(TaskOutput::new(log, &TaskOptions::default()))));
+            record.control = control.clone();
+            session
+        };
+        control.watch_output(self.output_signal(id, Some(session)));
     }
 
     /// A re-adopted task: live again, as a commit makes one.

@@ -30,6 +30,9 @@ pub(super) struct State {
     /// Live records of handed-over trees, restored and waiting for
     /// [`super::TaskRegistry::readopt`].
     pub(super) awaiting_adoption: Vec<crate::tasks::store::StoredTask>,
+    /// Restored ended records of handed-over trees: their unread output is
+    /// still in the trees' logs ([`super::TaskRegistry::readopt`]).
+    pub(super) ended_trees: Vec<(TaskId, crate::tasks::store::StoredTree)>,
 }
 
 impl State {
