@@ -113,6 +113,9 @@ impl Host {
 
     /// Disposes every agent (awaiting their tasks), then every unowned task.
     pub async fn dispose(&self) {
+        // Stable owners' handed-over trees outlive the process: the next one
+        // re-adopts them.
+        self.registry.begin_shutdown();
         self.agents.dispose_all().await;
         self.registry.dispose().await;
     }

@@ -438,6 +438,9 @@ pub async fn serve(
         tracing::warn!("connections still open {} s after shutdown; closing them", DRAIN.as_secs());
         connections.abort_all();
     }
+    // The server is going away: stable owners' handed-over trees run on for
+    // the next one (see `TaskRegistry::begin_shutdown`).
+    server.host().registry().begin_shutdown();
     tokens.dispose().await;
     Ok(())
 }

@@ -116,8 +116,11 @@ where
             Err(rmcp::service::ServerInitializeError::Cancelled) => Ok(()),
             Err(error) => Err(anyhow::Error::new(error).context(format!("initializing MCP connection {name}"))),
         };
-        // The owner's tasks die with the connection (a stable owner's
-        // records stay in the store, saying how they ended).
+        // The connection is the server's: it is going away. A plain owner's
+        // tasks die with it (its records say how they ended); a stable
+        // owner's handed-over trees run on for the next server (see
+        // `TaskRegistry::begin_shutdown`).
+        server.host().registry().begin_shutdown();
         owner.dispose().await;
         tracing::info!("owner disposed");
         pumps.finish().await;

@@ -54,6 +54,16 @@ async fn sigkill(mut child: tokio::process::Child, client: Client) {
     drop(client);
 }
 
+/// `systemctl stop` and `restart`: SIGTERM, and the server exits by itself.
+async fn sigterm(mut child: tokio::process::Child, client: Client) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: kill with a pid this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{}", std::io::Error::last_os_error());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.expect("exits on SIGTERM").unwrap();
+    assert!(status.success(), "exit status {status}");
+    drop(client);
+}
+
 fn fifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
@@ -153,6 +163,23 @@ async fn an_http_owners_background_command_survives_a_sigkill_of_the_server() {
     let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
     assert_eq!(before, "a1\na2\n[stderr]\ne1\n");
     sigkill(child, client).await;
+
+    let (client, child) = serve_http(&dir).await;
+    the_rest_after_the_restart(client.peer(), &dir, &before).await;
+    sigkill(child, client).await;
+}
+
+/// Issue 31: a stopped server (`systemctl restart`: SIGTERM) leaves a stable
+/// owner's tree running, as a crash does; the next server re-adopts it.
+#[tokio::test]
+async fn an_http_owners_background_command_survives_a_sigterm_of_the_server() {
+    let dir = temp_dir("readopt-sigterm");
+    fifo(&dir.join("go.fifo"));
+    let (client, child) = serve_http(&dir).await;
+    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
+    sigterm(child, client).await;
 
     let (client, child) = serve_http(&dir).await;
     the_rest_after_the_restart(client.peer(), &dir, &before).await;

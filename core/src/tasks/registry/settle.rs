@@ -63,6 +63,17 @@ impl TaskRegistry {
     /// listener was called for these settlements (disposal is silent: an
     /// owner still alive is not told of kills it never asked for). Waits
     /// still pending wake with the terminal state. Idempotent.
+    /// The process is going away (a server's shutdown, before its owners
+    /// and the registry are disposed): from now on a live task of a stable
+    /// owner whose control holds a handed-over tree
+    /// ([`TaskControl::handed_over_tree`]) is not torn down by a disposal.
+    /// Its tree runs on under its keeper, its record stays live in the
+    /// store, and the next process re-adopts it ([`Self::readopt`]), as after
+    /// a crash. Everything else ends as before.
+    pub fn begin_shutdown(&self) {
+        self.shared.lock().shutting_down = true;
+    }
+
     pub async fn dispose(&self) {
         {
             let mut state = self.shared.lock();
@@ -77,7 +88,13 @@ impl TaskRegistry {
             let live: Vec<TaskId> = {
                 let state = self.shared.lock();
                 if state.starts_in_flight == 0 {
-                    state.tasks.values().filter(|r| !r.status.is_terminal()).map(|r| r.id.clone()).collect()
+                    let shutting_down = state.shutting_down;
+                    state
+                        .tasks
+                        .values()
+                        .filter(|r| !(r.status.is_terminal() || shutting_down && r.outlives_the_process()))
+                        .map(|r| r.id.clone())
+                        .collect()
                 } else {
                     Vec::new()
                 }
@@ -364,7 +381,7 @@ impl TaskRegistry {
         loop {
             let (live, starting, drained) = {
                 let mut state = self.shared.lock();
-                let State { owner_scopes, tasks, .. } = &mut *state;
+                let State { owner_scopes, tasks, shutting_down, .. } = &mut *state;
                 let Some(scope) = owner_scopes.get_mut(&instance) else {
                     return;
                 };
@@ -372,7 +389,11 @@ impl TaskRegistry {
                 let live: Vec<TaskId> = scope
                     .tasks
                     .iter()
-                    .filter(|id| tasks.get(id).is_some_and(|r| !r.status.is_terminal()))
+                    .filter(|id| {
+                        tasks
+                            .get(id)
+                            .is_some_and(|r| !(r.status.is_terminal() || *shutting_down && r.outlives_the_process()))
+                    })
                     .cloned()
                     .collect();
                 (live, scope.bucket.starting, scope.starts_drained.clone())

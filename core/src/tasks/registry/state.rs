@@ -33,6 +33,9 @@ pub(super) struct State {
     /// Restored ended records of handed-over trees: their unread output is
     /// still in the trees' logs ([`super::TaskRegistry::readopt`]).
     pub(super) ended_trees: Vec<(TaskId, crate::tasks::store::StoredTree)>,
+    /// The process is going away ([`super::TaskRegistry::begin_shutdown`]):
+    /// stable owners' handed-over trees are left running, not torn down.
+    pub(super) shutting_down: bool,
 }
 
 impl State {
@@ -302,6 +305,12 @@ pub(super) struct Ended {
 }
 
 impl Record {
+    /// A stable owner's task whose work is a handed-over tree: it can go on
+    /// without this process (see [`super::TaskRegistry::begin_shutdown`]).
+    pub(super) fn outlives_the_process(&self) -> bool {
+        self.owner.as_ref().is_some_and(|owner| owner.durable) && self.control.handed_over_tree().is_some()
+    }
+
     pub(super) fn snapshot(&self) -> TaskSnapshot {
         TaskSnapshot {
             id: self.id.clone(),
