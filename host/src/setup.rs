@@ -182,9 +182,9 @@ impl WasmPlan {
         // A capability the plugin imports but is not granted refuses it now,
         // naming the grant to add, not at its first call (before compiling:
         // the component's type information alone).
+        // (The caller names the `[[producer]]` entry.)
         if let Some(imports) = crate::plugin::preflight::imports_of(&bytes) {
-            crate::plugin::preflight::check_grants(&imports, |capability| grants.grants(capability))
-                .with_context(|| tool_context(config))?;
+            crate::plugin::preflight::check_grants(&imports, |capability| grants.grants(capability))?;
         }
         // A plugin granted subagents collects its children in the background
         // exactly when the host offers `run_in_background` (see

@@ -316,7 +316,7 @@ async fn a_file_plugin_runs_children_only_through_its_configuration_grant() {
     let error = format!("{:#}", host_from_config(&ungranted, Path::new(".")).await.err().expect("refused at load"));
     assert!(
         error.contains(
-            "imports `taskhost:producer/subagents@0.2.1`, which its configuration does not grant: add \
+            "imports `taskhost:producer/subagents@0.2.2`, which its configuration does not grant: add \
                         [producer.grants.subagents]"
         ),
         "{error}"
