@@ -31,6 +31,7 @@ pub mod cli;
 pub mod config;
 pub mod http_client;
 pub mod mcp;
+pub mod outbound;
 pub mod plugin;
 pub mod reload;
 pub mod setup;

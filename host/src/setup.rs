@@ -39,7 +39,7 @@ use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
 use crate::plugin::engine::open_cache_in;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
-use crate::plugin::resources::ProcessCapability;
+use crate::plugin::resources::{HttpCapability, ProcessCapability};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
 use crate::state::trust::{FileKind, TrustPolicy};
@@ -148,6 +148,7 @@ struct WasmPlan {
     config_json: String,
     subagents: Option<Subagents>,
     process: Option<ProcessCapability>,
+    http: Option<HttpCapability>,
 }
 
 impl WasmPlan {
@@ -212,6 +213,13 @@ impl WasmPlan {
             }
             None => None,
         };
+        // Checked now, once: origins, methods, bounds; credentials read.
+        let http = match &grants.http {
+            Some(grant) => {
+                Some(HttpCapability::new(grant.check_at_load(base_dir).with_context(|| tool_context(config))?)?)
+            }
+            None => None,
+        };
         Ok(Some(Self {
             tool: tool_context(config),
             name,
@@ -222,6 +230,7 @@ impl WasmPlan {
             config_json,
             subagents,
             process,
+            http,
         }))
     }
 
@@ -240,6 +249,9 @@ impl WasmPlan {
         }
         if let Some(process) = self.process {
             producer = producer.with_process(process);
+        }
+        if let Some(http) = self.http {
+            producer = producer.with_http(http);
         }
         Ok(Arc::new(producer))
     }
