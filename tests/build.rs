@@ -7,7 +7,7 @@ use std::path::Path;
 use std::{env, fs};
 
 /// The fixture crates in `fixtures/`, each a component the tests load.
-const FIXTURES: &[&str] = &["misbehave", "ticker-next", "wrong-world", "contract-v0_1", "contract-v0_2_0"];
+const FIXTURES: &[&str] = &["misbehave", "ticker-next", "wrong-world", "contract-v0_1", "contract-v0_2_0", "http-get"];
 
 fn main() {
     let artifacts = taskhost_build_support::build_guests(

@@ -180,6 +180,8 @@ pub struct Grants {
     pub process: Option<taskhost_process::ProcessGrant>,
     /// `[producer.grants.subagents]`: start child agent runs (the `subagents` capability).
     pub subagents: Option<crate::subagents::SubagentsGrant>,
+    /// `[producer.grants.http]`: outbound HTTP to the origins it lists (`wasi:http`).
+    pub http: Option<crate::outbound::grant::HttpGrant>,
 }
 
 impl Grants {
@@ -193,6 +195,7 @@ impl Grants {
     pub fn grants(&self, capability: crate::plugin::preflight::GatedCapability) -> bool {
         match capability {
             crate::plugin::preflight::GatedCapability::Subagents => self.subagents.is_some(),
+            crate::plugin::preflight::GatedCapability::Http => self.http.is_some(),
         }
     }
 }

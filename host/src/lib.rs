@@ -32,6 +32,7 @@ pub mod config;
 pub mod durable_tasks;
 pub mod http_client;
 pub mod mcp;
+pub mod outbound;
 pub mod plugin;
 pub mod reload;
 pub mod setup;

@@ -39,7 +39,7 @@ use crate::plugin::cache::{CompileCache, Lookup, descriptor_key};
 use crate::plugin::component::content_hash;
 use crate::plugin::engine::open_cache_in;
 use crate::plugin::producer::{LoadGate, LoadingProducer, descriptor_from_json, descriptor_to_json};
-use crate::plugin::resources::{DurableTrees, ProcessCapability};
+use crate::plugin::resources::{DurableTrees, HttpCapability, ProcessCapability};
 use crate::plugin::{PluginEngine, PluginRuntimeConfig, WasmProducer};
 use crate::reload::ReloadablePlugin;
 use crate::state::trust::{FileKind, TrustPolicy};
@@ -149,6 +149,7 @@ struct WasmPlan {
     subagents: Option<Subagents>,
     process: Option<ProcessCapability>,
     durable_trees: Option<DurableTrees>,
+    http: Option<HttpCapability>,
 }
 
 impl WasmPlan {
@@ -213,6 +214,13 @@ impl WasmPlan {
             }
             None => None,
         };
+        // Checked now, once: origins, methods, bounds; credentials read.
+        let http = match &grants.http {
+            Some(grant) => {
+                Some(HttpCapability::new(grant.check_at_load(base_dir).with_context(|| tool_context(config))?)?)
+            }
+            None => None,
+        };
         Ok(Some(Self {
             tool: tool_context(config),
             name,
@@ -224,6 +232,7 @@ impl WasmPlan {
             subagents,
             durable_trees: process.as_ref().and(runtime.durable_trees.clone()),
             process,
+            http,
         }))
     }
 
@@ -245,6 +254,9 @@ impl WasmPlan {
         }
         if let Some(trees) = self.durable_trees {
             producer = producer.with_durable_trees(trees);
+        }
+        if let Some(http) = self.http {
+            producer = producer.with_http(http);
         }
         Ok(Arc::new(producer))
     }

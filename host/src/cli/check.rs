@@ -60,6 +60,13 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
             }
         };
         let started = Instant::now();
+        // A capability it imports but is not granted first: the grant to add
+        // (a ComponentizeJS component importing wasi:http by default among them).
+        if let Some(imports) = crate::plugin::preflight::imports_of(&bytes) {
+            let grants = entry.effective_grants()?;
+            crate::plugin::preflight::check_grants(&imports, |capability| grants.grants(capability))
+                .map_err(|err| err.context(format!("plugin {}", path.display())))?;
+        }
         let checked = preflight(&bytes).map_err(|err| err.context(format!("plugin {}", path.display())))?;
         let took = started.elapsed();
         match checked {
@@ -72,10 +79,6 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
                 )?;
                 let imports = if found.imports.is_empty() { "none".to_string() } else { found.imports.join(", ") };
                 outln!("imports: {imports}")?;
-                // A capability it imports but is not granted: the grant to add.
-                let grants = entry.effective_grants()?;
-                crate::plugin::preflight::check_grants(&found.imports, |capability| grants.grants(capability))
-                    .map_err(|err| err.context(format!("plugin {}", path.display())))?;
             }
             None => outln!("contract: {} could not be decoded; compiling it will say why", path.display())?,
         }

@@ -524,7 +524,8 @@ taskhost call {name}.wasm '{"count": 3}' --background
 `wit/` is the contract of the taskhost that created this directory
 (`taskhost:producer@0.1.0`); `src/index.js` implements it. The build
 disables `http` and `fetch-event` (`-d http -d fetch-event`): taskhost
-grants no `wasi:http` and refuses a component that imports it.
+serves `wasi:http` only to a plugin granted `[producer.grants.http]`, and
+refuses a component that imports it without the grant.
 
 ComponentizeJS output differs on every build of the same source, so every
 rebuild is a new plugin version to taskhost (and compiled afresh).

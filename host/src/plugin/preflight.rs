@@ -205,6 +205,8 @@ pub const GATED_AT_LOAD_SINCE: &str = "0.2.2";
 pub enum GatedCapability {
     /// `taskhost:producer/subagents`: start child agent runs.
     Subagents,
+    /// `wasi:http` (0.2.x): outbound HTTP requests.
+    Http,
 }
 
 impl GatedCapability {
@@ -222,6 +224,7 @@ impl GatedCapability {
             .is_some_and(|version| version < semver::Version::parse(GATED_AT_LOAD_SINCE).expect("a version"));
         match (name.namespace, name.package, name.interface) {
             ("taskhost", "producer", Some("subagents")) if !before_gate => Some(Self::Subagents),
+            ("wasi", "http", _) => Some(Self::Http),
             _ => None,
         }
     }
@@ -230,6 +233,7 @@ impl GatedCapability {
     pub fn grant_table(self) -> &'static str {
         match self {
             Self::Subagents => "[producer.grants.subagents]",
+            Self::Http => "[producer.grants.http]",
         }
     }
 
@@ -237,6 +241,11 @@ impl GatedCapability {
     fn hint(self) -> &'static str {
         match self {
             Self::Subagents => "with the backends it may use, e.g. `grants.subagents = { backends = [\"claude\"] }`",
+            Self::Http => {
+                "with the origins it may reach, e.g. `grants.http = { origins = [\"https://api.example.com\"] }`; \
+                 a component that does not mean to use HTTP should not import it (ComponentizeJS adds it by \
+                 default: build with `-d http -d fetch-event`)"
+            }
         }
     }
 }
@@ -299,11 +308,18 @@ fn import_problem(full: &str) -> Option<String> {
         ));
     };
     match (name.namespace, name.package) {
-        ("wasi", "http") => Some(format!(
-            "the component imports `{full}`, but a plugin has no HTTP access (taskhost does not provide \
-             wasi:http). ComponentizeJS adds it by default: build with `-d http -d fetch-event` \
-             (`jco componentize ... -d http -d fetch-event`); otherwise remove what uses HTTP"
-        )),
+        ("wasi", "http") => match (name.interface, name.version) {
+            (Some("outgoing-handler" | "types"), Some(version)) if in_series(version, WASI_SERIES) => None,
+            (Some("incoming-handler"), _) => Some(format!(
+                "the component imports `{full}`: a plugin may make requests (`wasi:http/outgoing-handler`, \
+                 with [producer.grants.http]) but serves none"
+            )),
+            _ => Some(format!(
+                "the component imports `{full}` ({}); this host serves wasi:http/outgoing-handler and \
+                 wasi:http/types at {WASI_SERIES}.x",
+                name.package_id()
+            )),
+        },
         ("wasi", package) if WASI_PACKAGES.contains(&package) => match name.version {
             Some(version) if in_series(version, WASI_SERIES) => None,
             _ => Some(format!(
@@ -454,8 +470,18 @@ mod tests {
         assert_eq!(import_problem("wasi:clocks/monotonic-clock@0.2.12"), None);
         assert_eq!(import_problem("taskhost:producer/host-log@0.1.0"), None);
         assert_eq!(import_problem("taskhost:producer/process@0.2.0"), None);
-        let http = import_problem("wasi:http/types@0.2.3").unwrap();
-        assert!(http.contains("`wasi:http/types@0.2.3`") && http.contains("-d http -d fetch-event"), "{http}");
+        // wasi:http is served (to a plugin granted it: [`check_grants`]).
+        assert_eq!(import_problem("wasi:http/types@0.2.3"), None);
+        assert_eq!(import_problem("wasi:http/outgoing-handler@0.2.12"), None);
+        let http_p3 = import_problem("wasi:http/types@0.3.0").unwrap();
+        assert!(http_p3.contains("wasi:http/types at 0.2.x"), "{http_p3}");
+        let serve = import_problem("wasi:http/incoming-handler@0.2.0").unwrap();
+        assert!(serve.contains("serves none"), "{serve}");
+        let refused = format!("{:#}", check_grants(&["wasi:http/types@0.2.3".into()], |_| false).unwrap_err());
+        assert!(
+            refused.contains("add [producer.grants.http]") && refused.contains("-d http -d fetch-event"),
+            "{refused}"
+        );
         let p3 = import_problem("wasi:io/poll@0.3.0").unwrap();
         assert!(p3.contains("this host speaks WASI 0.2.x"), "{p3}");
         let other = import_problem("acme:kv/store@1.0.0").unwrap();

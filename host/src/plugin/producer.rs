@@ -41,7 +41,7 @@ use super::driver::{self, TaskParts};
 use super::fault;
 use super::state::StoreState;
 use super::versions::Guest;
-use crate::plugin::resources::{DurableTrees, ProcessCapability};
+use crate::plugin::resources::{DurableTrees, HttpCapability, ProcessCapability};
 use taskhost_core::producer::{Descriptor, PreparedRun, Producer, RunMode, runner};
 
 /// A producer backed by a wasm plugin.
@@ -54,6 +54,8 @@ pub struct WasmProducer {
     subagents: Option<crate::subagents::Subagents>,
     /// Where a stable owner's handed-over trees are made durable.
     durable_trees: Option<DurableTrees>,
+    /// The `http` capability given to every task store of this instance.
+    http: Option<HttpCapability>,
     /// Held for a whole reload, so two reloads cannot interleave their
     /// describe, kind check and swap (the later one would compare against a
     /// stale "old" version, and sequence numbers could go backwards).
@@ -154,12 +156,19 @@ impl WasmProducer {
             process: None,
             subagents: None,
             durable_trees: None,
+            http: None,
         })
     }
 
     /// Grants this instance's tasks the `subagents` capability.
     pub fn with_subagents(mut self, subagents: crate::subagents::Subagents) -> Self {
         self.subagents = Some(subagents);
+        self
+    }
+
+    /// Grants this instance's tasks outbound HTTP (`wasi:http`) within its grant.
+    pub fn with_http(mut self, http: HttpCapability) -> Self {
+        self.http = Some(http);
         self
     }
 
@@ -177,6 +186,7 @@ impl WasmProducer {
         // A new version may not start importing what this instance is not granted.
         super::preflight::check_grants(version.imports(), |capability| match capability {
             super::preflight::GatedCapability::Subagents => self.subagents.is_some(),
+            super::preflight::GatedCapability::Http => self.http.is_some(),
         })
         .with_context(|| format!("the new version {} cannot replace the serving one", version.version()))?;
         let descriptor = Arc::new(
@@ -383,6 +393,9 @@ impl Producer for WasmProducer {
         }
         if let Some(subagents) = &self.subagents {
             store.data_mut().grant_subagents(subagents.clone());
+        }
+        if let Some(http) = &self.http {
+            store.data_mut().grant_http(http.clone());
         }
         let clock = fault::arm(&mut store, deadline);
         let label = match fault::bounded(&clock, guest.label(&mut store, &config, &args_json)).await {

@@ -4,6 +4,13 @@
 //! [`super::host::subagents`]; this module does not depend on the bindings, so the
 //! bindings can name these types.
 //!
+//! ## http
+//! Each store holds an [`HttpCtx`]: wasmtime-wasi-http's context and the
+//! [`HttpHooks`] its `send_request` goes through (the grant of the plugin
+//! instance, or none, and the count of requests this store sent). The
+//! `wasi:http` resources themselves are wasmtime-wasi-http's, in the
+//! store's table.
+//!
 //! ## process
 //! Model: each store holds a [`ProcessCtx`]: the grant of its plugin
 //! instance (or none), a count of the processes the guest holds, and the
@@ -240,5 +247,60 @@ impl wasmtime_wasi::p2::Pollable for RunResource {
                 () = self.run.released() => {}
             }
         }
+    }
+}
+
+/// The `http` capability of one plugin instance: its checked grant and the
+/// client whose resolver checks every address it connects to.
+#[derive(Clone, Debug)]
+pub struct HttpCapability {
+    pub grant: Arc<crate::outbound::grant::CheckedHttpGrant>,
+    pub client: reqwest::Client,
+}
+
+impl HttpCapability {
+    /// The capability for `grant`: a client that follows no redirect (the
+    /// guest's next request is checked again), uses no proxy from the
+    /// environment, and resolves names through the grant's guard.
+    pub fn new(grant: crate::outbound::grant::CheckedHttpGrant) -> anyhow::Result<Self> {
+        let grant = Arc::new(grant);
+        let client = crate::http_client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(crate::outbound::guard::GuardedResolver { grant: grant.clone() }))
+            .connect_timeout(grant.request_timeout)
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the plugin's HTTP client: {e}"))?;
+        Ok(Self { grant, client })
+    }
+}
+
+/// The hooks of one store's `wasi:http`: who it is, what it is granted,
+/// how many requests it sent.
+#[derive(Debug)]
+pub struct HttpHooks {
+    pub(crate) capability: Option<HttpCapability>,
+    pub(crate) requests: u64,
+    pub(crate) plugin: Arc<str>,
+}
+
+/// The `wasi:http` state of one store.
+pub struct HttpCtx {
+    pub(crate) wasi: wasmtime_wasi_http::WasiHttpCtx,
+    pub(crate) hooks: HttpHooks,
+}
+
+impl HttpCtx {
+    /// A store's state, refusing every request until granted.
+    pub fn new(plugin: Arc<str>) -> Self {
+        Self {
+            wasi: wasmtime_wasi_http::WasiHttpCtx::new(),
+            hooks: HttpHooks { capability: None, requests: 0, plugin },
+        }
+    }
+
+    /// Grants this store the capability.
+    pub fn grant(&mut self, capability: HttpCapability) {
+        self.hooks.capability = Some(capability);
     }
 }

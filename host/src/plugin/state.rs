@@ -13,7 +13,7 @@
 //!   plugin, and the tail of stderr is kept to explain a trap. Each
 //!   `host-log` message is cut to `bounds::MAX_LOG_LINE_BYTES` with a notice.
 //! - Every host import a plugin can see is added in
-//!   [`super::host::linker`]; a capability (process, subagents) keeps its
+//!   [`super::host::linker`]; a capability (process, subagents, http) keeps its
 //!   per-store state in [`StoreState`] and is implemented on a view of it.
 //! - Memory growth beyond the cap is refused (the guest sees an allocation
 //!   failure) and remembered, so the resulting fault names the limit.
@@ -28,7 +28,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::clock::CallClock;
 use super::engine::PluginEngine;
-use super::resources::ProcessCtx;
+use super::resources::{HttpCapability, HttpCtx, ProcessCtx};
 use crate::subagents::Subagents;
 
 /// Names a store in logs and fault details.
@@ -59,6 +59,8 @@ pub struct StoreState {
     pub(super) process: ProcessCtx,
     /// The `subagents` grant: None refuses `subagents.start`.
     pub(super) subagents: Option<Subagents>,
+    /// `wasi:http`: every request refused unless granted.
+    pub(super) http: HttpCtx,
 }
 
 impl StoreState {
@@ -79,12 +81,13 @@ impl StoreState {
                 memory_cap: usize::try_from(engine.config().memory_limit_bytes).unwrap_or(usize::MAX),
                 memory_limit_hit: false,
             },
-            tag,
             clock: Arc::default(),
             deadline_hit: false,
             stderr_tail,
             process: ProcessCtx::default(),
             subagents: None,
+            http: HttpCtx::new(tag.plugin.clone()),
+            tag,
         }
     }
 
@@ -125,6 +128,11 @@ impl StoreState {
     /// Grants this store the `subagents` capability.
     pub fn grant_subagents(&mut self, subagents: Subagents) {
         self.subagents = Some(subagents);
+    }
+
+    /// Grants this store the `http` capability (`wasi:http/outgoing-handler`).
+    pub fn grant_http(&mut self, capability: HttpCapability) {
+        self.http.grant(capability);
     }
 
     /// The store's resource table (where guest-returned pollables live).

@@ -91,8 +91,10 @@ fn check_names_each_author_mistake_and_what_to_change() {
         (
             "componentize-js-default",
             r#"(component (import "wasi:http/types@0.2.3" (instance (export "f" (func)))))"#.to_string(),
-            "the component imports `wasi:http/types@0.2.3`, but a plugin has no HTTP access (taskhost does not \
-             provide wasi:http). ComponentizeJS adds it by default: build with `-d http -d fetch-event`",
+            "it imports `wasi:http/types@0.2.3`, which its configuration does not grant: add \
+             [producer.grants.http] to its [[producer]] entry (with the origins it may reach, e.g. \
+             `grants.http = { origins = [\"https://api.example.com\"] }`; a component that does not mean to use \
+             HTTP should not import it (ComponentizeJS adds it by default: build with `-d http -d fetch-event`))",
         ),
         (
             "wasi-0.3",
@@ -132,11 +134,11 @@ fn check_names_each_author_mistake_and_what_to_change() {
         (
             "two-problems",
             r#"(component
-                 (import "wasi:http/types@0.2.3" (instance))
+                 (import "wasi:io/poll@0.3.0" (instance))
                  (import "acme:kv/store@1.0.0" (instance)))"#
                 .to_string(),
             "the component does not fit the taskhost `plugin` world (3 problems):\n- the component imports \
-             `wasi:http/types@0.2.3`",
+             `wasi:io/poll@0.3.0`",
         ),
         (
             "core-module",

@@ -12,6 +12,7 @@ mod contract_versions;
 mod control_tools;
 mod docs_config;
 mod grant_programs;
+mod http;
 mod plugin_bounds;
 mod plugin_errors;
 mod polyglot;

@@ -5,6 +5,7 @@
 //! - [`log`]: `host-log`, into `tracing`.
 //! - [`process`]: the `process` capability (the `taskhost-process` crate).
 //! - [`subagents`]: the `subagents` capability ([`crate::subagents`]).
+//! - [`http`]: `wasi:http` (wasmtime-wasi-http), checked by [`crate::outbound`].
 //! - [`v0_1`]: the same three at the frozen contract 0.1.0, delegating to
 //!   the modules above (the linker holds both versions side by side).
 //!
@@ -21,6 +22,7 @@
 //! `add_to_linker`, its per-store state in [`StoreState`], one line in
 //! [`linker`], and its name in [`PROVIDED_IMPORTS`].
 
+pub mod http;
 pub mod log;
 pub mod process;
 pub mod subagents;
@@ -53,6 +55,14 @@ fn subagents_view(state: &mut StoreState) -> subagents::SubagentsView<'_> {
     }
 }
 
+fn http_view(state: &mut StoreState) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+    wasmtime_wasi_http::WasiHttpCtxView {
+        ctx: &mut state.http.wasi,
+        table: &mut state.table,
+        hooks: &mut state.http.hooks,
+    }
+}
+
 /// Assembles every host import a plugin may use: WASI 0.2 (sandboxed by the
 /// context in [`StoreState`]), `taskhost:producer/host-log` and the
 /// `subagents` capability (refused unless the store was granted it). Capabilities
@@ -63,13 +73,15 @@ pub fn linker(engine: &PluginEngine) -> anyhow::Result<Linker<StoreState>> {
     log::add_to_linker(&mut linker, log_view)?;
     process::add_to_linker(&mut linker, process_view)?;
     subagents::add_to_linker(&mut linker, subagents_view)?;
+    http::add_to_linker(&mut linker, http_view)?;
     v0_1::add_to_linker(&mut linker, log_view, process_view, subagents_view)?;
     Ok(linker)
 }
 
 /// The interfaces [`linker`] provides, for error messages.
 pub const PROVIDED_IMPORTS: &str = "wasi:io, wasi:clocks, wasi:random, wasi:cli (no env, args or stdin), \
-     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, taskhost:producer/host-log@0.2.2, \
+     wasi:filesystem (no preopens), wasi:sockets (all denied) at 0.2.x, wasi:http/outgoing-handler and \
+     wasi:http/types at 0.2.x (only with [producer.grants.http]), taskhost:producer/host-log@0.2.2, \
      taskhost:producer/process@0.2.2 and taskhost:producer/subagents@0.2.2 (both refused unless granted), \
      and the same three at the previous contract (taskhost:producer/host-log@0.1.0, \
      taskhost:producer/process@0.1.0, taskhost:producer/subagents@0.1.0)";
