@@ -10,6 +10,7 @@ mod dashboard;
 mod dev_watch;
 mod durable;
 mod http_limits;
+mod http_wait;
 mod mcp_ext_tasks;
 mod mcp_http;
 mod mcp_input;

@@ -68,6 +68,12 @@ pub mod output;
 pub mod schema;
 pub mod time;
 pub mod typed;
+#[cfg(feature = "wasip2")]
+mod wasip2_bridge;
+/// The standard WASI 0.2 bindings (feature `wasip2`): `wasi:http` and the
+/// rest, whose pollables convert into [`Pollable`] with `.into()`.
+#[cfg(feature = "wasip2")]
+pub use wasip2;
 
 /// Registers a type implementing [`Guest`] as the plugin's `producer` export.
 ///

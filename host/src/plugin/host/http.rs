@@ -10,7 +10,11 @@
 //! happened and what grants it, for the guest to show the model. A
 //! credential of the origin replaces any header of the same name the guest
 //! set. Redirects are not followed: the guest's next request is checked
-//! again.
+//! again. The guest's `request-options` may shorten the wait for the
+//! response (`first-byte-timeout`) and between body chunks
+//! (`between-bytes-timeout`), never lengthen it past the grant's
+//! `request_timeout_ms`; a wait it shortened ends in
+//! `connection-read-timeout`, the standard code.
 
 use std::future::Future;
 
@@ -76,7 +80,7 @@ impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,
-        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
         _fut: Sent,
     ) -> Sending {
         let admitted = self.admit(&request);
@@ -84,7 +88,7 @@ impl WasiHttpHooks for HttpHooks {
         Box::new(async move {
             let (capability, target) = admitted?;
             tracing::debug!(plugin = &*plugin, origin = %target, method = %request.method(), "plugin HTTP request");
-            let response = send(&capability, &target, request).await?;
+            let response = send(&capability, &target, request, options.unwrap_or_default()).await?;
             Ok((response, Box::new(async { Ok(()) }) as Sent))
         })
     }
@@ -96,6 +100,7 @@ async fn send(
     capability: &HttpCapability,
     target: &Target,
     request: http::Request<WasiBody>,
+    options: wasmtime_wasi_http::RequestOptions,
 ) -> Result<http::Response<WasiBody>, Error> {
     let grant = &capability.grant;
     let (parts, body) = request.into_parts();
@@ -122,9 +127,10 @@ async fn send(
     let deadline = tokio::time::Instant::now() + grant.request_timeout;
     let timeout = grant.request_timeout;
     let sent = capability.client.request(parts.method, &url).headers(headers).body(body).timeout(timeout).send();
-    let response = tokio::time::timeout_at(deadline, sent)
+    let first_byte = GuestWait::new(deadline, options.first_byte_timeout);
+    let response = tokio::time::timeout_at(first_byte.until(), sent)
         .await
-        .map_err(|_| timed_out(target, timeout))?
+        .map_err(|_| first_byte.expired(target, timeout))?
         .map_err(|e| failed(target, timeout, &e))?;
 
     let header_bytes: u64 = response.headers().iter().map(|(k, v)| (k.as_str().len() + v.len()) as u64).sum();
@@ -150,8 +156,9 @@ async fn send(
             if done {
                 return None;
             }
-            let chunk = match tokio::time::timeout_at(deadline, response.chunk()).await {
-                Err(_) => Err(timed_out(&target, timeout)),
+            let between_bytes = GuestWait::new(deadline, options.between_bytes_timeout);
+            let chunk = match tokio::time::timeout_at(between_bytes.until(), response.chunk()).await {
+                Err(_) => Err(between_bytes.expired(&target, timeout)),
                 Ok(Err(e)) => Err(failed(&target, timeout, &e)),
                 Ok(Ok(None)) => return None,
                 Ok(Ok(Some(chunk))) => Ok(chunk),
@@ -171,6 +178,35 @@ async fn send(
     });
     let body: WasiBody = http_body_util::StreamBody::new(chunks).boxed_unsync();
     builder.body(body).map_err(|e| refused(format!("the response from {}: {e}", parts.uri)))
+}
+
+/// One wait of a request: until the grant's deadline, or sooner if the
+/// guest asked for less.
+struct GuestWait {
+    grant_deadline: tokio::time::Instant,
+    guest_deadline: Option<tokio::time::Instant>,
+}
+
+impl GuestWait {
+    fn new(grant_deadline: tokio::time::Instant, guest_timeout: Option<std::time::Duration>) -> Self {
+        let guest_deadline = guest_timeout
+            .and_then(|timeout| tokio::time::Instant::now().checked_add(timeout))
+            .filter(|at| *at < grant_deadline);
+        Self { grant_deadline, guest_deadline }
+    }
+
+    fn until(&self) -> tokio::time::Instant {
+        self.guest_deadline.unwrap_or(self.grant_deadline)
+    }
+
+    /// The error of a wait that ran out: the guest's own timeout is the
+    /// standard code; the grant's bound says which bound it was.
+    fn expired(&self, target: &Target, grant_timeout: std::time::Duration) -> Error {
+        match self.guest_deadline {
+            Some(_) => Error::ConnectionReadTimeout,
+            None => timed_out(target, grant_timeout),
+        }
+    }
 }
 
 fn over_body_bound(target: &Target, limit: u64) -> Error {
