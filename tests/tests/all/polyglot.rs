@@ -5,6 +5,9 @@
 //! through the real binary (`taskhost call … --background`, streamed and
 //! with `--wait`), and killed in-process through the task registry (the
 //! guest's `cancel` must end the task `killed` after the lines it emitted).
+//! And the Python twin of `http_wait` (`plugins/examples/python-http-wait`,
+//! the `http-plugin` world): granted a local server's origin by
+//! configuration, it polls through `wasi:http` until a JSON field holds.
 //!
 //! Invariants:
 //! - A missing toolchain FAILS every test here with a message that says to
@@ -45,11 +48,16 @@ struct Example {
     name: &'static str,
     /// The toolchain it needs, for the failure message.
     toolchain: &'static str,
+    /// It imports `wasi:http`, so it loads only with `[producer.grants.http]`.
+    http: bool,
     built: OnceLock<PathBuf>,
 }
 
-static PYTHON: Example = Example { name: "python-ticker", toolchain: "componentize-py", built: OnceLock::new() };
-static JS: Example = Example { name: "js-ticker", toolchain: "ComponentizeJS", built: OnceLock::new() };
+static PYTHON: Example =
+    Example { name: "python-ticker", toolchain: "componentize-py", http: false, built: OnceLock::new() };
+static JS: Example = Example { name: "js-ticker", toolchain: "ComponentizeJS", http: false, built: OnceLock::new() };
+static PYTHON_HTTP: Example =
+    Example { name: "python-http-wait", toolchain: "componentize-py", http: true, built: OnceLock::new() };
 
 /// `target/tmp/polyglot`: the build outputs and the compile cache.
 fn work_dir() -> PathBuf {
@@ -104,7 +112,8 @@ impl Example {
                 ),
                 _ => panic!("{} does not build: {build:?}\n{}", script.display(), text(&build.stderr)),
             }
-            let warm = taskhost(&["check", out.to_str().unwrap()]);
+            let target = if self.http { granted_config(&out, "http://127.0.0.1:1") } else { out.clone() };
+            let warm = taskhost(&["check", target.to_str().unwrap()]);
             assert_eq!(warm.status.code(), Some(0), "{warm:?}");
             out
         })
@@ -113,6 +122,19 @@ impl Example {
     fn path(&self) -> &str {
         self.wasm().to_str().unwrap()
     }
+}
+
+/// A configuration beside `wasm` serving it as the tool `wait`, granted HTTP
+/// to `origin` (outside the working directory of the `taskhost` runs, so it
+/// needs no `taskhost trust`).
+fn granted_config(wasm: &Path, origin: &str) -> PathBuf {
+    let config = wasm.with_extension(format!("{}.toml", origin.rsplit(':').next().unwrap()));
+    let text = format!(
+        "[[producer]]\ntool = \"wait\"\nplugin = {:?}\n[producer.grants.http]\norigins = [\"{origin}\"]\n",
+        wasm.file_name().unwrap().to_str().unwrap()
+    );
+    std::fs::write(&config, text).expect("write the configuration");
+    config
 }
 
 /// The tool definition both examples give, with their kind and language.
@@ -290,4 +312,64 @@ fn js_call_streams_lines_and_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn js_kill_cancels_the_task() {
     assert_kill(&JS).await;
+}
+
+/// The Python `http_wait` twin, granted a local API's origin, polls it
+/// through `wasi:http` until the JSON field holds: one line per poll, a
+/// `changed:` line when the field changes, `completed`. Without the grant it
+/// does not load, and `check` names the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_http_wait_polls_a_granted_url_until_the_field_holds() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // The field is "running" for the first two requests, then "success":
+    // the server's own count decides, so no timing is involved.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().route(
+        "/run",
+        axum::routing::get(move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move { axum::Json(json!({"state": if n < 2 { "running" } else { "success" }})) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let wasm = PYTHON_HTTP.wasm().to_path_buf();
+    let config = granted_config(&wasm, &format!("http://{addr}"));
+    let args = json!({
+        "url": format!("http://{addr}/run"), "json_pointer": "/state", "equals": "success",
+        "interval_ms": 100, "timeout_ms": 60000
+    })
+    .to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["call", config.to_str().unwrap(), &args, "--background"])
+        .env("XDG_CACHE_HOME", work_dir().join("xdg-cache"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run taskhost call");
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "started background python_http_wait task python_http_wait-1", "{stdout}");
+    assert!(
+        lines[1].starts_with("poll 1 at ") && lines[1].ends_with(r#"/state = "running", 19 bytes: not yet"#),
+        "{stdout}"
+    );
+    assert!(lines[2].starts_with("poll 2 at ") && lines[2].ends_with("not yet"), "{stdout}");
+    assert!(
+        lines[3].starts_with("poll 3 at ") && lines[3].ends_with(r#"/state = "success", 19 bytes: holds"#),
+        "{stdout}"
+    );
+    assert_eq!(lines[4], r#"changed: status 200, /state = "running" -> status 200, /state = "success""#, "{stdout}");
+    assert_eq!(lines[5..], ["[status: completed, condition held at poll 3]"], "{stdout}");
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+
+    // Not granted: refused at load, naming the grant.
+    let output = taskhost(&["check", wasm.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(text(&output.stderr).contains("add [producer.grants.http] to its [[producer]] entry"), "{output:?}");
 }
