@@ -276,6 +276,9 @@ pub(crate) struct Forked {
     pub pid: libc::pid_t,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// A durable K that listens only after it started (an exec'd one):
+    /// readable (a byte, or end of file if K died first) once it does.
+    pub listening: Option<OwnedFd>,
 }
 
 /// A close-on-exec pipe: (read end, write end).
@@ -460,7 +463,10 @@ impl ChildPlan {
                 libc::close(session_w.as_raw_fd());
                 let (out, err) = match &self.durable {
                     // K copies a durable tree's output into its logs.
-                    Some(durable) => (durable.stdout_w.as_raw_fd(), durable.stderr_w.as_raw_fd()),
+                    Some(durable) => (
+                        durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+                        durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+                    ),
                     None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
                 };
                 self.in_child(stdin.unwrap_or(self.devnull), out, err)
@@ -477,6 +483,6 @@ impl ChildPlan {
         while unsafe { libc::read(session_r.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) } < 0
             && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
         {}
-        Ok(Forked { pid, stdout, stderr })
+        Ok(Forked { pid, stdout, stderr, listening: None })
     }
 }

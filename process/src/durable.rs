@@ -97,7 +97,13 @@ pub struct DurableProcess {
     /// K is this process's child: reap it (in a thread, as it may outlive
     /// the handle).
     reap: bool,
+    /// An exec'd K that may not listen yet (see `confine::Forked::listening`):
+    /// waited for before the first request, then dropped.
+    listening: std::sync::Mutex<Option<OwnedFd>>,
 }
+
+/// How long a request waits for a fresh K to listen on its socket.
+const LISTEN_WAIT: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for DurableProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -141,14 +147,29 @@ fn log_name(stream: Stream) -> &'static str {
 }
 
 impl DurableProcess {
-    pub(crate) fn spawned(record: DurableRecord, pidfd: OwnedFd, stdin: Option<OwnedFd>) -> std::io::Result<Self> {
+    pub(crate) fn spawned(
+        record: DurableRecord,
+        pidfd: OwnedFd,
+        stdin: Option<OwnedFd>,
+        listening: Option<OwnedFd>,
+    ) -> std::io::Result<Self> {
         Ok(Self {
             record,
             // SAFETY: an OwnedFd stays open for as long as the AsyncFd owns it.
             pidfd: Some(unsafe { AsyncFd::register(pidfd) }.map_err(std::io::Error::from)?),
             stdin: std::sync::Mutex::new(stdin),
             reap: true,
+            listening: std::sync::Mutex::new(listening),
         })
+    }
+
+    /// Waits (at most [`LISTEN_WAIT`]) until a fresh K listens, or died.
+    fn await_listening(&self) {
+        let Some(listening) = self.listening.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let mut fd = libc::pollfd { fd: listening.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one descriptor we own; readable or hung up once K
+        // listened or ended. EINTR and a timeout alike end the wait.
+        unsafe { libc::poll(&mut fd, 1, LISTEN_WAIT.as_millis() as libc::c_int) };
     }
 
     /// Re-adopts the tree `record` names: checks K is the recorded process
@@ -159,7 +180,13 @@ impl DurableProcess {
     pub fn adopt(record: &DurableRecord) -> Result<Self, AdoptError> {
         let ended = |record: &DurableRecord| {
             if record.dir.join("status").exists() {
-                Ok(Self { record: record.clone(), pidfd: None, stdin: std::sync::Mutex::new(None), reap: false })
+                Ok(Self {
+                    record: record.clone(),
+                    pidfd: None,
+                    stdin: std::sync::Mutex::new(None),
+                    reap: false,
+                    listening: std::sync::Mutex::new(None),
+                })
             } else {
                 Err(AdoptError::Lost("its keeper is gone and left no exit status".into()))
             }
@@ -194,6 +221,7 @@ impl DurableProcess {
             pidfd: Some(unsafe { AsyncFd::register(pidfd) }.map_err(|e| AdoptError::Lost(e.to_string()))?),
             stdin: std::sync::Mutex::new(stdin),
             reap: false,
+            listening: std::sync::Mutex::new(None),
         })
     }
 
@@ -222,6 +250,7 @@ impl DurableProcess {
 
     /// Sends `command` and waits for K's one-byte acknowledgement.
     fn command(&self, command: Command) -> std::io::Result<()> {
+        self.await_listening();
         let mut conn = Self::request(&self.record, command).map_err(std::io::Error::other)?;
         let mut byte = [0u8; 1];
         match conn.read(&mut byte)? {

@@ -12,8 +12,13 @@
 //! Protocol (private to one binary, so unversioned): `argv` is `[exe,
 //! KEEPER_ARG, ns_flags, loopback, lifeline_fd, landlock_fd, seccomp,
 //! rlimit_nproc, rlimit_data, rlimit_nofile, rlimit_fsize, cgroups, paths...,
-//! mounts, mount entries..., cwd, program, "--", argv...]` (0 or -1 for
-//! "none"; mount entries as [`super::view::MountPlan::to_args`]); the
+//! mounts, mount entries..., durable, cwd, program, "--", argv...]` (0 or -1
+//! for "none"; mount entries as [`super::view::MountPlan::to_args`]; durable
+//! `-`, or `<deadline>:<log cap>:<stdin 0|1>` for a durable tree's K, whose
+//! duties' descriptors are [`DURABLE_FDS`] and whose secret is read from
+//! [`SECRET_FD`], never an argument another process could read; it listens
+//! on its socket itself, so that the socket's peer is K, and says so on
+//! [`LISTENING_FD`]); the
 //! environment is the command's; fds 0–2 are its stdin, stdout and stderr;
 //! it already leads a session of its own.
 //!
@@ -28,6 +33,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::confine::{Bounds, ChildPlan, ExecPlan, Forked};
+use super::plan::{DurablePlan, SECRET_BYTES};
 use super::view::MountPlan;
 
 pub mod zygote;
@@ -35,6 +41,25 @@ pub mod zygote;
 /// The first argument that makes a binary that called [`run_if_keeper`] a
 /// keeper.
 pub const KEEPER_ARG: &str = "--taskhost-process-keeper";
+
+/// Where an exec'd durable K finds its duties' descriptors, in the order of
+/// [`crate::plan::DurablePlan::fds`] (a missing stdin is left out).
+const DURABLE_FDS: [RawFd; 7] = [5, 6, 7, 8, 9, 10, 11];
+/// A pipe holding the durable K's secret, read once and closed.
+const SECRET_FD: RawFd = 12;
+/// A pipe the durable K writes a byte to once its socket listens (see
+/// [`Forked::listening`]).
+const LISTENING_FD: RawFd = 13;
+/// The lowest descriptor number no keeper target uses.
+const FIRST_FREE_FD: RawFd = 14;
+
+/// What a durable K's argument says besides its descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DurableArgs {
+    deadline: libc::time_t,
+    log_cap: u64,
+    stdin: bool,
+}
 
 static EXEC_KEEPER: AtomicBool = AtomicBool::new(false);
 
@@ -79,7 +104,13 @@ pub(crate) fn disable_exec_keeper(error: &io::Error) {
 }
 
 fn keeper_main(args: Vec<OsString>) -> ! {
-    match plan_from_args(&args, std::env::vars_os().collect()) {
+    let plan = plan_from_args(&args, std::env::vars_os().collect()).and_then(|(mut plan, durable)| {
+        if let Some(durable) = durable {
+            plan.durable = Some(take_up_durable(durable)?);
+        }
+        Ok(plan)
+    });
+    match plan {
         // SAFETY: a fresh, single-threaded process whose stdio and process
         // group `spawn` set up; `in_child` only ever execs or exits.
         Ok(plan) => unsafe { plan.in_child(0, 1, 2) },
@@ -90,11 +121,67 @@ fn keeper_main(args: Vec<OsString>) -> ! {
     }
 }
 
-/// Rebuilds the plan from [`plan_args`]' list and the command's environment.
+/// In a keeper about to become a durable tree's K (exec'd, or a warm
+/// keeper that received such a plan): its duties from the descriptors
+/// installed at [`DURABLE_FDS`], [`SECRET_FD`] and [`LISTENING_FD`]; it
+/// listens on its socket and says so.
+pub(crate) fn take_up_durable(args: DurableArgs) -> io::Result<DurablePlan> {
+    let durable = durable_plan(args)?;
+    // Listening here, not in the host: a client sees the process that
+    // called listen as the socket's peer, and must see K.
+    // SAFETY: listen on the bound socket K was handed.
+    if unsafe { libc::listen(durable.socket.as_raw_fd(), 8) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut listening = std::fs::File::from(present(LISTENING_FD)?);
+    std::io::Write::write_all(&mut listening, b"l")?;
+    Ok(durable)
+}
+
+/// A durable K's duties, from the descriptors installed for it and the
+/// secret in its pipe.
+fn durable_plan(args: DurableArgs) -> io::Result<DurablePlan> {
+    let [stdout, stderr, stdin, dir, stdout_log, stderr_log, socket] = DURABLE_FDS;
+    let mut secret = [0u8; SECRET_BYTES];
+    let mut pipe = std::fs::File::from(present(SECRET_FD)?);
+    std::io::Read::read_exact(&mut pipe, &mut secret)?;
+    drop(pipe);
+    Ok(DurablePlan {
+        stdout: present(stdout)?,
+        stderr: present(stderr)?,
+        stdout_w: None,
+        stderr_w: None,
+        stdin: {
+            let slot = present(stdin)?;
+            // Without a stdin pipe the slot holds /dev/null: closed here.
+            args.stdin.then_some(slot)
+        },
+        dir: present(dir)?,
+        stdout_log: present(stdout_log)?,
+        stderr_log: present(stderr_log)?,
+        socket: present(socket)?,
+        secret,
+        deadline: args.deadline,
+        log_cap: args.log_cap,
+    })
+}
+
+/// The descriptor [`spawn`] installed at `fd`, now owned here.
+fn present(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only inspects the descriptor.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("descriptor {fd} was not inherited")));
+    }
+    // SAFETY: the spawner installed it for us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Rebuilds the plan from [`plan_args`]' list and the command's
+/// environment, with a durable K's arguments if it is one.
 pub(crate) fn plan_from_args(
     args: &[OsString],
     env: std::collections::BTreeMap<OsString, OsString>,
-) -> io::Result<ChildPlan> {
+) -> io::Result<(ChildPlan, Option<DurableArgs>)> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("bad keeper argument: {what}"));
     let text = |i: usize| args.get(i).and_then(|a| a.to_str()).ok_or_else(|| bad("missing or not UTF-8"));
     let number = |i: usize| text(i)?.parse::<i32>().map_err(|_| bad("not a number"));
@@ -126,6 +213,22 @@ pub(crate) fn plan_from_args(
     } else {
         None
     };
+    let durable = match text(at)? {
+        "-" => None,
+        spec => {
+            let mut parts = spec.split(':');
+            let mut field = || parts.next().ok_or_else(|| bad("a short durable argument"));
+            let deadline = field()?.parse::<libc::time_t>().map_err(|_| bad("the durable deadline"))?;
+            let log_cap = field()?.parse::<u64>().map_err(|_| bad("the durable log cap"))?;
+            let stdin = match field()? {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad("the durable stdin flag")),
+            };
+            Some(DurableArgs { deadline, log_cap, stdin })
+        }
+    };
+    at += 1;
     let cwd = args.get(at).ok_or_else(|| bad("no working directory"))?;
     let program = args.get(at + 1).ok_or_else(|| bad("no program"))?;
     if args.get(at + 2).is_none_or(|a| a != "--") {
@@ -141,7 +244,18 @@ pub(crate) fn plan_from_args(
     }
     // SAFETY: the spawner passed these descriptors to us; nothing else owns them.
     let landlock = (landlock >= 0).then(|| unsafe { OwnedFd::from_raw_fd(landlock) });
-    ChildPlan::for_keeper(ns_flags, loopback_up, mounts, landlock, seccomp, lifeline, cwd.as_bytes(), exec, bounds)
+    let plan = ChildPlan::for_keeper(
+        ns_flags,
+        loopback_up,
+        mounts,
+        landlock,
+        seccomp,
+        lifeline,
+        cwd.as_bytes(),
+        exec,
+        bounds,
+    )?;
+    Ok((plan, durable))
 }
 
 /// The keeper's arguments after [`KEEPER_ARG`] (see the module doc), with
@@ -166,6 +280,11 @@ pub(crate) fn plan_args(plan: &ChildPlan, lifeline: RawFd, landlock: RawFd) -> V
     argv.extend(plan.bounds.cgroup_procs.iter().cloned());
     argv.push(CString::new(mount_args.as_ref().map_or(-1, |m| m.len() as i64).to_string()).expect("digits"));
     argv.extend(mount_args.into_iter().flatten());
+    let durable = match &plan.durable {
+        None => "-".to_owned(),
+        Some(d) => format!("{}:{}:{}", d.deadline, d.log_cap, u8::from(d.stdin.is_some())),
+    };
+    argv.push(CString::new(durable).expect("digits"));
     argv.extend([plan.cwd.clone(), plan.exec.path.clone(), c"--".into()]);
     argv.extend(plan.exec.argv.iter().cloned());
     argv
@@ -174,38 +293,134 @@ pub(crate) fn plan_args(plan: &ChildPlan, lifeline: RawFd, landlock: RawFd) -> V
 /// Starts K as `/proc/self/exe` in keeper mode (see the module doc); returns
 /// once its `exec` succeeded. `stdin`: the read end of the tree's stdin pipe,
 /// or `None` for `/dev/null`.
+///
+/// A durable tree's K (`plan.durable`) gets the tree's stdout and stderr
+/// (the pipes it copies into the logs), its duties' descriptors at
+/// [`DURABLE_FDS`], its secret through a pipe at [`SECRET_FD`], no
+/// lifeline, and [`LISTENING_FD`], whose other end is
+/// [`Forked::listening`].
 pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
     let (stdout, stdout_w) = super::confine::pipe()?;
     let (stderr, stderr_w) = super::confine::pipe()?;
-    let lifeline_target = 3;
+    let lifeline_target = if plan.durable.is_some() { -1 } else { 3 };
     let landlock_target = if plan.landlock.is_some() { 4 } else { -1 };
     let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
     argv.extend(plan_args(plan, lifeline_target, landlock_target));
-    let mut dups = vec![
-        (stdin.unwrap_or(plan.devnull), 0),
-        (stdout_w.as_raw_fd(), 1),
-        (stderr_w.as_raw_fd(), 2),
-        (plan.lifeline, lifeline_target),
-    ];
+    let (tree_out, tree_err) = match &plan.durable {
+        Some(durable) => (
+            durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+            durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+        ),
+        None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
+    };
+    let mut dups = vec![(stdin.unwrap_or(plan.devnull), 0), (tree_out, 1), (tree_err, 2)];
+    if lifeline_target >= 0 {
+        dups.push((plan.lifeline, lifeline_target));
+    }
     dups.extend(plan.landlock.as_ref().map(|fd| (fd.as_raw_fd(), landlock_target)));
+    let handover = plan.durable.as_ref().map(DurableHandover::new).transpose()?;
+    if let Some(handover) = &handover {
+        let targets = DURABLE_FDS.into_iter().chain([SECRET_FD, LISTENING_FD]);
+        dups.extend(handover.sent_fds(plan.devnull).into_iter().zip(targets));
+    }
     let pid = spawn_self(&argv, &plan.exec.envp_ptrs, &dups);
-    // Our copies of the write ends close here: only the tree holds them.
+    // Our copies of the write ends close here: only the tree (and K) hold them.
     drop((stdout_w, stderr_w));
-    Ok(Forked { pid: pid?, stdout, stderr })
+    Ok(Forked { pid: pid?, stdout, stderr, listening: handover.map(|h| h.listening) })
+}
+
+/// What a durable K is handed besides its plan's arguments: its duties'
+/// descriptors, its secret in a pipe, and the write end of the pipe it says
+/// it listens on (the host keeps the read end, [`Forked::listening`]).
+pub(crate) struct DurableHandover {
+    duties: [RawFd; 7],
+    secret: OwnedFd,
+    listening: OwnedFd,
+    listening_w: OwnedFd,
+}
+
+impl DurableHandover {
+    pub(crate) fn new(durable: &DurablePlan) -> io::Result<Self> {
+        // 32 bytes fit a pipe's buffer: written whole before K reads it.
+        let (secret, secret_w) = super::confine::pipe()?;
+        std::io::Write::write_all(&mut std::fs::File::from(secret_w), &durable.secret)?;
+        let (listening, listening_w) = super::confine::pipe()?;
+        Ok(Self { duties: durable.fds(), secret, listening, listening_w })
+    }
+
+    /// The descriptors K gets, in the order of [`DURABLE_FDS`] then
+    /// [`SECRET_FD`] and [`LISTENING_FD`]; a missing stdin's slot holds
+    /// `devnull` (K closes it), so every K gets all nine.
+    pub(crate) fn sent_fds(&self, devnull: RawFd) -> [RawFd; 9] {
+        let mut fds = [devnull; 9];
+        for (slot, fd) in fds.iter_mut().zip(self.duties) {
+            if fd >= 0 {
+                *slot = fd;
+            }
+        }
+        fds[7] = self.secret.as_raw_fd();
+        fds[8] = self.listening_w.as_raw_fd();
+        fds
+    }
+
+    /// The host's end: readable once K listens.
+    pub(crate) fn into_listening(self) -> OwnedFd {
+        self.listening
+    }
+}
+
+/// In a warm keeper: every received descriptor moved to a number above
+/// every target ([`FIRST_FREE_FD`] and up), so installing one onto a target
+/// never closes another (a received ruleset or pipe may sit on 5..=13).
+pub(crate) fn above_all_targets(received: &[RawFd]) -> io::Result<Vec<RawFd>> {
+    received
+        .iter()
+        .map(|&fd| {
+            // SAFETY: F_DUPFD_CLOEXEC returns a fresh descriptor; `fd` is
+            // ours and closed once copied.
+            unsafe {
+                let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, FIRST_FREE_FD);
+                if moved < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(moved)
+            }
+        })
+        .collect()
+}
+
+/// In a warm keeper that received a durable plan: the nine descriptors of
+/// [`DurableHandover::sent_fds`] (already above the targets, see
+/// [`above_all_targets`]) installed at [`DURABLE_FDS`], [`SECRET_FD`] and
+/// [`LISTENING_FD`].
+pub(crate) fn install_received(duties: &[RawFd]) -> io::Result<()> {
+    let targets = DURABLE_FDS.into_iter().chain([SECRET_FD, LISTENING_FD]);
+    for (fd, target) in duties.iter().copied().zip(targets) {
+        // SAFETY: dup2 of a descriptor we own onto a free target number,
+        // then the copy is closed.
+        unsafe {
+            if libc::dup2(fd, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(fd);
+        }
+    }
+    Ok(())
 }
 
 /// `posix_spawn` of `/proc/self/exe` with `argv` and `envp` (a
 /// NULL-terminated array), in a session of its own, with no blocked
 /// signals and every signal at its default, and `dups` (source, target)
 /// installed as its only descriptors besides none (every other one of ours
-/// is close-on-exec). Targets must be below 5.
+/// is close-on-exec). Targets must be below [`FIRST_FREE_FD`].
 pub(crate) fn spawn_self(
     argv: &[CString],
     envp: &[*const libc::c_char],
     dups: &[(RawFd, RawFd)],
 ) -> io::Result<libc::pid_t> {
-    // Sources must not sit on the target numbers 0..=4, or one dup2 would
-    // clobber another's source: move any that do out of the way.
+    // Sources must not sit on a target number, or one dup2 would clobber
+    // another's source: move any below FIRST_FREE_FD out of the way.
     let sources = dups.iter().map(|&(from, _)| above_targets(from)).collect::<io::Result<Vec<_>>>()?;
     let argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
     // SAFETY: posix_spawn with initialised attribute and file-action objects
@@ -254,19 +469,19 @@ pub(crate) fn spawn_self(
     }
 }
 
-/// A descriptor number at or above 5: the caller's, or a close-on-exec
-/// duplicate (closed when dropped) when the caller's is below.
+/// A descriptor number at or above [`FIRST_FREE_FD`]: the caller's, or a
+/// close-on-exec duplicate (closed when dropped) when the caller's is below.
 struct HighFd {
     raw: RawFd,
     _dup: Option<OwnedFd>,
 }
 
 fn above_targets(fd: RawFd) -> io::Result<HighFd> {
-    if fd >= 5 {
+    if fd >= FIRST_FREE_FD {
         return Ok(HighFd { raw: fd, _dup: None });
     }
     // SAFETY: F_DUPFD_CLOEXEC returns a fresh descriptor we then own.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 5) };
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, FIRST_FREE_FD) };
     if dup < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -9,7 +9,10 @@
 //! failed hand-off) it is started again as K, which spares the host a `fork`
 //! of its (large) address space; any other binary forks K. All three run the
 //! same set-up code ([`ChildPlan`]), so the tree and its guarantees are the
-//! same.
+//! same. A durable tree's K takes the same path: its duties' descriptors and
+//! secret are handed over with the plan ([`keeper::DurableHandover`]), and
+//! only a forked one listens before the start returns (the others say so on
+//! `Forked::listening`, which the first request to K waits for).
 //!
 //! Invariant: each choice degrades once and says so: when the binary cannot
 //! be run again (a noexec mount, a sandbox that forbids exec of it), every
@@ -27,11 +30,19 @@ use crate::keeper::{self, zygote};
 /// process's stderr and exit code 126 (set-up) or 127 (exec), as shells do.
 /// `stdin`: the read end of the tree's stdin pipe, or `None` for `/dev/null`.
 pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
+    if keeper::exec_keeper_available()
+        && let Some(forked) = zygote::start(plan, stdin)?
+    {
+        return Ok(forked);
+    }
+    exec_or_fork(plan, stdin)
+}
+
+/// K as this binary started again ([`keeper::spawn`]), or forked when it
+/// cannot be.
+fn exec_or_fork(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked> {
     if !keeper::exec_keeper_available() {
         return plan.fork(stdin);
-    }
-    if let Some(forked) = zygote::start(plan, stdin)? {
-        return Ok(forked);
     }
     match keeper::spawn(plan, stdin) {
         Err(error) if keeper::cannot_exec(&error) => {

@@ -615,8 +615,7 @@ impl ProcessHost {
             }
             None => None,
         };
-        let forked =
-            if durable.is_some() { plan.fork(stdin_read) } else { launch::start(&plan, stdin_read) }.map_err(failed)?;
+        let forked = launch::start(&plan, stdin_read).map_err(failed)?;
         // K holds the durable tree's pipe ends, logs and socket now.
         plan.durable = None;
         // Only the tree holds the read end now.
@@ -640,15 +639,17 @@ impl ProcessHost {
             record.keeper_pid = pid;
             record.keeper_start_time = durable::start_time(pid).unwrap_or_default();
             tracing::debug!(parent: &span, dir = %record.dir.display(), "durable process started");
-            return DurableProcess::spawned(record, pidfd, stdin_write).map(Spawned::Durable).map_err(|e| {
-                // Unwatched, it must not run on.
-                // SAFETY: our unreaped child's group, then our child.
-                unsafe {
-                    libc::kill(-forked.pid, libc::SIGKILL);
-                    libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
-                }
-                failed(e)
-            });
+            return DurableProcess::spawned(record, pidfd, stdin_write, forked.listening)
+                .map(Spawned::Durable)
+                .map_err(|e| {
+                    // Unwatched, it must not run on.
+                    // SAFETY: our unreaped child's group, then our child.
+                    unsafe {
+                        libc::kill(-forked.pid, libc::SIGKILL);
+                        libc::waitpid(forked.pid, std::ptr::null_mut(), 0);
+                    }
+                    failed(e)
+                });
         }
         let (stdout, stderr) = (forked.stdout, forked.stderr);
         // A larger pipe lets a chatty command run ahead of the reader.
@@ -735,8 +736,8 @@ impl ProcessHost {
         let plan = plan::DurablePlan {
             stdout,
             stderr,
-            stdout_w,
-            stderr_w,
+            stdout_w: Some(stdout_w),
+            stderr_w: Some(stderr_w),
             stdin,
             dir: opened.dir,
             stdout_log: opened.stdout_log,

@@ -106,8 +106,9 @@ pub(crate) struct DurablePlan {
     pub(crate) stdout: OwnedFd,
     pub(crate) stderr: OwnedFd,
     /// Their write ends: the tree's stdout and stderr (K closes its copies).
-    pub(crate) stdout_w: OwnedFd,
-    pub(crate) stderr_w: OwnedFd,
+    /// `None` in an exec'd K, where they are its descriptors 1 and 2.
+    pub(crate) stdout_w: Option<OwnedFd>,
+    pub(crate) stderr_w: Option<OwnedFd>,
     /// K's copy of the write end of the tree's stdin pipe, if it has one.
     pub(crate) stdin: Option<OwnedFd>,
     /// The log directory (`O_PATH`): logs, status file and marks are made

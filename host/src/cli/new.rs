@@ -56,6 +56,7 @@ const WIT: &[(&str, &str)] = &[
     ("deps/cli.wit", include_str!("../../../wit/deps/cli.wit")),
     ("deps/clocks.wit", include_str!("../../../wit/deps/clocks.wit")),
     ("deps/filesystem.wit", include_str!("../../../wit/deps/filesystem.wit")),
+    ("deps/http.wit", include_str!("../../../wit/deps/http.wit")),
     ("deps/io.wit", include_str!("../../../wit/deps/io.wit")),
     ("deps/random.wit", include_str!("../../../wit/deps/random.wit")),
     ("deps/sockets.wit", include_str!("../../../wit/deps/sockets.wit")),

@@ -22,7 +22,8 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
     }
     // A descriptor that was not inherited is named.
     let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, nofile, fsize, cgroups, mounts.
+        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, nofile, fsize, cgroups, mounts,
+        // durable.
         .args([
             "--taskhost-process-keeper",
             "0",
@@ -36,6 +37,7 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
             "0",
             "0",
             "-1",
+            "-",
             "/",
             "/bin/true",
             "--",
@@ -45,6 +47,38 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
         .expect("run taskhost");
     assert_eq!(output.status.code(), Some(126));
     assert!(String::from_utf8_lossy(&output.stderr).contains("descriptor 777 was not inherited"), "{output:?}");
+    // A durable keeper's duties that were not handed over are named, and
+    // nothing runs.
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
+        .args([
+            "--taskhost-process-keeper",
+            "0",
+            "0",
+            "-1",
+            "-1",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+            "-1",
+            "99:1024:0",
+            "/",
+            "/bin/true",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("run taskhost");
+    assert_eq!(output.status.code(), Some(126));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("was not inherited"), "{output:?}");
+    // A malformed durable argument is refused as such.
+    let mut malformed = vec!["--taskhost-process-keeper", "0", "0", "-1", "-1", "0", "0", "0", "0", "0", "0", "-1"];
+    malformed.extend(["99:x:0", "/", "/bin/true", "--", "true"]);
+    let output = Command::new(env!("CARGO_BIN_EXE_taskhost")).args(&malformed).output().expect("run taskhost");
+    assert_eq!(output.status.code(), Some(126));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("bad keeper argument: the durable log cap"), "{output:?}");
 }
 
 /// The demo checks each step it narrates and fails loudly otherwise; here it

@@ -352,10 +352,9 @@ async fn memory_under_50_owners_of_110_tasks_stays_within_the_bound() {
     const OVERHEAD_MIB: u64 = 96;
     let names: Vec<String> = (0..OWNERS).map(|n| format!("owner{n}")).collect();
     // The in-memory store: HTTP tokens are stable owners, whose background
-    // commands would otherwise be durable trees (each forked from the server
-    // and followed through its logs: about 18 ms more per start, see
-    // BENCHMARKS.md), which makes 5 500 starts take minutes longer and
-    // measures the same output bound.
+    // commands would otherwise be durable trees (a keeper that outlives the
+    // server, log files and a socket each, followed through the logs), which
+    // the readopt suite measures; this test measures the output bound.
     let server = HttpServer::start("mcp-memory", &names, "[state]\nstore = \"memory\"\n").await;
     let pid = server.pid();
     let mut clients = Vec::new();

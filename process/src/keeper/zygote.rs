@@ -17,6 +17,12 @@
 //!   `SCM_RIGHTS`): whole or not at all. Z acknowledges on receipt; the start
 //!   waits for it only with [`set_await_ack`] (at most [`ACK_TIMEOUT`], then
 //!   the zygote's group is killed and the start falls back).
+//! - A durable tree's plan (`plan.durable`) is a start like any other: its
+//!   nine extra descriptors (the duties', the secret's pipe and the pipe K
+//!   says it listens on, [`super::DurableHandover`]) follow in the same
+//!   message; Z moves every received descriptor clear of their numbers,
+//!   installs them, listens on the tree's socket itself (so the socket's peer
+//!   is K) and keeps no lifeline: it outlives the host.
 //! - Z runs the same [`crate::confine::ChildPlan::in_child`] as every K, whose
 //!   first step closes every descriptor but the lifeline, `/dev/null` and the
 //!   ruleset: the socket never reaches the command. Failures after the
@@ -293,17 +299,31 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
     if !available() {
         return Ok(None);
     }
-    // The ruleset's number is Z's to fill in (-2 until then).
-    let args = super::plan_args(plan, LIFELINE_FD, if plan.landlock.is_some() { -2 } else { -1 });
+    // The ruleset's number is Z's to fill in (-2 until then). A durable K
+    // keeps no lifeline: it outlives the host.
+    let lifeline = if plan.durable.is_some() { -1 } else { LIFELINE_FD };
+    let args = super::plan_args(plan, lifeline, if plan.landlock.is_some() { -2 } else { -1 });
     let Some(message) = encode(&args, &plan.exec.envp) else { return Ok(None) };
     let (stdout, stdout_w) = confine::pipe()?;
     let (stderr, stderr_w) = confine::pipe()?;
+    let handover = plan.durable.as_ref().map(super::DurableHandover::new).transpose()?;
     let Some(warm) = take() else {
         refill();
         return Ok(None);
     };
-    let mut fds = vec![stdin.unwrap_or(plan.devnull), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()];
+    // A durable tree writes into the pipes K copies into its logs.
+    let (tree_out, tree_err) = match &plan.durable {
+        Some(durable) => (
+            durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+            durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
+        ),
+        None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
+    };
+    let mut fds = vec![stdin.unwrap_or(plan.devnull), tree_out, tree_err];
     fds.extend(plan.landlock.as_ref().map(|fd| fd.as_raw_fd()));
+    if let Some(handover) = &handover {
+        fds.extend(handover.sent_fds(plan.devnull));
+    }
     match hand_off(&warm.socket, &message, &fds, AWAIT_ACK.load(Ordering::Relaxed)) {
         Ok(()) => {
             let mut pool = pool();
@@ -313,7 +333,7 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
             WARM_STARTS.fetch_add(1, Ordering::Relaxed);
             // Our copies of the write ends close here: only the tree holds them.
             drop((stdout_w, stderr_w));
-            Ok(Some(Forked { pid: warm.pid, stdout, stderr }))
+            Ok(Some(Forked { pid: warm.pid, stdout, stderr, listening: handover.map(|h| h.into_listening()) }))
         }
         Err(error) => {
             let mut pool = pool();
@@ -436,9 +456,9 @@ pub(crate) fn zygote_main() -> ! {
     // inherited without close-on-exec is not ours to hold.
     // SAFETY: closes descriptor numbers only, in a fresh single-threaded process.
     unsafe { libc::syscall(libc::SYS_close_range, SOCKET_FD as u32 + 1, u32::MAX, 0) };
-    // What every K needs, computed before the plan arrives.
+    // What every K needs, computed before the plan arrives. Not /dev/null:
+    // opened now it would take descriptor 5, where a durable K's duties go.
     let _ = confine::seccomp_programs();
-    let _ = confine::devnull();
     let _ = crate::landlock::handled_bits();
     let mut buffer = vec![0u8; MAX_PLAN_BYTES + 1];
     // SAFETY: one byte to our socket; the host's refill thread waits for it.
@@ -447,6 +467,11 @@ pub(crate) fn zygote_main() -> ! {
         Some(received) => received,
         // The host is gone (or sent nothing usable): so are we.
         None => std::process::exit(0),
+    };
+    // Clear of every number a durable K's duties are installed at.
+    let fds = match super::above_all_targets(&fds) {
+        Ok(fds) => fds,
+        Err(_) => std::process::exit(126),
     };
     // SAFETY: one byte to our socket; the host waits for it.
     unsafe { libc::send(SOCKET_FD, [ACK].as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
@@ -462,12 +487,30 @@ pub(crate) fn zygote_main() -> ! {
         .and_then(|(mut args, env)| {
             // The ruleset is wherever it landed here: a plan that has one
             // (-2) and no descriptor for it is refused, never run without.
-            match (args.get_mut(3), fds.get(3)) {
-                (Some(slot), Some(landlock)) if slot == "-2" => *slot = OsString::from(landlock.to_string()),
-                (Some(slot), None) if slot == "-1" => {}
+            let duties_from = match (args.get_mut(3), fds.get(3)) {
+                (Some(slot), Some(landlock)) if slot == "-2" => {
+                    *slot = OsString::from(landlock.to_string());
+                    4
+                }
+                (Some(slot), _) if slot == "-1" => 3,
                 _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "the warm keeper's ruleset is missing")),
+            };
+            let (mut plan, durable) = super::plan_from_args(&args, env)?;
+            match (durable, fds.get(duties_from..)) {
+                (None, Some([])) => {}
+                // A durable tree's K: its duties' descriptors follow.
+                (Some(durable), Some(duties)) if duties.len() == 9 => {
+                    super::install_received(duties)?;
+                    plan.durable = Some(super::take_up_durable(durable)?);
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "the warm keeper's descriptors do not match its plan",
+                    ));
+                }
             }
-            super::plan_from_args(&args, env)
+            Ok(plan)
         });
     match plan {
         // SAFETY: a single-threaded process whose stdio is the tree's and
@@ -505,7 +548,8 @@ fn wait_for_plan(buffer: &mut [u8]) -> Option<(usize, Vec<RawFd>)> {
             break;
         }
     }
-    const MAX_FDS: usize = 4;
+    // stdin, stdout, stderr, the ruleset, a durable K's nine.
+    const MAX_FDS: usize = 13;
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, recvmsg};
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
