@@ -92,6 +92,54 @@ fn try_lock(file: &std::fs::File) -> bool {
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
+/// How long a lock whose server is dead may stay held: a process the server
+/// was starting when it died (`posix_spawn` between its clone and its exec,
+/// a fork about to close what it inherited) holds a copy of the lock's open
+/// file until then.
+const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(2);
+
+/// What a server writes into its lock file: its pid and start time.
+fn lock_owner_line() -> String {
+    let pid = std::process::id();
+    format!("{pid} {}\n", taskhost_process::durable::start_time(pid).unwrap_or(0))
+}
+
+/// Whether the process a lock file names (see [`lock_owner_line`]) is gone.
+fn lock_owner_is_dead(lock: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(lock) else { return false };
+    let mut words = text.split_whitespace().map(str::parse::<u64>);
+    match (words.next(), words.next()) {
+        (Some(Ok(pid)), Some(Ok(start))) => {
+            u32::try_from(pid).map_or(true, |pid| taskhost_process::durable::start_time(pid) != Some(start))
+        }
+        // Not written yet, or an older server's empty file: assume alive.
+        _ => false,
+    }
+}
+
+/// Locks `file` (the lock file at `path`) unless a live server holds it.
+/// A lock still held although the server it names is dead is waited for
+/// (at most [`DEAD_HOLDER_WAIT`]): its holder is a child of that server on
+/// its way to `exec` or exit.
+fn lock_if_dead(file: &std::fs::File, path: &Path) -> bool {
+    if try_lock(file) {
+        return true;
+    }
+    if !lock_owner_is_dead(path) {
+        return false;
+    }
+    let deadline = std::time::Instant::now() + DEAD_HOLDER_WAIT;
+    while std::time::Instant::now() < deadline {
+        // Paced: a lock gives no event when its last holder lets go.
+        std::thread::sleep(Duration::from_millis(5));
+        if try_lock(file) {
+            return true;
+        }
+    }
+    tracing::warn!(lock = %path.display(), "a dead server's lock is still held after {DEAD_HOLDER_WAIT:?}; its records stay");
+    false
+}
+
 impl SqliteStore {
     /// Opens (or creates) the store `file`; `servers_dir` holds the servers'
     /// lock files (both inside the state directory).
@@ -180,6 +228,10 @@ impl SqliteStore {
         if !try_lock(&lock) {
             return Err(refuse(format!("cannot lock {}", lock_path.display())));
         }
+        // Who holds it, so a later server can tell a dead one's leftover
+        // holder from a live server (see `lock_if_dead`).
+        std::io::Write::write_all(&mut &lock, lock_owner_line().as_bytes())
+            .map_err(|error| refuse(format!("cannot write its lock {} ({error})", lock_path.display())))?;
         Ok(Self { path: file.to_path_buf(), connection: Mutex::new(connection), server, _lock: lock, servers_dir })
     }
 
@@ -206,7 +258,7 @@ impl SqliteStore {
                 let valid = server.len() == 32 && server.bytes().all(|b| b.is_ascii_hexdigit());
                 let lock_path = self.servers_dir.join(format!("{server}.lock"));
                 match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&lock_path) {
-                    Ok(file) if valid => try_lock(&file).then_some((server, Some(lock_path))),
+                    Ok(file) if valid => lock_if_dead(&file, &lock_path).then_some((server, Some(lock_path))),
                     // No lock file: nobody can hold it.
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some((server, None)),
                     _ => Some((server, None)).filter(|_| !valid),
@@ -440,6 +492,73 @@ pub fn read_all(file: &Path) -> Result<Vec<StoredTask>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `flock` holding `lock` (a holder that is not the server the file
+    /// names) until its stdin closes; returns once it holds it.
+    fn hold(lock: &Path) -> std::process::Child {
+        use std::io::BufRead as _;
+        let mut holder = std::process::Command::new("flock")
+            .arg("-x")
+            .arg(lock)
+            .args(["-c", "echo held; read _"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run flock(1)");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "held\n");
+        holder
+    }
+
+    /// A store whose one record belongs to a server that left its lock file
+    /// (dead, or alive as `owner` says).
+    fn store_left_by(dir: &Path, owner: &str) -> (PathBuf, PathBuf) {
+        let file = dir.join(STORE_FILE);
+        let left = SqliteStore::open(&file).unwrap();
+        let task = StoredTask::new(TaskId::new("bash-1"), "bash", "left", SystemTime::now());
+        left.record_start(&task).unwrap();
+        let lock = left.servers_dir.join(format!("{}.lock", left.server));
+        drop(left);
+        std::fs::write(&lock, owner).unwrap();
+        (file, lock)
+    }
+
+    /// A dead server's lock still held by a leftover holder (a child it was
+    /// starting when it died) is waited for, and its records are claimed.
+    #[test]
+    fn a_dead_servers_lock_held_by_a_leftover_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid that is gone: a child that exited and was reaped.
+        let gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        let mut gone = gone;
+        gone.wait().unwrap();
+        let (file, lock) = store_left_by(dir.path(), &format!("{gone_pid} 1\n"));
+        let mut holder = hold(&lock);
+        let next = SqliteStore::open(&file).unwrap();
+        let loading = std::thread::spawn(move || next.load().unwrap().tasks.len());
+        drop(holder.stdin.take());
+        holder.wait().unwrap();
+        assert_eq!(loading.join().unwrap(), 1, "the dead server's record is claimed");
+        assert!(!lock.exists(), "a claimed server's lock file is removed");
+    }
+
+    /// A live server's lock (its pid and start time are this process's) is
+    /// not waited for: its records stay its own.
+    #[test]
+    fn a_live_servers_lock_is_left_alone_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, lock) = store_left_by(dir.path(), &lock_owner_line());
+        let mut holder = hold(&lock);
+        let next = SqliteStore::open(&file).unwrap();
+        let began = std::time::Instant::now();
+        assert_eq!(next.load().unwrap().tasks.len(), 0, "a live server's record is not claimed");
+        assert!(began.elapsed() < DEAD_HOLDER_WAIT, "no wait for a live server: {:?}", began.elapsed());
+        drop(holder.stdin.take());
+        holder.wait().unwrap();
+        assert!(lock.exists());
+    }
 
     /// A file of schema 1 (before handed-over trees) opens, is migrated to
     /// 2 with its records intact, and then keeps a tree and its cursor.
