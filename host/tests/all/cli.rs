@@ -21,64 +21,29 @@ fn the_keeper_mode_refuses_unusable_arguments_clearly() {
         assert!(output.stdout.is_empty(), "the keeper never writes to the command's stdout");
     }
     // A descriptor that was not inherited is named.
-    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-        // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, nofile, fsize, cgroups, mounts,
-        // durable.
-        .args([
-            "--taskhost-process-keeper",
-            "0",
-            "0",
-            "777",
-            "-1",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "-1",
-            "-",
-            "/",
-            "/bin/true",
-            "--",
-            "true",
-        ])
-        .output()
-        .expect("run taskhost");
+    let output = keeper(&["777", "-1"], "-");
     assert_eq!(output.status.code(), Some(126));
     assert!(String::from_utf8_lossy(&output.stderr).contains("descriptor 777 was not inherited"), "{output:?}");
     // A durable keeper's duties that were not handed over are named, and
     // nothing runs.
-    let output = Command::new(env!("CARGO_BIN_EXE_taskhost"))
-        .args([
-            "--taskhost-process-keeper",
-            "0",
-            "0",
-            "-1",
-            "-1",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "-1",
-            "99:1024:0",
-            "/",
-            "/bin/true",
-            "--",
-            "true",
-        ])
-        .output()
-        .expect("run taskhost");
+    let output = keeper(&["-1", "-1"], "99:1024:0");
     assert_eq!(output.status.code(), Some(126));
     assert!(String::from_utf8_lossy(&output.stderr).contains("was not inherited"), "{output:?}");
     // A malformed durable argument is refused as such.
-    let mut malformed = vec!["--taskhost-process-keeper", "0", "0", "-1", "-1", "0", "0", "0", "0", "0", "0", "-1"];
-    malformed.extend(["99:x:0", "/", "/bin/true", "--", "true"]);
-    let output = Command::new(env!("CARGO_BIN_EXE_taskhost")).args(&malformed).output().expect("run taskhost");
+    let output = keeper(&["-1", "-1"], "99:x:0");
     assert_eq!(output.status.code(), Some(126));
     assert!(String::from_utf8_lossy(&output.stderr).contains("bad keeper argument: the durable log cap"), "{output:?}");
+}
+
+/// The binary in keeper mode running `/bin/true` from `/`, with
+/// `descriptors` (the lifeline and the ruleset) and `durable` (`-` or a
+/// durable K's argument); the other fields say "none".
+fn keeper(descriptors: &[&str; 2], durable: &str) -> std::process::Output {
+    // ns_flags, loopback, lifeline, landlock, seccomp, nproc, data, nofile,
+    // fsize, cgroups, mounts, durable, cwd, program, --, argv.
+    let mut args = vec!["--taskhost-process-keeper", "0", "0", descriptors[0], descriptors[1]];
+    args.extend(["0", "0", "0", "0", "0", "0", "-1", durable, "/", "/bin/true", "--", "true"]);
+    Command::new(env!("CARGO_BIN_EXE_taskhost")).args(&args).output().expect("run taskhost")
 }
 
 /// The demo checks each step it narrates and fails loudly otherwise; here it

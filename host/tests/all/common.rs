@@ -161,6 +161,26 @@ pub async fn spawn_http_server(
     (child, url)
 }
 
+/// An rmcp client over streamable HTTP on `mcp` (the URL `serve --http`
+/// printed), authenticated with `token`.
+pub async fn connect_http(mcp: &str, token: &str) -> Client {
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+        taskhost::http_client::client(),
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(mcp.to_string())
+            .auth_header(token),
+    );
+    ().serve(transport).await.expect("initialize over HTTP")
+}
+
+/// `systemctl stop`: SIGTERM to a `taskhost serve`, which must exit
+/// successfully within 20 s.
+pub async fn stop_with_sigterm(child: &mut tokio::process::Child) {
+    let pid = child.id().expect("running");
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("exits on SIGTERM").unwrap();
+    assert!(status.success(), "exit status {status}");
+}
+
 /// `taskhost serve` over stdio in `dir` (optionally with a configuration):
 /// stdin and stdout piped for the test, stderr into `<dir>/stderr.log`.
 pub fn spawn_stdio_server(dir: &std::path::Path, config: Option<&str>) -> tokio::process::Child {

@@ -17,9 +17,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Client, call, serve_command, temp_dir};
-use rmcp::ServiceExt;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
 const ALICE: &str = "alice-secret-0123456789abcdef";
@@ -68,19 +65,11 @@ impl Server {
     }
 
     async fn client(&self, token: &str) -> Client {
-        let transport = StreamableHttpClientTransport::with_client(
-            taskhost::http_client::client(),
-            StreamableHttpClientTransportConfig::with_uri(self.mcp.clone()).auth_header(token),
-        );
-        ().serve(transport).await.expect("initialize over HTTP")
+        common::connect_http(&self.mcp, token).await
     }
 
     async fn stop(mut self) {
-        let pid = self.child.id().expect("running");
-        assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
-        let status =
-            tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.expect("exits on SIGTERM").unwrap();
-        assert!(status.success(), "exit status {status}");
+        common::stop_with_sigterm(&mut self.child).await;
     }
 }
 

@@ -13,9 +13,6 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use rmcp::ServiceExt;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
 use crate::common::{self, Client, call, serve_command, temp_dir, texts};
@@ -124,19 +121,11 @@ impl Server {
     }
 
     async fn client(&self) -> Client {
-        let transport = StreamableHttpClientTransport::with_client(
-            taskhost::http_client::client(),
-            StreamableHttpClientTransportConfig::with_uri(self.mcp.clone()).auth_header(TOKEN),
-        );
-        ().serve(transport).await.expect("initialize over HTTP")
+        common::connect_http(&self.mcp, TOKEN).await
     }
 
     async fn stop(mut self) {
-        let pid = self.child.id().expect("running");
-        assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
-        let status =
-            tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.expect("exits on SIGTERM").unwrap();
-        assert!(status.success(), "exit status {status}");
+        common::stop_with_sigterm(&mut self.child).await;
     }
 }
 
