@@ -7,13 +7,17 @@
 //! broadcast, multicast and shared (CGNAT) addresses are refused unless the
 //! request's origin names that address as an IP literal (or, for loopback,
 //! as `localhost`): a name resolving to one of them is refused, so DNS
-//! rebinding reaches nothing. The resolver hands the connector only checked
-//! addresses: what is checked is what is connected to.
+//! rebinding reaches nothing. The host's own MCP port (any address of this
+//! machine it is served on, a public one included: see [`own_listeners`])
+//! is refused unless the origin names that address as an IP literal. The
+//! resolver hands the connector only checked addresses: what is checked is
+//! what is connected to.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::grant::{CheckedHttpGrant, Origin, OriginHost};
+use super::own_listeners;
 
 /// Why an address is special, if it is.
 pub fn special_range(ip: IpAddr) -> Option<&'static str> {
@@ -116,16 +120,27 @@ pub fn check_request<'g>(
         ));
     }
     if let Ok(ip) = target.host.parse::<IpAddr>() {
-        address_allowed(origin, ip).map_err(|why| format!("taskhost refused the request to {target}: {why}"))?;
+        address_allowed(origin, SocketAddr::new(ip, target.port))
+            .map_err(|why| format!("taskhost refused the request to {target}: {why}"))?;
     }
     Ok(origin)
 }
 
-/// Whether a request allowed by `origin` may connect to `ip`.
-fn address_allowed(origin: &Origin, ip: IpAddr) -> Result<(), String> {
+/// Whether a request allowed by `origin` may connect to `address`.
+fn address_allowed(origin: &Origin, address: SocketAddr) -> Result<(), String> {
+    let ip = address.ip();
+    let named_literally = matches!(&origin.host, OriginHost::Ip(named) if *named == ip);
+    if let Some(listener) = own_listeners::serving_at(address)
+        && !named_literally
+    {
+        return Err(format!(
+            "address {address} is the host's own MCP port (served on {listener}), which a plugin reaches \
+             only when an origin of [producer.grants.http] names that address and port as an IP literal"
+        ));
+    }
     let Some(range) = special_range(ip) else { return Ok(()) };
     let named = match &origin.host {
-        OriginHost::Ip(named) => *named == ip,
+        OriginHost::Ip(_) => named_literally,
         OriginHost::Name(name) => name == "localhost" && ip.is_loopback(),
         OriginHost::Subdomains(_) => false,
     };
@@ -137,6 +152,42 @@ fn address_allowed(origin: &Origin, ip: IpAddr) -> Result<(), String> {
              [producer.grants.http] names that address"
         ))
     }
+}
+
+/// The addresses of `resolved` (the addresses `host` resolved to) a request
+/// to `host` may connect to, or the refusal. The resolver is not told the
+/// request's port, so an address must be allowed for one origin naming
+/// `host` and refused for none at its port (the host's own MCP port is
+/// refused for a name whichever port the request is to).
+pub fn allowed_addresses(grant: &CheckedHttpGrant, host: &str, resolved: Vec<IpAddr>) -> Result<Vec<IpAddr>, String> {
+    let origins: Vec<&Origin> =
+        grant.origins.iter().filter(|o| o.matches(true, host, o.port) || o.matches(false, host, o.port)).collect();
+    let mut refused = None;
+    let allowed: Vec<IpAddr> = resolved
+        .into_iter()
+        .filter(|ip| {
+            let verdicts: Vec<Result<(), String>> =
+                origins.iter().map(|o| address_allowed(o, SocketAddr::new(*ip, o.port))).collect();
+            let own_port = verdicts.iter().find_map(|v| v.as_ref().err().filter(|why| why.contains("own MCP port")));
+            let verdict = match own_port {
+                Some(why) => Err(why.clone()),
+                None if verdicts.iter().any(Result::is_ok) => Ok(()),
+                None => Err(verdicts.into_iter().find_map(Result::err).unwrap_or_else(|| "refused".into())),
+            };
+            if let Err(why) = verdict {
+                refused.get_or_insert((*ip, why));
+                return false;
+            }
+            true
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err(match refused {
+            Some((ip, why)) => format!("taskhost refused the request: {host} resolves to {ip}: {why}"),
+            None => format!("{host} has no address"),
+        });
+    }
+    Ok(allowed)
 }
 
 /// The DNS resolver of a plugin's HTTP client: resolves once and returns
@@ -152,37 +203,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
         Box::pin(async move {
             let host = name.as_str().to_ascii_lowercase();
             let host = host.strip_suffix('.').map(str::to_string).unwrap_or(host);
-            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            // Any origin naming this host decides which special addresses it
-            // may resolve to (scheme and port were checked before sending).
-            let origins: Vec<&Origin> = grant
-                .origins
-                .iter()
-                .filter(|o| o.matches(true, &host, o.port) || o.matches(false, &host, o.port))
-                .collect();
-            let mut refused = Vec::new();
-            let allowed: Vec<SocketAddr> = resolved
-                .into_iter()
-                .filter(|addr| {
-                    let ok = origins.iter().any(|o| address_allowed(o, addr.ip()).is_ok());
-                    if !ok {
-                        refused.push(addr.ip());
-                    }
-                    ok
-                })
-                .collect();
-            if allowed.is_empty() {
-                let why = match refused.first() {
-                    Some(ip) => format!(
-                        "taskhost refused the request: {host} resolves to {ip}, which is {}; a plugin reaches \
-                         such an address only when an origin of [producer.grants.http] names it",
-                        special_range(*ip).unwrap_or("refused")
-                    ),
-                    None => format!("{host} has no address"),
-                };
-                return Err(why.into());
-            }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+            let resolved: Vec<IpAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.map(|a| a.ip()).collect();
+            let allowed = allowed_addresses(&grant, &host, resolved)?;
+            Ok(Box::new(allowed.into_iter().map(|ip| SocketAddr::new(ip, 0))) as reqwest::dns::Addrs)
         })
     }
 }
@@ -237,9 +260,9 @@ mod tests {
         let metadata = check_request(&g, &http::Method::GET, &target("http://169.254.169.254/")).unwrap_err();
         assert!(metadata.contains("not granted"), "{metadata}");
         let g = grant(&["http://localhost:8080"]);
-        assert!(address_allowed(&g.origins[0], "127.0.0.1".parse().unwrap()).is_ok(), "localhost names loopback");
+        assert!(address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).is_ok(), "localhost names loopback");
         let g = grant(&["https://*.example.com"]);
-        let why = address_allowed(&g.origins[0], "127.0.0.1".parse().unwrap()).unwrap_err();
+        let why = address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).unwrap_err();
         assert!(why.contains("is loopback"), "{why}");
     }
 }
