@@ -498,3 +498,80 @@ async fn a_self_signed_tls_server_is_refused_with_a_readable_error_and_the_host_
     assert_carries_on(&host, allowed).await;
     host.dispose().await;
 }
+
+/// The uid the unprivileged runs use: `nobody`.
+const NOBODY: u32 = 65534;
+
+/// `taskhost call <config> --tool http_get <args>` run as `uid` through
+/// `setpriv`, its configuration `<base>/etc/taskhost.toml`, in the workspace
+/// `<base>/work` with `<base>/home` as its home (all the user's own): its
+/// exit code, and stdout with stderr after it.
+async fn call_as(uid: u32, base: &Path, args: Value) -> (Option<i32>, String) {
+    let mut command = taskhost_process::testing::as_user::command(Path::new(BIN), Some(uid));
+    command
+        .args(["call", base.join("etc/taskhost.toml").to_str().unwrap(), "--tool", "http_get", &args.to_string()])
+        .current_dir(base.join("work"))
+        .env("HOME", base.join("home"))
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("XDG_CACHE_HOME")
+        .kill_on_drop(true);
+    let output = command.output().await.expect("run taskhost call through setpriv");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (output.status.code(), format!("{stdout}\n(stderr: {stderr})"))
+}
+
+#[tokio::test]
+async fn as_an_unprivileged_user_the_host_reaches_the_granted_origin_refuses_the_rest_and_keeps_the_credential() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    assert_eq!(uid, 0, "this test runs the host as {NOBODY} through setpriv, which needs root (CI runs as root)");
+    let temp = tempfile::tempdir().unwrap();
+    let base = temp.path();
+    let (allowed, seen) = server().await;
+    let (other, other_seen) = server().await;
+    // The user's own files: its home, an empty workspace, the configuration
+    // and the plugin (the build's may sit below /root) out of the workspace's
+    // reach, and the secret, which only that user may read.
+    for sub in ["home", "work", "etc", "secret"] {
+        std::fs::create_dir(base.join(sub)).unwrap();
+    }
+    std::fs::copy(HTTP_GET_PATH, base.join("etc/http-get.wasm")).unwrap();
+    std::fs::write(base.join("secret/token"), format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(base.join("secret/token"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = format!(
+        "[[producer]]\ntool = \"http_get\"\nplugin = \"http-get.wasm\"\nbackground = false\n\
+         [producer.grants.http]\norigins = [\"http://{allowed}\"]\n\
+         [[producer.grants.http.credentials]]\norigin = \"http://{allowed}\"\nheader = \"Authorization\"\n\
+         value_file = {:?}\n",
+        base.join("secret/token")
+    );
+    std::fs::write(base.join("etc/taskhost.toml"), config).unwrap();
+    for path in ["home", "work", "etc", "secret", "etc/http-get.wasm", "etc/taskhost.toml", "secret/token"] {
+        std::os::unix::fs::chown(base.join(path), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let (code, ok) = call_as(NOBODY, base, json!({"url": format!("http://{allowed}/ok")})).await;
+    assert!(ok.contains("status 200") && ok.contains("body hello"), "{ok}");
+    assert_eq!(code, Some(0), "{ok}");
+
+    let (code, auth) = call_as(
+        NOBODY,
+        base,
+        json!({"url": format!("http://{allowed}/auth"), "scan": [needle(SECRET), needle("recorded")]}),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{auth}");
+    assert_eq!(*seen.authorization.lock().unwrap(), [SECRET], "the server got the credential");
+    assert!(auth.contains("scan 1 found at"), "the scan finds the body the guest read: {auth}");
+    assert!(auth.contains("scan 0 absent in"), "the secret is in the guest's memory: {auth}");
+    assert!(!auth.contains("s3cret"), "the secret is in the guest's output: {auth}");
+
+    let (code, refused) = call_as(NOBODY, base, json!({"url": format!("http://{other}/ok")})).await;
+    assert_eq!(code, Some(1), "{refused}");
+    assert!(refused.contains(&format!("origin http://{other} is not granted to this plugin")), "{refused}");
+    let (_, metadata) = call_as(NOBODY, base, json!({"url": "http://169.254.169.254/latest/meta-data/"})).await;
+    assert!(metadata.contains("origin http://169.254.169.254:80 is not granted"), "{metadata}");
+    assert_eq!(other_seen.hits.load(Ordering::SeqCst), 0, "no request reached the refused server");
+}
