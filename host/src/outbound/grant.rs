@@ -218,6 +218,16 @@ fn check_name(origin: &str, name: &str) -> anyhow::Result<()> {
     if !valid {
         bail!("origin {origin:?}: {name:?} is not a host name (wildcards only as a leading `*.`)");
     }
+    // A URL parser reads a name ending in a number as an IPv4 address
+    // (`127.1`, `2130706433`, `0x7f000001`), which the client would then
+    // connect to without resolving it: only a dotted IP literal names one.
+    let last = name.rsplit('.').next().unwrap_or_default();
+    let hex = last.strip_prefix("0x").is_some_and(|digits| digits.bytes().all(|b| b.is_ascii_hexdigit()));
+    if hex || last.bytes().all(|b| b.is_ascii_digit()) {
+        bail!(
+            "origin {origin:?}: {name:?} ends in a number, which is read as an IP address; write the address as a dotted IPv4 or a bracketed IPv6 literal"
+        );
+    }
     Ok(())
 }
 
@@ -338,7 +348,19 @@ mod tests {
         assert!(local.matches(false, "127.0.0.1", 8080));
         let v6 = Origin::parse("http://[::1]:9000/").unwrap();
         assert!(v6.matches(false, "::1", 9000));
-        for bad in ["ftp://x", "example.com", "https://x/path", "https://u@x", "https://a.*.com", "https://x:0"] {
+        for bad in [
+            "ftp://x",
+            "example.com",
+            "https://x/path",
+            "https://u@x",
+            "https://a.*.com",
+            "https://x:0",
+            "http://127.1",
+            "http://2130706433",
+            "http://0x7f000001",
+            "http://a.b.0x1",
+            "https://*.10",
+        ] {
             assert!(Origin::parse(bad).is_err(), "{bad}");
         }
     }

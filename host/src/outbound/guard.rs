@@ -126,17 +126,40 @@ pub fn check_request<'g>(
     Ok(origin)
 }
 
+/// Why an address is refused to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddressRefusal {
+    /// The host's own MCP port, served on `listener`.
+    OwnMcpPort { address: SocketAddr, listener: SocketAddr },
+    /// A special range (`range` says which) the origin does not name.
+    SpecialRange { ip: IpAddr, range: &'static str },
+}
+
+impl std::fmt::Display for AddressRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OwnMcpPort { address, listener } => write!(
+                f,
+                "address {address} is the host's own MCP port (served on {listener}), which a plugin reaches \
+                 only when an origin of [producer.grants.http] names that address and port as an IP literal"
+            ),
+            Self::SpecialRange { ip, range } => write!(
+                f,
+                "address {ip} is {range}, which a plugin reaches only when an origin of \
+                 [producer.grants.http] names that address"
+            ),
+        }
+    }
+}
+
 /// Whether a request allowed by `origin` may connect to `address`.
-fn address_allowed(origin: &Origin, address: SocketAddr) -> Result<(), String> {
+fn address_allowed(origin: &Origin, address: SocketAddr) -> Result<(), AddressRefusal> {
     let ip = address.ip();
     let named_literally = matches!(&origin.host, OriginHost::Ip(named) if *named == ip);
     if let Some(listener) = own_listeners::serving_at(address)
         && !named_literally
     {
-        return Err(format!(
-            "address {address} is the host's own MCP port (served on {listener}), which a plugin reaches \
-             only when an origin of [producer.grants.http] names that address and port as an IP literal"
-        ));
+        return Err(AddressRefusal::OwnMcpPort { address, listener });
     }
     let Some(range) = special_range(ip) else { return Ok(()) };
     let named = match &origin.host {
@@ -144,41 +167,42 @@ fn address_allowed(origin: &Origin, address: SocketAddr) -> Result<(), String> {
         OriginHost::Name(name) => name == "localhost" && ip.is_loopback(),
         OriginHost::Subdomains(_) => false,
     };
-    if named {
-        Ok(())
-    } else {
-        Err(format!(
-            "address {ip} is {range}, which a plugin reaches only when an origin of \
-             [producer.grants.http] names that address"
-        ))
+    if named { Ok(()) } else { Err(AddressRefusal::SpecialRange { ip, range }) }
+}
+
+/// The verdict on `ip` for a request to a name whose granted origins are
+/// `origins`. The resolver is not told the request's port, so the address
+/// must be allowed for one of them, and the host's own MCP port refuses it
+/// for every port of the name.
+fn resolved_address_allowed(origins: &[&Origin], ip: IpAddr) -> Result<(), AddressRefusal> {
+    let verdicts: Vec<Result<(), AddressRefusal>> =
+        origins.iter().map(|o| address_allowed(o, SocketAddr::new(ip, o.port))).collect();
+    if let Some(own) = verdicts.iter().find_map(|v| match v {
+        Err(own @ AddressRefusal::OwnMcpPort { .. }) => Some(own.clone()),
+        _ => None,
+    }) {
+        return Err(own);
     }
+    if verdicts.iter().any(Result::is_ok) {
+        return Ok(());
+    }
+    Err(verdicts.into_iter().find_map(Result::err).unwrap_or(AddressRefusal::SpecialRange { ip, range: "refused" }))
 }
 
 /// The addresses of `resolved` (the addresses `host` resolved to) a request
-/// to `host` may connect to, or the refusal. The resolver is not told the
-/// request's port, so an address must be allowed for one origin naming
-/// `host` and refused for none at its port (the host's own MCP port is
-/// refused for a name whichever port the request is to).
+/// to `host` may connect to, or the refusal, worded for the guest.
 pub fn allowed_addresses(grant: &CheckedHttpGrant, host: &str, resolved: Vec<IpAddr>) -> Result<Vec<IpAddr>, String> {
     let origins: Vec<&Origin> =
         grant.origins.iter().filter(|o| o.matches(true, host, o.port) || o.matches(false, host, o.port)).collect();
     let mut refused = None;
     let allowed: Vec<IpAddr> = resolved
         .into_iter()
-        .filter(|ip| {
-            let verdicts: Vec<Result<(), String>> =
-                origins.iter().map(|o| address_allowed(o, SocketAddr::new(*ip, o.port))).collect();
-            let own_port = verdicts.iter().find_map(|v| v.as_ref().err().filter(|why| why.contains("own MCP port")));
-            let verdict = match own_port {
-                Some(why) => Err(why.clone()),
-                None if verdicts.iter().any(Result::is_ok) => Ok(()),
-                None => Err(verdicts.into_iter().find_map(Result::err).unwrap_or_else(|| "refused".into())),
-            };
-            if let Err(why) = verdict {
+        .filter(|ip| match resolved_address_allowed(&origins, *ip) {
+            Ok(()) => true,
+            Err(why) => {
                 refused.get_or_insert((*ip, why));
-                return false;
+                false
             }
-            true
         })
         .collect();
     if allowed.is_empty() {
@@ -262,7 +286,7 @@ mod tests {
         let g = grant(&["http://localhost:8080"]);
         assert!(address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).is_ok(), "localhost names loopback");
         let g = grant(&["https://*.example.com"]);
-        let why = address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).unwrap_err();
+        let why = address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).unwrap_err().to_string();
         assert!(why.contains("is loopback"), "{why}");
     }
 }
