@@ -289,6 +289,21 @@ async fn a_hostname_that_resolves_to_loopback_is_refused_unless_named_and_the_ho
 }
 
 #[tokio::test]
+async fn an_origin_whose_name_is_a_number_is_refused_at_load() {
+    // A URL parser reads these as 127.0.0.1 and the client would connect
+    // to it without resolving, past the check of resolved addresses.
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _) = server().await;
+    for name in ["2130706433", "127.1", "0x7f000001"] {
+        let error = format!(
+            "{:#}",
+            serve(&format!("origins = [\"http://{name}:{}\"]", addr.port()), dir.path()).await.err().unwrap()
+        );
+        assert!(error.contains("ends in a number, which is read as an IP address"), "{error}");
+    }
+}
+
+#[tokio::test]
 async fn an_oversized_body_is_cut_at_its_bound_and_the_host_carries_on() {
     let dir = tempfile::tempdir().unwrap();
     let (allowed, _) = server().await;
