@@ -173,8 +173,12 @@ impl std::fmt::Display for ProducerSource {
 /// any plugin, built in or not: the one typed bundle carried from the
 /// configuration to the plugin's store. A capability not granted here is not
 /// available to the plugin.
+///
+/// Non-exhaustive (a capability added later is one more field): outside
+/// this crate, build it with [`Grants::none`] and the `with_*` methods.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Grants {
     /// `[producer.grants.process]`: start processes (the `process` capability).
     pub process: Option<taskhost_process::ProcessGrant>,
@@ -185,6 +189,29 @@ pub struct Grants {
 }
 
 impl Grants {
+    /// No capability granted.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// These grants and the `process` capability with `grant`.
+    pub fn with_process(mut self, grant: taskhost_process::ProcessGrant) -> Self {
+        self.process = Some(grant);
+        self
+    }
+
+    /// These grants and the `subagents` capability with `grant`.
+    pub fn with_subagents(mut self, grant: crate::subagents::SubagentsGrant) -> Self {
+        self.subagents = Some(grant);
+        self
+    }
+
+    /// These grants and outbound HTTP with `grant`.
+    pub fn with_http(mut self, grant: crate::outbound::grant::HttpGrant) -> Self {
+        self.http = Some(grant);
+        self
+    }
+
     /// The grants written in TOML (a `[producer.grants]` table's body).
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         toml::from_str(text).map_err(|e| anyhow::anyhow!("invalid grants: {e}"))

@@ -358,6 +358,8 @@ pub async fn serve(
 
     let tokens = Arc::new(tokens);
     let address: SocketAddr = listener.local_addr()?;
+    // Plugins' HTTP requests may not reach this port unless an origin names it.
+    let _own_port = crate::outbound::own_listeners::register(address);
     let app = router(server.clone(), tokens.clone(), shutdown.child_token());
     let settings = server.settings().http.clone();
     tracing::info!(%address, path = %settings.path, clients = tokens.entries().len(), "serving MCP over HTTP");

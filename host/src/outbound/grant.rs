@@ -33,9 +33,12 @@ pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// Ceiling of `request_timeout_ms`.
 pub const REQUEST_TIMEOUT_CEILING_MS: u64 = 10 * 60 * 1000;
 
-/// `[producer.grants.http]` as written.
+/// `[producer.grants.http]` as written. Non-exhaustive: outside this crate,
+/// build it with [`HttpGrant::new`] (every bound at its default) and set
+/// the fields.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct HttpGrant {
     /// Origins the plugin may reach: `https://api.example.com`,
     /// `http://127.0.0.1:8080`, `https://*.example.com`.
@@ -60,13 +63,46 @@ pub struct HttpGrant {
 
 /// `[[producer.grants.http.credentials]]`: a header the host adds to the
 /// requests to `origin`, its value from the server's environment or a file.
+/// Non-exhaustive: outside this crate, build it with
+/// [`Credential::from_env`] or [`Credential::from_file`].
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Credential {
     pub origin: String,
     pub header: String,
     pub value_env: Option<String>,
     pub value_file: Option<PathBuf>,
+}
+
+impl HttpGrant {
+    /// A grant of `origins` with the default methods (GET, HEAD), bounds
+    /// and no credential.
+    pub fn new(origins: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            origins: origins.into_iter().map(Into::into).collect(),
+            methods: default_methods(),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_requests_per_task: DEFAULT_MAX_REQUESTS_PER_TASK,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            credentials: Vec::new(),
+        }
+    }
+}
+
+impl Credential {
+    /// `header` for `origin`, its value the server's environment variable `name`.
+    pub fn from_env(origin: impl Into<String>, header: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { origin: origin.into(), header: header.into(), value_env: Some(name.into()), value_file: None }
+    }
+
+    /// `header` for `origin`, its value the contents of `path` (relative to
+    /// the configuration's directory; trailing line ends dropped).
+    pub fn from_file(origin: impl Into<String>, header: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        Self { origin: origin.into(), header: header.into(), value_env: None, value_file: Some(path.into()) }
+    }
 }
 
 fn default_methods() -> Vec<String> {
@@ -181,6 +217,16 @@ fn check_name(origin: &str, name: &str) -> anyhow::Result<()> {
         });
     if !valid {
         bail!("origin {origin:?}: {name:?} is not a host name (wildcards only as a leading `*.`)");
+    }
+    // A URL parser reads a name ending in a number as an IPv4 address
+    // (`127.1`, `2130706433`, `0x7f000001`), which the client would then
+    // connect to without resolving it: only a dotted IP literal names one.
+    let last = name.rsplit('.').next().unwrap_or_default();
+    let hex = last.strip_prefix("0x").is_some_and(|digits| digits.bytes().all(|b| b.is_ascii_hexdigit()));
+    if hex || last.bytes().all(|b| b.is_ascii_digit()) {
+        bail!(
+            "origin {origin:?}: {name:?} ends in a number, which is read as an IP address; write the address as a dotted IPv4 or a bracketed IPv6 literal"
+        );
     }
     Ok(())
 }
@@ -302,9 +348,27 @@ mod tests {
         assert!(local.matches(false, "127.0.0.1", 8080));
         let v6 = Origin::parse("http://[::1]:9000/").unwrap();
         assert!(v6.matches(false, "::1", 9000));
-        for bad in ["ftp://x", "example.com", "https://x/path", "https://u@x", "https://a.*.com", "https://x:0"] {
+        for bad in [
+            "ftp://x",
+            "example.com",
+            "https://x/path",
+            "https://u@x",
+            "https://a.*.com",
+            "https://x:0",
+            "http://127.1",
+            "http://2130706433",
+            "http://0x7f000001",
+            "http://a.b.0x1",
+            "https://*.10",
+        ] {
             assert!(Origin::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_constructor_gives_the_defaults_the_configuration_gives() {
+        let written: HttpGrant = toml::from_str("origins = [\"https://api.example.com\"]").unwrap();
+        assert_eq!(HttpGrant::new(["https://api.example.com"]), written);
     }
 
     #[test]

@@ -7,13 +7,17 @@
 //! broadcast, multicast and shared (CGNAT) addresses are refused unless the
 //! request's origin names that address as an IP literal (or, for loopback,
 //! as `localhost`): a name resolving to one of them is refused, so DNS
-//! rebinding reaches nothing. The resolver hands the connector only checked
-//! addresses: what is checked is what is connected to.
+//! rebinding reaches nothing. The host's own MCP port (any address of this
+//! machine it is served on, a public one included: see [`own_listeners`])
+//! is refused unless the origin names that address as an IP literal. The
+//! resolver hands the connector only checked addresses: what is checked is
+//! what is connected to.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::grant::{CheckedHttpGrant, Origin, OriginHost};
+use super::own_listeners;
 
 /// Why an address is special, if it is.
 pub fn special_range(ip: IpAddr) -> Option<&'static str> {
@@ -116,27 +120,98 @@ pub fn check_request<'g>(
         ));
     }
     if let Ok(ip) = target.host.parse::<IpAddr>() {
-        address_allowed(origin, ip).map_err(|why| format!("taskhost refused the request to {target}: {why}"))?;
+        address_allowed(origin, SocketAddr::new(ip, target.port))
+            .map_err(|why| format!("taskhost refused the request to {target}: {why}"))?;
     }
     Ok(origin)
 }
 
-/// Whether a request allowed by `origin` may connect to `ip`.
-fn address_allowed(origin: &Origin, ip: IpAddr) -> Result<(), String> {
+/// Why an address is refused to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddressRefusal {
+    /// The host's own MCP port, served on `listener`.
+    OwnMcpPort { address: SocketAddr, listener: SocketAddr },
+    /// A special range (`range` says which) the origin does not name.
+    SpecialRange { ip: IpAddr, range: &'static str },
+}
+
+impl std::fmt::Display for AddressRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OwnMcpPort { address, listener } => write!(
+                f,
+                "address {address} is the host's own MCP port (served on {listener}), which a plugin reaches \
+                 only when an origin of [producer.grants.http] names that address and port as an IP literal"
+            ),
+            Self::SpecialRange { ip, range } => write!(
+                f,
+                "address {ip} is {range}, which a plugin reaches only when an origin of \
+                 [producer.grants.http] names that address"
+            ),
+        }
+    }
+}
+
+/// Whether a request allowed by `origin` may connect to `address`.
+fn address_allowed(origin: &Origin, address: SocketAddr) -> Result<(), AddressRefusal> {
+    let ip = address.ip();
+    let named_literally = matches!(&origin.host, OriginHost::Ip(named) if *named == ip);
+    if let Some(listener) = own_listeners::serving_at(address)
+        && !named_literally
+    {
+        return Err(AddressRefusal::OwnMcpPort { address, listener });
+    }
     let Some(range) = special_range(ip) else { return Ok(()) };
     let named = match &origin.host {
-        OriginHost::Ip(named) => *named == ip,
+        OriginHost::Ip(_) => named_literally,
         OriginHost::Name(name) => name == "localhost" && ip.is_loopback(),
         OriginHost::Subdomains(_) => false,
     };
-    if named {
-        Ok(())
-    } else {
-        Err(format!(
-            "address {ip} is {range}, which a plugin reaches only when an origin of \
-             [producer.grants.http] names that address"
-        ))
+    if named { Ok(()) } else { Err(AddressRefusal::SpecialRange { ip, range }) }
+}
+
+/// The verdict on `ip` for a request to a name whose granted origins are
+/// `origins`. The resolver is not told the request's port, so the address
+/// must be allowed for one of them, and the host's own MCP port refuses it
+/// for every port of the name.
+fn resolved_address_allowed(origins: &[&Origin], ip: IpAddr) -> Result<(), AddressRefusal> {
+    let verdicts: Vec<Result<(), AddressRefusal>> =
+        origins.iter().map(|o| address_allowed(o, SocketAddr::new(ip, o.port))).collect();
+    if let Some(own) = verdicts.iter().find_map(|v| match v {
+        Err(own @ AddressRefusal::OwnMcpPort { .. }) => Some(own.clone()),
+        _ => None,
+    }) {
+        return Err(own);
     }
+    if verdicts.iter().any(Result::is_ok) {
+        return Ok(());
+    }
+    Err(verdicts.into_iter().find_map(Result::err).unwrap_or(AddressRefusal::SpecialRange { ip, range: "refused" }))
+}
+
+/// The addresses of `resolved` (the addresses `host` resolved to) a request
+/// to `host` may connect to, or the refusal, worded for the guest.
+pub fn allowed_addresses(grant: &CheckedHttpGrant, host: &str, resolved: Vec<IpAddr>) -> Result<Vec<IpAddr>, String> {
+    let origins: Vec<&Origin> =
+        grant.origins.iter().filter(|o| o.matches(true, host, o.port) || o.matches(false, host, o.port)).collect();
+    let mut refused = None;
+    let allowed: Vec<IpAddr> = resolved
+        .into_iter()
+        .filter(|ip| match resolved_address_allowed(&origins, *ip) {
+            Ok(()) => true,
+            Err(why) => {
+                refused.get_or_insert((*ip, why));
+                false
+            }
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err(match refused {
+            Some((ip, why)) => format!("taskhost refused the request: {host} resolves to {ip}: {why}"),
+            None => format!("{host} has no address"),
+        });
+    }
+    Ok(allowed)
 }
 
 /// The DNS resolver of a plugin's HTTP client: resolves once and returns
@@ -152,37 +227,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
         Box::pin(async move {
             let host = name.as_str().to_ascii_lowercase();
             let host = host.strip_suffix('.').map(str::to_string).unwrap_or(host);
-            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            // Any origin naming this host decides which special addresses it
-            // may resolve to (scheme and port were checked before sending).
-            let origins: Vec<&Origin> = grant
-                .origins
-                .iter()
-                .filter(|o| o.matches(true, &host, o.port) || o.matches(false, &host, o.port))
-                .collect();
-            let mut refused = Vec::new();
-            let allowed: Vec<SocketAddr> = resolved
-                .into_iter()
-                .filter(|addr| {
-                    let ok = origins.iter().any(|o| address_allowed(o, addr.ip()).is_ok());
-                    if !ok {
-                        refused.push(addr.ip());
-                    }
-                    ok
-                })
-                .collect();
-            if allowed.is_empty() {
-                let why = match refused.first() {
-                    Some(ip) => format!(
-                        "taskhost refused the request: {host} resolves to {ip}, which is {}; a plugin reaches \
-                         such an address only when an origin of [producer.grants.http] names it",
-                        special_range(*ip).unwrap_or("refused")
-                    ),
-                    None => format!("{host} has no address"),
-                };
-                return Err(why.into());
-            }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+            let resolved: Vec<IpAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.map(|a| a.ip()).collect();
+            let allowed = allowed_addresses(&grant, &host, resolved)?;
+            Ok(Box::new(allowed.into_iter().map(|ip| SocketAddr::new(ip, 0))) as reqwest::dns::Addrs)
         })
     }
 }
@@ -237,9 +284,9 @@ mod tests {
         let metadata = check_request(&g, &http::Method::GET, &target("http://169.254.169.254/")).unwrap_err();
         assert!(metadata.contains("not granted"), "{metadata}");
         let g = grant(&["http://localhost:8080"]);
-        assert!(address_allowed(&g.origins[0], "127.0.0.1".parse().unwrap()).is_ok(), "localhost names loopback");
+        assert!(address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).is_ok(), "localhost names loopback");
         let g = grant(&["https://*.example.com"]);
-        let why = address_allowed(&g.origins[0], "127.0.0.1".parse().unwrap()).unwrap_err();
+        let why = address_allowed(&g.origins[0], "127.0.0.1:8080".parse().unwrap()).unwrap_err().to_string();
         assert!(why.contains("is loopback"), "{why}");
     }
 }

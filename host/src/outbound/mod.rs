@@ -9,3 +9,4 @@
 
 pub mod grant;
 pub mod guard;
+pub mod own_listeners;

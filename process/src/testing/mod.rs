@@ -2,5 +2,7 @@
 //! need to check process trees from the outside.
 //!
 //! - [`procfs`]: finding a test's processes through `/proc`.
+//! - [`as_user`]: running a binary as another user (`setpriv`).
 
+pub mod as_user;
 pub mod procfs;

@@ -229,11 +229,31 @@ fn failed(target: &Target, timeout: std::time::Duration, error: &reqwest::Error)
         return timed_out(target, timeout);
     }
     let mut text = format!("the request to {target} failed");
+    let mut certificate_refused = false;
     let mut source: Option<&dyn std::error::Error> = std::error::Error::source(error);
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());
+        certificate_refused |= matches!(tls_error_in(cause), Some(rustls::Error::InvalidCertificate(_)));
         source = cause.source();
     }
+    if certificate_refused {
+        text.push_str(&format!(
+            " (the TLS certificate of {target} is not one this host trusts: only certificates signed by the \
+             system's CA roots are, as the server's SSL_CERT_FILE and SSL_CERT_DIR or else the system store \
+             name them)"
+        ));
+    }
     refused(text)
+}
+
+/// The rustls error `cause` is or wraps: it travels inside io::Errors,
+/// whose `source` skips the error they wrap.
+fn tls_error_in<'e>(mut cause: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    loop {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        cause = cause.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
 }
