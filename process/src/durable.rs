@@ -445,6 +445,22 @@ pub(crate) fn open(spawn: &DurableSpawn) -> std::io::Result<Opened> {
             .into())
     };
     let (stdout_log, stderr_log) = (log("stdout.log")?, log("stderr.log")?);
+    // The exit status's room, taken now: K writes the end over it, so a
+    // state directory that fills up later still learns how the tree ended,
+    // and one that is full already refuses the spawn here, saying so.
+    let reserved = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(spawn.dir.join("status.tmp"))
+        .and_then(|mut file| std::io::Write::write_all(&mut file, &[b' '; crate::plan::STATUS_BYTES]));
+    if let Err(error) = reserved {
+        return Err(std::io::Error::new(
+            error.kind(),
+            format!("cannot keep the exit status in {} ({error}); is the state directory full?", spawn.dir.display()),
+        ));
+    }
     // Bound here (so a bad path fails the spawn), listened on by K: the
     // peer credentials a client sees are the listener's at `listen`.
     let socket: OwnedFd = rustix::net::socket_with(

@@ -159,6 +159,10 @@ impl DurablePlan {
     }
 }
 
+/// Bytes reserved for a durable tree's exit status (`status.tmp`): a status
+/// line and `deadline`.
+pub(crate) const STATUS_BYTES: usize = 64;
+
 /// Bytes of the secret a server proves itself to K with.
 pub const SECRET_BYTES: usize = 32;
 

@@ -25,4 +25,5 @@ mod sandbox_attacks;
 mod sandbox_everyday;
 mod sandbox_limits;
 mod sandbox_terminal;
+mod state_full;
 mod state_trust;

@@ -14,7 +14,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use crate::plan::{Command, DurablePlan, SECRET_BYTES};
+use crate::plan::{Command, DurablePlan, SECRET_BYTES, STATUS_BYTES};
 
 /// How long K waits for a connected client's request.
 const CLIENT_WAIT_MS: libc::c_int = 1_000;
@@ -27,6 +27,10 @@ struct Keeping {
     written: u64,
     truncated: bool,
     deadline_hit: bool,
+    /// `status.tmp`, with room for the status taken when the tree was
+    /// spawned (`durable::open`), so the end is written even once the state
+    /// directory is full (-1: none).
+    status: RawFd,
 }
 
 impl DurablePlan {
@@ -50,6 +54,7 @@ impl DurablePlan {
                 written: 0,
                 truncated: false,
                 deadline_hit: false,
+                status: self.reserve_status(),
             };
             if pidfd < 0 {
                 // K could not watch the tree end: it must not run unwatched.
@@ -239,14 +244,40 @@ impl DurablePlan {
         }
     }
 
-    /// Writes `status.tmp`, then renames it to `status`.
+    /// `status.tmp`, whose [`STATUS_BYTES`] the spawn reserved (made now,
+    /// if it is gone), or -1.
+    ///
+    /// # Safety
+    /// In K.
+    unsafe fn reserve_status(&self) -> RawFd {
+        // SAFETY: openat/write relative to K's directory descriptor, a stack buffer.
+        unsafe {
+            let fd = libc::openat(
+                self.dir.as_raw_fd(),
+                c"status.tmp".as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600,
+            );
+            // Over the reserved bytes (no new block), or taking them now.
+            if fd >= 0
+                && libc::pwrite(fd, [b' '; STATUS_BYTES].as_ptr().cast(), STATUS_BYTES, 0) != STATUS_BYTES as isize
+            {
+                libc::close(fd);
+                return -1;
+            }
+            fd
+        }
+    }
+
+    /// Writes the status into `status.tmp` (over its reserved bytes, so a
+    /// full disk does not stop it), then renames it to `status`.
     ///
     /// # Safety
     /// In K, once the tree is reaped.
     unsafe fn write_status(&self, status: libc::c_int, state: &Keeping) {
         // SAFETY: openat/write/fsync/renameat relative to K's directory descriptor, stack buffers.
         unsafe {
-            let mut text = [0u8; 64];
+            let mut text = [0u8; STATUS_BYTES];
             let mut len = 0;
             let (word, number): (&[u8], i32) = if libc::WIFSIGNALED(status) {
                 (b"signal ", libc::WTERMSIG(status))
@@ -262,16 +293,15 @@ impl DurablePlan {
                 push(&mut text, &mut len, b"deadline\n");
             }
             let dir = self.dir.as_raw_fd();
-            let fd = libc::openat(
-                dir,
-                c"status.tmp".as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                0o600,
-            );
+            let fd = if state.status >= 0 { state.status } else { self.reserve_status() };
             if fd < 0 {
                 return;
             }
-            let ok = libc::write(fd, text.as_ptr().cast(), len) == len as isize && libc::fsync(fd) == 0;
+            // Over the reserved bytes, then cut to the status: neither needs
+            // a new block.
+            let ok = libc::pwrite(fd, text.as_ptr().cast(), len, 0) == len as isize
+                && libc::ftruncate(fd, len as libc::off_t) == 0
+                && libc::fsync(fd) == 0;
             libc::close(fd);
             if ok {
                 libc::renameat(dir, c"status.tmp".as_ptr(), dir, c"status".as_ptr());
@@ -280,13 +310,13 @@ impl DurablePlan {
     }
 }
 
-fn push(buf: &mut [u8; 64], len: &mut usize, bytes: &[u8]) {
+fn push(buf: &mut [u8; STATUS_BYTES], len: &mut usize, bytes: &[u8]) {
     let n = bytes.len().min(buf.len() - *len);
     buf[*len..*len + n].copy_from_slice(&bytes[..n]);
     *len += n;
 }
 
-fn push_number(buf: &mut [u8; 64], len: &mut usize, number: i32) {
+fn push_number(buf: &mut [u8; STATUS_BYTES], len: &mut usize, number: i32) {
     if number < 0 {
         push(buf, len, b"-");
     }
