@@ -435,6 +435,18 @@ impl ChildPlan {
         })
     }
 
+    /// The descriptors the tree writes its stdout and stderr to: the
+    /// pipes a durable K copies into its logs, else the pipes the host
+    /// reads (`stdout_w`, `stderr_w`).
+    pub(crate) fn tree_output(&self, stdout_w: &OwnedFd, stderr_w: &OwnedFd) -> (RawFd, RawFd) {
+        let durable = self.durable.as_ref();
+        let pick = |own: Option<&OwnedFd>, host: &OwnedFd| own.unwrap_or(host).as_raw_fd();
+        (
+            pick(durable.and_then(|d| d.stdout_w.as_ref()), stdout_w),
+            pick(durable.and_then(|d| d.stderr_w.as_ref()), stderr_w),
+        )
+    }
+
     /// Forks K from this process. Not `std::process::Command`: it would
     /// block until the command's `exec`, i.e. until the whole set-up ran, on
     /// a scheduler that may be busy.
@@ -461,14 +473,7 @@ impl ChildPlan {
                     libc::listen(durable.socket.as_raw_fd(), 8);
                 }
                 libc::close(session_w.as_raw_fd());
-                let (out, err) = match &self.durable {
-                    // K copies a durable tree's output into its logs.
-                    Some(durable) => (
-                        durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-                        durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-                    ),
-                    None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
-                };
+                let (out, err) = self.tree_output(&stdout_w, &stderr_w);
                 self.in_child(stdin.unwrap_or(self.devnull), out, err)
             }
         }

@@ -306,13 +306,7 @@ pub(crate) fn spawn(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Forked
     let landlock_target = if plan.landlock.is_some() { 4 } else { -1 };
     let mut argv: Vec<CString> = vec![c"taskhost-keeper".into(), CString::new(KEEPER_ARG).expect("no NUL")];
     argv.extend(plan_args(plan, lifeline_target, landlock_target));
-    let (tree_out, tree_err) = match &plan.durable {
-        Some(durable) => (
-            durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-            durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-        ),
-        None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
-    };
+    let (tree_out, tree_err) = plan.tree_output(&stdout_w, &stderr_w);
     let mut dups = vec![(stdin.unwrap_or(plan.devnull), 0), (tree_out, 1), (tree_err, 2)];
     if lifeline_target >= 0 {
         dups.push((plan.lifeline, lifeline_target));

@@ -26,6 +26,7 @@
 //!   `[state] dir` does not move: a configuration never chooses where its
 //!   own trust is looked up.
 
+mod server_lock;
 pub mod store;
 pub mod trust;
 

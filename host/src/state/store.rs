@@ -18,12 +18,13 @@
 //!   only the records of servers whose lock nobody holds.
 
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-use std::os::unix::io::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension as _, params};
+
+use super::server_lock;
 use taskhost_core::ids::{SessionId, TaskId};
 use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{
@@ -84,60 +85,6 @@ fn nanos(at: SystemTime) -> i64 {
 
 fn time(nanos: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
-}
-
-/// Whether `file` could be locked exclusively without waiting (and locks it).
-fn try_lock(file: &std::fs::File) -> bool {
-    // SAFETY: flock on a file descriptor this function borrows.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
-}
-
-/// How long a lock whose server is dead may stay held: a process the server
-/// was starting when it died (`posix_spawn` between its clone and its exec,
-/// a fork about to close what it inherited) holds a copy of the lock's open
-/// file until then.
-const DEAD_HOLDER_WAIT: Duration = Duration::from_secs(2);
-
-/// What a server writes into its lock file: its pid and start time.
-fn lock_owner_line() -> String {
-    let pid = std::process::id();
-    format!("{pid} {}\n", taskhost_process::durable::start_time(pid).unwrap_or(0))
-}
-
-/// Whether the process a lock file names (see [`lock_owner_line`]) is gone.
-fn lock_owner_is_dead(lock: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(lock) else { return false };
-    let mut words = text.split_whitespace().map(str::parse::<u64>);
-    match (words.next(), words.next()) {
-        (Some(Ok(pid)), Some(Ok(start))) => {
-            u32::try_from(pid).map_or(true, |pid| taskhost_process::durable::start_time(pid) != Some(start))
-        }
-        // Not written yet, or an older server's empty file: assume alive.
-        _ => false,
-    }
-}
-
-/// Locks `file` (the lock file at `path`) unless a live server holds it.
-/// A lock still held although the server it names is dead is waited for
-/// (at most [`DEAD_HOLDER_WAIT`]): its holder is a child of that server on
-/// its way to `exec` or exit.
-fn lock_if_dead(file: &std::fs::File, path: &Path) -> bool {
-    if try_lock(file) {
-        return true;
-    }
-    if !lock_owner_is_dead(path) {
-        return false;
-    }
-    let deadline = std::time::Instant::now() + DEAD_HOLDER_WAIT;
-    while std::time::Instant::now() < deadline {
-        // Paced: a lock gives no event when its last holder lets go.
-        std::thread::sleep(Duration::from_millis(5));
-        if try_lock(file) {
-            return true;
-        }
-    }
-    tracing::warn!(lock = %path.display(), "a dead server's lock is still held after {DEAD_HOLDER_WAIT:?}; its records stay");
-    false
 }
 
 impl SqliteStore {
@@ -225,12 +172,12 @@ impl SqliteStore {
             .mode(0o600)
             .open(&lock_path)
             .map_err(|error| refuse(format!("cannot take its lock {} ({error})", lock_path.display())))?;
-        if !try_lock(&lock) {
+        if !server_lock::try_lock(&lock) {
             return Err(refuse(format!("cannot lock {}", lock_path.display())));
         }
         // Who holds it, so a later server can tell a dead one's leftover
-        // holder from a live server (see `lock_if_dead`).
-        std::io::Write::write_all(&mut &lock, lock_owner_line().as_bytes())
+        // holder from a live server (see `server_lock::take_if_dead`).
+        std::io::Write::write_all(&mut &lock, server_lock::owner_line().as_bytes())
             .map_err(|error| refuse(format!("cannot write its lock {} ({error})", lock_path.display())))?;
         Ok(Self { path: file.to_path_buf(), connection: Mutex::new(connection), server, _lock: lock, servers_dir })
     }
@@ -258,7 +205,9 @@ impl SqliteStore {
                 let valid = server.len() == 32 && server.bytes().all(|b| b.is_ascii_hexdigit());
                 let lock_path = self.servers_dir.join(format!("{server}.lock"));
                 match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&lock_path) {
-                    Ok(file) if valid => lock_if_dead(&file, &lock_path).then_some((server, Some(lock_path))),
+                    Ok(file) if valid => {
+                        server_lock::take_if_dead(&file, &lock_path).then_some((server, Some(lock_path)))
+                    }
                     // No lock file: nobody can hold it.
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some((server, None)),
                     _ => Some((server, None)).filter(|_| !valid),
@@ -549,12 +498,12 @@ mod tests {
     #[test]
     fn a_live_servers_lock_is_left_alone_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let (file, lock) = store_left_by(dir.path(), &lock_owner_line());
+        let (file, lock) = store_left_by(dir.path(), &server_lock::owner_line());
         let mut holder = hold(&lock);
         let next = SqliteStore::open(&file).unwrap();
         let began = std::time::Instant::now();
         assert_eq!(next.load().unwrap().tasks.len(), 0, "a live server's record is not claimed");
-        assert!(began.elapsed() < DEAD_HOLDER_WAIT, "no wait for a live server: {:?}", began.elapsed());
+        assert!(began.elapsed() < server_lock::DEAD_HOLDER_WAIT, "no wait for a live server: {:?}", began.elapsed());
         drop(holder.stdin.take());
         holder.wait().unwrap();
         assert!(lock.exists());

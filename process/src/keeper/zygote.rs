@@ -312,13 +312,7 @@ pub(crate) fn start(plan: &ChildPlan, stdin: Option<RawFd>) -> io::Result<Option
         return Ok(None);
     };
     // A durable tree writes into the pipes K copies into its logs.
-    let (tree_out, tree_err) = match &plan.durable {
-        Some(durable) => (
-            durable.stdout_w.as_ref().map_or(stdout_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-            durable.stderr_w.as_ref().map_or(stderr_w.as_raw_fd(), |fd| fd.as_raw_fd()),
-        ),
-        None => (stdout_w.as_raw_fd(), stderr_w.as_raw_fd()),
-    };
+    let (tree_out, tree_err) = plan.tree_output(&stdout_w, &stderr_w);
     let mut fds = vec![stdin.unwrap_or(plan.devnull), tree_out, tree_err];
     fds.extend(plan.landlock.as_ref().map(|fd| fd.as_raw_fd()));
     if let Some(handover) = &handover {
@@ -580,25 +574,4 @@ fn wait_for_plan(buffer: &mut [u8]) -> Option<(usize, Vec<RawFd>)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_plan_survives_the_round_trip() {
-        let args = [c"0".to_owned(), c"/bin/sh".to_owned(), c"--".to_owned(), c"".to_owned()];
-        let env = [c"A=1".to_owned(), c"B=x=y".to_owned(), c"C=".to_owned()];
-        let message = encode(&args, &env).unwrap();
-        let (got_args, got_env) = decode(&message).unwrap();
-        assert_eq!(got_args, ["0", "/bin/sh", "--", ""].map(OsString::from));
-        let want: BTreeMap<OsString, OsString> =
-            [("A", "1"), ("B", "x=y"), ("C", "")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
-        assert_eq!(got_env, want);
-        // A message cut short, or with a stray entry, is refused.
-        assert!(decode(&message[..message.len() - 2]).is_none());
-        let mut extra = message.clone();
-        extra.extend_from_slice(b"D=2\0");
-        assert!(decode(&extra).is_none());
-        let huge = [CString::new(vec![b'x'; MAX_PLAN_BYTES]).unwrap()];
-        assert!(encode(&huge, &[]).is_none());
-    }
-}
+mod tests;

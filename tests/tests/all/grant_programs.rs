@@ -65,6 +65,9 @@ fn planted_programs_never_run_and_loader_variables_are_refused() {
 
 /// The scenario, in the child [`planted_programs_never_run_and_loader_variables_are_refused`]
 /// starts with the planted `PATH`; it does nothing when run otherwise.
+/// Ignored so the runner does not start it alone: it needs a `PATH` set
+/// before the process starts (a test cannot set its own), so the parent
+/// test runs this binary again with `--ignored --exact` and that `PATH`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs in a child of planted_programs_never_run_and_loader_variables_are_refused"]
 async fn scenario_with_a_planted_path() {

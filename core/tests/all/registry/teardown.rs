@@ -93,7 +93,7 @@ async fn owner_disposal_awaits_quiescence_and_drops_records() {
         let agent = agent.clone();
         async move { agent.dispose().await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    settle_tick().await;
     assert!(!disposing.is_finished(), "dispose waits for the task to settle");
     assert_eq!(slow.cancel_requests(), [Some("owner disposed".to_string())]);
     slow.settle(TaskOutcome::killed(None));
