@@ -19,7 +19,17 @@
 //!   runs on; it ends `killed`, never `running` again.
 //! - The record holds the secret: the store keeps it in its 0600 file in
 //!   the 0700 state directory, never in a tree's reach.
+//! - The launch fence: right after its spawn, before the guest hears of it,
+//!   a tree's directory gets a `launch` file naming the server that spawned
+//!   it (pid and start time) and its record; a spawn that cannot write it is
+//!   killed and refused. A server that dies before its start was recorded
+//!   in the store leaves a tree no record names: the next server's
+//!   [`DurableTreeAdopter::sweep`] kills it (its spawner is gone), so no
+//!   command runs on that nobody can see or stop. The window left is the
+//!   keeper's fork to the file's write (microseconds): a tree started
+//!   there runs to its deadline.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -68,6 +78,41 @@ pub fn outcome(end: &TreeEnd, cancelled: bool) -> TaskOutcome {
     }
 }
 
+/// The file in a tree's directory that fences its launch (see the module's
+/// invariants): `<spawner pid> <spawner start time>`, then the record.
+const LAUNCH_FILE: &str = "launch";
+
+/// Writes the launch fence of a tree spawned by this process into its
+/// directory (new, 0600, never through a link).
+pub fn record_launch(dir: &Path, kept: &HandedOverTree) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let pid = std::process::id();
+    let started = taskhost_process::durable::start_time(pid).unwrap_or(0);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dir.join(LAUNCH_FILE))?;
+    file.write_all(format!("{pid} {started}\n{}\n", kept.to_text()).as_bytes())
+}
+
+/// The record of a tree in `dir` whose spawner is gone, from its launch
+/// fence; `None` when its spawner still runs (its start may be in flight) or
+/// the fence is missing or unreadable.
+fn orphaned_launch(dir: &Path) -> Option<HandedOverTree> {
+    let text = std::fs::read_to_string(dir.join(LAUNCH_FILE)).ok()?;
+    let (spawner, record) = text.split_once('\n')?;
+    let mut words = spawner.split_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(pid)), Some(Ok(started))) = (words.next(), words.next()) else { return None };
+    let alive = u32::try_from(pid).is_ok_and(|pid| taskhost_process::durable::start_time(pid) == Some(started));
+    if alive {
+        return None;
+    }
+    HandedOverTree::parse(record.trim_end()).ok()
+}
+
 /// Removes a handed-over tree's directory once it ended, when dropped:
 /// held by the task's control, which the record holds until it leaves the
 /// history, long after its end was recorded.
@@ -95,19 +140,45 @@ pub struct DurableTreeAdopter {
 }
 
 impl DurableTreeAdopter {
-    /// Removes the directories under `root` of ended trees no re-adopted
-    /// task holds (records released at a shutdown leave theirs behind); a
-    /// tree still running keeps its directory (it ends at its deadline).
-    pub fn sweep(&self, root: &std::path::Path) {
+    /// Called once after [`TaskRegistry::readopt`](taskhost_core::tasks::TaskRegistry::readopt):
+    /// removes the directories under `root` of ended trees no re-adopted
+    /// task holds (records released at a shutdown leave theirs behind), and
+    /// kills each running tree no task holds whose spawner is gone (a server
+    /// that died between the tree's spawn and its record: see the launch
+    /// fence). Its directory goes at the next start-up, once it ended.
+    /// Returns how many trees it killed.
+    pub fn sweep(&self, root: &Path) -> usize {
         let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
-        let Ok(entries) = std::fs::read_dir(root) else { return };
+        let Ok(entries) = std::fs::read_dir(root) else { return 0 };
+        let mut killed = 0;
         for entry in entries.flatten() {
             let dir = entry.path();
-            if entry.file_type().is_ok_and(|t| t.is_dir()) && !asked.contains(&dir) && dir.join("status").exists() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) || asked.contains(&dir) {
+                continue;
+            }
+            if dir.join("status").exists() {
                 tracing::debug!(dir = %dir.display(), "an ended durable tree's directory is removed");
                 let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            let Some(orphan) = orphaned_launch(&dir) else { continue };
+            let killing = DurableProcess::adopt(&orphan.record)
+                .map_err(|error| error.to_string())
+                .and_then(|process| process.kill().map_err(|error| error.to_string()));
+            match killing {
+                Ok(()) => {
+                    killed += 1;
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        "a durable tree no task record names (its server stopped before its start was recorded) is killed"
+                    );
+                }
+                Err(error) => {
+                    tracing::debug!(dir = %dir.display(), %error, "an unrecorded durable tree cannot be reached");
+                }
             }
         }
+        killed
     }
 }
 

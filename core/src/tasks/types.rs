@@ -518,6 +518,7 @@ pub enum KillResult {
 
 /// Why a registry operation was refused. Every message says what to do.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TaskError {
     #[error("unknown task id {0}: no background task has this id (task_list shows your tasks)")]
     UnknownTask(TaskId),
@@ -564,6 +565,14 @@ pub enum TaskError {
     /// chain (`{:#}` of an `anyhow::Error`) does not print it twice.
     #[error("{context}: {cause:#}")]
     Producer { context: String, cause: anyhow::Error },
+    /// The store could not record a start (write-ahead): the start is
+    /// refused and its work stopped; `id` is never issued again.
+    #[error(
+        "the task could not be recorded in the task store ({store}): {cause}. The start is refused and its \
+         work was stopped; retry once the store can write again (a full disk or a read-only state directory \
+         is the usual cause)"
+    )]
+    NotRecorded { id: TaskId, store: String, cause: String },
 }
 
 #[cfg(test)]

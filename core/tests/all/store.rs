@@ -82,3 +82,87 @@ async fn a_restart_settles_live_tasks_tells_a_stable_owner_once_and_continues_id
     assert!(store.load().unwrap().tasks.iter().all(|t| t.id != plain_id));
     std::mem::forget(third);
 }
+
+/// A store whose writes of new records fail while `full` is set (a full
+/// disk), and that otherwise is the in-memory store.
+#[derive(Default)]
+struct FullableStore {
+    inner: MemoryStore,
+    full: std::sync::atomic::AtomicBool,
+}
+
+impl TaskStore for FullableStore {
+    fn load(&self) -> Result<taskhost_core::tasks::store::StoredState, taskhost_core::tasks::store::StoreError> {
+        self.inner.load()
+    }
+    fn issue_number(&self, kind: &str, at_least: u64) -> Result<u64, taskhost_core::tasks::store::StoreError> {
+        self.inner.issue_number(kind, at_least)
+    }
+    fn record_start(
+        &self,
+        task: &taskhost_core::tasks::store::StoredTask,
+    ) -> Result<(), taskhost_core::tasks::store::StoreError> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(taskhost_core::tasks::store::StoreError::new("database or disk is full"));
+        }
+        self.inner.record_start(task)
+    }
+    fn request_stop(&self, id: &taskhost_core::ids::TaskId) -> Result<bool, taskhost_core::tasks::store::StoreError> {
+        self.inner.request_stop(id)
+    }
+    fn settle(
+        &self,
+        id: &taskhost_core::ids::TaskId,
+        end: &taskhost_core::tasks::store::StoredEnd,
+    ) -> Result<bool, taskhost_core::tasks::store::StoreError> {
+        self.inner.settle(id, end)
+    }
+    fn set_reporting(
+        &self,
+        id: &taskhost_core::ids::TaskId,
+        reporting: ReportState,
+    ) -> Result<(), taskhost_core::tasks::store::StoreError> {
+        self.inner.set_reporting(id, reporting)
+    }
+    fn forget(&self, ids: &[taskhost_core::ids::TaskId]) -> Result<(), taskhost_core::tasks::store::StoreError> {
+        self.inner.forget(ids)
+    }
+    fn describe(&self) -> String {
+        "fullable test store".to_string()
+    }
+}
+
+#[tokio::test]
+async fn a_start_the_store_cannot_record_is_refused_and_its_work_stopped() {
+    let store = Arc::new(FullableStore::default());
+    let host = Host::with_store(&TasksSettings::default(), store.clone() as Arc<dyn TaskStore>).unwrap();
+    let alice = host.create_durable_agent("alice", "owner:alice").unwrap();
+    let start = |task: &Arc<ScriptedTask>| TaskStart::new("job", "work", task.runner()).with_owner(Some(alice.clone()));
+    let first = ScriptedTask::new(true);
+    let first_id = host.registry().start(start(&first)).await.unwrap();
+
+    store.full.store(true, Ordering::SeqCst);
+    let refused = ScriptedTask::new(true);
+    refused.set_cancel_mode(taskhost_core::native::scripted::CancelMode::Accept);
+    let error = host.registry().start(start(&refused)).await.expect_err("an unrecorded start is refused");
+    assert!(matches!(error, taskhost_core::tasks::TaskError::NotRecorded { .. }), "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains("could not be recorded") && text.contains("database or disk is full"), "{text}");
+    // Its work is stopped (the runner ran: a producer's work cannot be un-run).
+    let mut cancels = refused.cancel_requests();
+    while cancels.is_empty() {
+        tokio::task::yield_now().await;
+        cancels = refused.cancel_requests();
+    }
+    assert_eq!(cancels, [Some("its start could not be recorded".to_string())]);
+    // Nobody sees it, and the server keeps serving.
+    let ids: Vec<String> = host.registry().list(Some(&alice)).iter().map(|s| s.id.to_string()).collect();
+    assert_eq!(ids, [first_id.to_string()]);
+    let read = host.registry().read(&first_id, Some(&alice)).await;
+    assert!(read.is_ok(), "reads go on: {read:?}");
+
+    store.full.store(false, Ordering::SeqCst);
+    let next = ScriptedTask::new(true);
+    let next_id = host.registry().start(start(&next)).await.unwrap();
+    assert_eq!(next_id.as_str(), "job-3", "the refused number is never issued again");
+}

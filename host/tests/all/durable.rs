@@ -16,12 +16,12 @@ use rmcp::ServiceExt as _;
 use serde_json::json;
 
 /// The store's file of the servers a test runs in `dir`.
-fn store_file(dir: &Path) -> PathBuf {
+pub(crate) fn store_file(dir: &Path) -> PathBuf {
     state_home(dir).join("taskhost").join("tasks.sqlite3")
 }
 
 /// `taskhost serve [--owner NAME]` over stdio in `dir`, and a client on it.
-async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Child) {
+pub(crate) async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Child) {
     let mut command = serve_command(dir, None);
     if let Some(owner) = owner {
         command.arg("--owner").arg(owner);
@@ -40,7 +40,7 @@ async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Chil
 }
 
 /// SIGKILLs the server and waits for it to be gone.
-async fn sigkill(mut child: tokio::process::Child, client: Client) {
+pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
     child.start_kill().expect("SIGKILL the server");
     child.wait().await.expect("the server is reaped");
     drop(client);

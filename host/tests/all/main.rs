@@ -11,6 +11,7 @@ mod dev_watch;
 mod durable;
 mod http_limits;
 mod http_wait;
+mod launch_fence;
 mod mcp_ext_tasks;
 mod mcp_http;
 mod mcp_input;

@@ -3,8 +3,11 @@
 //!
 //! Invariants: `start` runs every failable check first (surface fence, kind,
 //! exact live owner, owner-cleanup attach, per-owner cap), then the
-//! producer's runner exactly once, then commits under the lock; the commit
-//! cannot fail. A failed start allocates no id.
+//! producer's runner exactly once, then commits under the lock. The commit
+//! fails only when the store cannot record the task (write-ahead: no id is
+//! returned for a task a restart would not know); the work the runner
+//! started is then stopped, and the refused id is never issued again.
+//! A start refused before its runner allocates no id.
 
 use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
@@ -37,7 +40,16 @@ impl TaskRegistry {
             .await
             .map_err(|cause| TaskError::Producer { context: format!("starting {kind} task failed"), cause })?;
 
-        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        let id = match self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks) {
+            Ok(id) => id,
+            Err((error, hooks)) => {
+                span.in_scope(
+                    || tracing::error!(%error, "start refused: the store cannot record it; its work is stopped"),
+                );
+                stop_unrecorded(hooks);
+                return Err(error);
+            }
+        };
         span.record("task", id.as_str());
         span.in_scope(|| tracing::info!("task started"));
         Ok(id)
@@ -54,18 +66,25 @@ impl TaskRegistry {
             Ok(reservation) => reservation,
             Err(error) => return Err((error, hooks)),
         };
-        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks);
+        let id = self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks)?;
         tracing::info!(task = %id, "foreground run adopted as a background task");
         Ok(id)
     }
 
     /// Commits running work and wires it up: the output signal (drains and
-    /// events), and a teardown when its owner began disposing meanwhile.
-    pub(super) fn register(&self, reservation: Reservation, identity: Identity, hooks: TaskHooks) -> TaskId {
+    /// events), and a teardown when its owner began disposing meanwhile. A
+    /// store that cannot record it hands the hooks back untouched.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn register(
+        &self,
+        reservation: Reservation,
+        identity: Identity,
+        hooks: TaskHooks,
+    ) -> Result<TaskId, (TaskError, TaskHooks)> {
         let control = hooks.control.clone();
         let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
         let ttl = identity.options.ttl.or(self.shared.config.default_ttl);
-        let (id, cancel_now) = self.commit(reservation, identity, hooks);
+        let (id, cancel_now) = self.commit(reservation, identity, hooks)?;
         if let Some(ttl) = ttl {
             self.arm_ttl(&id, ttl);
         }
@@ -77,7 +96,7 @@ impl TaskRegistry {
             let id = id.clone();
             tokio::spawn(async move { registry.teardown(&id, "owner disposed").await });
         }
-        id
+        Ok(id)
     }
 
     pub(super) fn preflight(&self, kind: &str, label: &str, owner: Option<&Agent>) -> Result<Reservation, TaskError> {
@@ -148,21 +167,23 @@ impl TaskRegistry {
         Ok(())
     }
 
-    pub(super) fn commit(&self, mut reservation: Reservation, identity: Identity, hooks: TaskHooks) -> (TaskId, bool) {
+    #[allow(clippy::result_large_err)]
+    pub(super) fn commit(
+        &self,
+        mut reservation: Reservation,
+        identity: Identity,
+        hooks: TaskHooks,
+    ) -> Result<(TaskId, bool), (TaskError, TaskHooks)> {
         let Identity { kind, label, owner, producer_info, options } = identity;
-        let TaskHooks { control, done } = hooks;
         // Whatever needs no id is made before the lock is taken.
         let started_at = unix_nanos(SystemTime::now());
         let label = label.into_boxed_str();
         let producer_info = producer_info.map(String::into_boxed_str);
-        let streams_output = control.streams_output();
+        let streams_output = hooks.control.streams_output();
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
         release_start(&mut state, &self.shared, bucket_key);
-        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
-            bucket.live += 1;
-        }
 
         let mut counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
             Some(next) => {
@@ -191,19 +212,50 @@ impl TaskRegistry {
         if !state.next_id_by_kind.contains_key(kind.as_str()) {
             state.next_id_by_kind.insert(kind, counter);
         }
-        let seq = state.next_seq;
-        state.next_seq += 1;
-
-        let mut cancel_now = state.disposed;
         let mut owner_ref = None;
         if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
-            scope.tasks.push(id.clone());
-            cancel_now |= scope.closing;
             owner_ref = Some(scope.owner.clone());
         }
         // The scope outlives every start in flight (its cleanup waits for
         // them), so this is only a fallback.
         let owner = owner.map(|agent| owner_ref.unwrap_or_else(|| Arc::new(Owner::of(&agent))));
+
+        // Write-ahead: the record is committed to the store before the id is
+        // returned. A store that cannot write it refuses the start: a task
+        // whose record is missing would vanish at a restart (its tree
+        // unowned), and an MCP task must be durably created before it is
+        // announced. The refused number is never issued again.
+        let mut stored = StoredTask::new(
+            id.clone(),
+            &id.as_str()[..usize::from(kind_len)],
+            &*label,
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at),
+        );
+        stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
+        stored.producer_info = producer_info.as_deref().map(str::to_string);
+        // Kept only for a stable owner: nobody else's task outlives this process.
+        stored.tree =
+            hooks.control.handed_over_tree().filter(|_| owner.as_ref().is_some_and(|o| o.durable)).map(StoredTree::new);
+        if let Err(error) = self.shared.store.record_start(&stored) {
+            let error = TaskError::NotRecorded {
+                id: id.clone(),
+                store: self.shared.store.describe(),
+                cause: error.to_string(),
+            };
+            return Err((error, hooks));
+        }
+
+        let TaskHooks { control, done } = hooks;
+        if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
+            bucket.live += 1;
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let mut cancel_now = state.disposed;
+        if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
+            scope.tasks.push(id.clone());
+            cancel_now |= scope.closing;
+        }
         // Spawned under the lock so the record can hold its abort handle; the
         // watcher's first settle simply waits for this commit to finish.
         let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
@@ -219,23 +271,6 @@ impl TaskRegistry {
         });
         if let Some(log) = &output_log {
             self.watch_stalls(&id, log);
-        }
-        // Write-ahead: the record is committed to the store before the id is
-        // returned. A store that cannot write does not stop the task (its
-        // work already runs); it is logged, and the task is not durable.
-        let mut stored = StoredTask::new(
-            id.clone(),
-            &id.as_str()[..usize::from(kind_len)],
-            &*label,
-            SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at),
-        );
-        stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
-        stored.producer_info = producer_info.as_deref().map(str::to_string);
-        // Kept only for a stable owner: nobody else's task outlives this process.
-        stored.tree =
-            control.handed_over_tree().filter(|_| owner.as_ref().is_some_and(|o| o.durable)).map(StoredTree::new);
-        if let Err(error) = self.shared.store.record_start(&stored) {
-            tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record the task's start in the store; it will not survive a restart");
         }
         state.tasks.insert(Box::new(Record {
             seq,
@@ -261,9 +296,27 @@ impl TaskRegistry {
         {
             let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
         }
-        (id, cancel_now)
+        Ok((id, cancel_now))
     }
 }
+
+/// Stops the work of a start the store refused: its runner ran, nobody
+/// will ever hold its id. The cancel and the end are awaited in the
+/// background (bounded by the producer's own grace), so the refusal is
+/// answered at once.
+fn stop_unrecorded(hooks: TaskHooks) {
+    let TaskHooks { control, done } = hooks;
+    tokio::spawn(async move {
+        if let Err(error) = control.cancel(Some("its start could not be recorded")).await {
+            tracing::warn!(%error, "stopping the work of an unrecorded start failed");
+        }
+        let _ = tokio::time::timeout(UNRECORDED_STOP_BOUND, done).await;
+    });
+}
+
+/// How long the end of an unrecorded start's work is awaited after its
+/// cancel (its tree's kill grace is shorter).
+const UNRECORDED_STOP_BOUND: Duration = Duration::from_secs(30);
 
 /// What a start says about its task, kept for the commit.
 pub(super) struct Identity {

@@ -19,11 +19,9 @@
 //!   committed when the call returns (they decide what happens after a
 //!   crash); the reporting state may lag by a crash, which at worst repeats
 //!   no notice (a record noticed but not yet marked is told again once).
-//!
-//! Where the later steps plug in: the launch fence (a record written before
-//! the producer's runner, confirmed by the commit) and the re-adoption of
-//! live trees are [`StoredTask`] fields and one more transition each; the
-//! time to live is a deadline column the registry's sweeper reads.
+//! - **Refused when unrecorded.** A start whose [`TaskStore::record_start`]
+//!   fails is refused ([`crate::tasks::TaskError::NotRecorded`]) and its
+//!   work stopped: no id is returned for a task a restart would not know.
 
 mod memory;
 

@@ -161,8 +161,20 @@ impl ProcessView<'_> {
                     let durable = DurableSpawn::new(dir.clone(), dir.join("k.sock"), ttl);
                     match capability.host.spawn_durable(&owner, &capability.grant, request, durable, &span).await {
                         Ok(process) => {
+                            let kept = HandedOverTree::new(process.record().clone(), grace);
+                            if let Err(error) = crate::durable_tasks::record_launch(&dir, &kept) {
+                                let _ = process.kill();
+                                return Err(failed(std::io::Error::new(
+                                    error.kind(),
+                                    format!(
+                                        "cannot record the launch of the durable tree in {} ({error}); \
+                                         is the state directory full?",
+                                        dir.display()
+                                    ),
+                                )));
+                            }
                             tracing::info!(pid = process.pid(), dir = %dir.display(), "durable tree handed over");
-                            let kept = HandedOverTree::new(process.record().clone(), grace).to_text();
+                            let kept = kept.to_text();
                             let tree = FollowedTree::follow(process, sink, TreeCursor::default(), grace);
                             Ok((Tree::HandedOver(tree), Some(kept)))
                         }

@@ -1,0 +1,119 @@
+//! The launch fence through `taskhost serve --owner`, real SQLite and real
+//! processes: a start the store cannot record is refused and its command
+//! stopped; a server killed after a command's launch but before its record
+//! leaves no command running (the next server kills it), and nobody is
+//! ever shown an id for it. The store is held unwritable by holding its
+//! write lock from the test (SQLite's own locking: the server's write
+//! waits its busy timeout, 5 s, then fails). Every wait ends on an event: a
+//! FIFO the command holds open for writing opens when it launched and reads
+//! its end of file when it died.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{self, call, only_text, temp_dir, texts};
+use crate::durable::{serve, sigkill, store_file};
+
+fn fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// A command that holds `fifo` open for writing for ten minutes: the
+/// reader's open returns once it launched, its read ends when it died.
+fn holding(fifo: &Path) -> String {
+    format!("exec sleep 600 > {}", fifo.display())
+}
+
+/// Opens `fifo` for reading: returns once the command opened it (launched).
+async fn launched(fifo: PathBuf) -> std::fs::File {
+    tokio::time::timeout(Duration::from_secs(30), tokio::task::spawn_blocking(move || std::fs::File::open(fifo)))
+        .await
+        .expect("the command never launched")
+        .unwrap()
+        .unwrap()
+}
+
+/// Reads the FIFO to its end: returns once every writer (the command) is gone.
+async fn died(mut reader: std::fs::File, what: &str) {
+    let ended = tokio::task::spawn_blocking(move || {
+        use std::io::Read as _;
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).map(|_| rest)
+    });
+    let rest = tokio::time::timeout(Duration::from_secs(30), ended)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the command still runs after 30 s"))
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty(), "{what}: {rest:?}");
+}
+
+/// Holds the store's write lock until dropped (a transaction never committed).
+fn hold_write_lock(dir: &Path) -> rusqlite::Connection {
+    let store = rusqlite::Connection::open(store_file(dir)).expect("the store opens");
+    store.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+    store
+}
+
+#[tokio::test]
+async fn a_start_the_store_cannot_record_is_refused_and_a_crash_before_the_record_leaves_nothing_running() {
+    let dir = temp_dir("launch-fence");
+    let (client, child) = serve(&dir, Some("alice")).await;
+    let peer = client.peer().clone();
+    let warm =
+        common::started_task(&call(&peer, "bash", json!({"command": "echo warm", "run_in_background": true})).await);
+    let read = texts(&call(&peer, "task_output", json!({"task_id": warm, "wait": true, "timeout_ms": 30000})).await);
+    assert_eq!(read[0], "warm\n[status: completed, exit code: 0]");
+
+    // The store cannot write for longer than the server waits: refused, and
+    // the command it launched is stopped.
+    let first = dir.join("first.fifo");
+    fifo(&first);
+    let lock = hold_write_lock(&dir);
+    let starting = {
+        let (peer, command) = (peer.clone(), holding(&first));
+        tokio::spawn(async move { call(&peer, "bash", json!({"command": command, "run_in_background": true})).await })
+    };
+    let reader = launched(first).await;
+    let refused = starting.await.unwrap();
+    drop(lock);
+    assert!(common::is_error(&refused), "{refused:?}");
+    let text = only_text(&refused);
+    assert!(text.contains("could not be recorded in the task store") && text.contains("retry"), "{text}");
+    died(reader, "the command of a refused start").await;
+    let list = texts(&call(&peer, "task_list", json!({})).await);
+    assert_eq!(list[0].lines().filter(|l| l.contains("[bash]")).count(), 1, "only the warm task: {list:?}");
+
+    // The server dies after the launch, before the record: the next one
+    // kills what it launched, and nobody was ever shown an id for it.
+    let second = dir.join("second.fifo");
+    fifo(&second);
+    let lock = hold_write_lock(&dir);
+    let starting = {
+        let (peer, command) = (peer.clone(), holding(&second));
+        tokio::spawn(async move { call(&peer, "bash", json!({"command": command, "run_in_background": true})).await })
+    };
+    let reader = launched(second).await;
+    sigkill(child, client).await;
+    starting.abort();
+    drop(lock);
+    let (client, mut child) = serve(&dir, Some("alice")).await;
+    died(reader, "a command whose start was never recorded, after the restart").await;
+    let peer = client.peer();
+    let list = texts(&call(peer, "task_list", json!({})).await);
+    let tasks: Vec<&str> = list[0].lines().filter(|l| l.contains("[bash]")).collect();
+    assert_eq!(tasks.len(), 1, "only the warm task: {list:?}");
+    assert!(tasks[0].contains(&warm), "{list:?}");
+    // And it serves: a fresh id, never one issued before.
+    let after =
+        common::started_task(&call(peer, "bash", json!({"command": "echo after", "run_in_background": true})).await);
+    assert_ne!(after, warm);
+    let read = texts(&call(peer, "task_output", json!({"task_id": after, "wait": true, "timeout_ms": 30000})).await);
+    assert_eq!(read[0], "after\n[status: completed, exit code: 0]");
+    drop(client);
+    let _ = child.wait().await;
+}
