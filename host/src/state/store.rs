@@ -26,15 +26,16 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::server_lock;
 use taskhost_core::ids::{SessionId, TaskId};
-use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{
-    ReportState, StoreError, StoredEnd, StoredOwner, StoredState, StoredTask, StoredTree, TaskStore,
+    ReportState, StoreError, StoredEnd, StoredOptions, StoredOwner, StoredState, StoredTask, StoredTree, TaskStore,
+    input_name, parse_input,
 };
+use taskhost_core::tasks::{TaskInput, TaskStatus};
 
 /// The store's file in the state directory.
 pub const STORE_FILE: &str = "tasks.sqlite3";
 /// The schema this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 /// `PRAGMA application_id`: "tskh".
 const APPLICATION_ID: i64 = 0x7473_6b68;
 /// How long a write waits for another server's write to the same file.
@@ -66,6 +67,13 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tasks ADD COLUMN tree TEXT;
     ALTER TABLE tasks ADD COLUMN tree_cursor TEXT;
 ",
+    "
+    ALTER TABLE tasks ADD COLUMN input TEXT;
+    ALTER TABLE tasks ADD COLUMN notify_pattern TEXT;
+    ALTER TABLE tasks ADD COLUMN notify_stalled_ms INTEGER;
+    ALTER TABLE tasks ADD COLUMN ttl_ms INTEGER;
+    ALTER TABLE tasks ADD COLUMN expires_at_ns INTEGER;
+",
 ];
 
 /// The SQLite task store of one server.
@@ -81,6 +89,10 @@ pub struct SqliteStore {
 
 fn nanos(at: SystemTime) -> i64 {
     at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn time(nanos: i64) -> SystemTime {
@@ -241,6 +253,16 @@ fn stored_task(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredTask> {
     task.producer_info = row.get("producer_info")?;
     task.reporting = ReportState::parse(&reporting).unwrap_or(ReportState::Reported);
     task.output = row.get("output")?;
+    let millis = |column: &str| -> rusqlite::Result<Option<Duration>> {
+        Ok(row.get::<_, Option<i64>>(column)?.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis))
+    };
+    let mut options = StoredOptions::default();
+    options.input = row.get::<_, Option<String>>("input")?.map_or(TaskInput::Unsupported, |word| parse_input(&word));
+    options.notify_pattern = row.get("notify_pattern")?;
+    options.notify_stalled = millis("notify_stalled_ms")?;
+    options.ttl = millis("ttl_ms")?;
+    options.expires_at = row.get::<_, Option<i64>>("expires_at_ns")?.map(time);
+    task.options = options;
     if let Some(record) = row.get::<_, Option<String>>("tree")? {
         let mut tree = StoredTree::new(record);
         tree.cursor = row.get("tree_cursor")?;
@@ -318,8 +340,9 @@ impl TaskStore for SqliteStore {
         transaction
             .execute(
                 "INSERT INTO tasks (id, kind, label, owner, owner_durable, server, status, detail, started_at_ns,
-                                    finished_at_ns, producer_info, reporting, output, tree, tree_cursor)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                                    finished_at_ns, producer_info, reporting, output, tree, tree_cursor,
+                                    input, notify_pattern, notify_stalled_ms, ttl_ms, expires_at_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
                 params![
                     task.id.as_str(),
                     task.kind,
@@ -336,6 +359,11 @@ impl TaskStore for SqliteStore {
                     task.output,
                     task.tree.as_ref().map(|t| t.record.as_str()),
                     task.tree.as_ref().and_then(|t| t.cursor.as_deref()),
+                    input_name(task.options.input),
+                    task.options.notify_pattern,
+                    task.options.notify_stalled.map(millis),
+                    task.options.ttl.map(millis),
+                    task.options.expires_at.map(nanos),
                 ],
             )
             .map_err(|error| self.error(&format!("recording the start of {}", task.id), error))?;
@@ -384,6 +412,13 @@ impl TaskStore for SqliteStore {
             )
             .map_err(|error| self.error("recording where a tree's output was read to", error))?;
         Ok(())
+    }
+
+    fn set_expiry(&self, id: &TaskId, expires_at: SystemTime) -> Result<(), StoreError> {
+        self.connection()
+            .execute("UPDATE tasks SET expires_at_ns = ?1 WHERE id = ?2", params![nanos(expires_at), id.as_str()])
+            .map(|_| ())
+            .map_err(|error| self.error("recording a renewed time to live", error))
     }
 
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {

@@ -33,7 +33,7 @@ async fn serve_http(dir: &Path) -> (Client, tokio::process::Child) {
 }
 
 /// `taskhost serve --owner NAME` over stdio in `dir`, and a client on it.
-async fn serve_owner(dir: &Path, owner: &str) -> (Client, tokio::process::Child) {
+pub(crate) async fn serve_owner(dir: &Path, owner: &str) -> (Client, tokio::process::Child) {
     let mut child = serve_command(dir, None)
         .arg("--owner")
         .arg(owner)
@@ -48,7 +48,7 @@ async fn serve_owner(dir: &Path, owner: &str) -> (Client, tokio::process::Child)
     (().serve((stdout, stdin)).await.expect("initialize over stdio"), child)
 }
 
-async fn sigkill(mut child: tokio::process::Child, client: Client) {
+pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
     child.start_kill().expect("SIGKILL the server");
     child.wait().await.expect("the server is reaped");
     drop(client);

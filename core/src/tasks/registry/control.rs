@@ -210,7 +210,7 @@ impl TaskRegistry {
             fenced(&state, id, caller)?;
             let ticket = state.wait_ticket();
             let record = state.tasks.get_mut(id).ok_or_else(|| TaskError::UnknownTask(id.clone()))?;
-            record.renew_ttl();
+            self.shared.renew_ttl(record);
             let aborted = abort.is_some_and(CancellationToken::is_cancelled);
             if record.status.is_terminal() && !(aborted && on_abort == AbortedWait::Fail) {
                 return self.report_terminal(state, id).ok_or_else(|| TaskError::UnknownTask(id.clone()));

@@ -156,7 +156,7 @@ impl TaskRegistry {
         let (snapshot, control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            record.renew_ttl();
+            self.shared.renew_ttl(record);
             let newly_reported = record.status.is_terminal() && record.reporting != state::Reporting::Reported;
             let held = if record.status.is_terminal() { record.mark_reported() } else { None };
             if newly_reported {
@@ -216,7 +216,7 @@ impl TaskRegistry {
         let (control, output) = {
             let mut state = self.shared.lock();
             let record = fenced_mut(&mut state, id, caller)?;
-            record.renew_ttl();
+            self.shared.renew_ttl(record);
             (record.control.clone(), record.output_source())
         };
         let output = match output {

@@ -253,6 +253,8 @@ impl TaskRegistry {
         let Ok(kind_len) = u8::try_from(task.kind.len()) else { return };
         let id = task.id.clone();
         let session = owner.session.clone();
+        // Served as its start asked: its input, milestones and time to live.
+        let options = task.options.to_options();
         let output_log = control.streams_output().then(|| {
             let target = self.shared.output_files.get().map(|files| FileTarget {
                 files: files.clone(),
@@ -260,8 +262,11 @@ impl TaskRegistry {
                 task: id.clone(),
             });
             let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
-            Arc::new(StreamOutput::new(TaskOutput::new(log, &TaskOptions::default())))
+            Arc::new(StreamOutput::new(TaskOutput::new(log, &options)))
         });
+        if let Some(log) = &output_log {
+            self.watch_stalls(&id, log);
+        }
         {
             let mut state = self.shared.lock();
             let seq = state.next_seq;
@@ -280,13 +285,20 @@ impl TaskRegistry {
                 reporting: Reporting::Untold,
                 pending_reporters: 0,
                 producer_info: task.producer_info.map(String::into_boxed_str),
-                input: TaskInput::Unsupported,
+                input: options.input,
                 control: control.clone(),
                 output_log,
                 watcher,
                 waits: None,
                 lifetime: None,
             }));
+        }
+        if let Some(ttl) = options.ttl {
+            // The deadline the store holds (renewed by reads before the
+            // restart); one already past stops the task at once.
+            let left =
+                task.options.expires_at.map_or(ttl, |at| at.duration_since(SystemTime::now()).unwrap_or_default());
+            self.arm_ttl_until(&id, ttl, tokio::time::Instant::now() + left);
         }
         control.watch_output(self.output_signal(&id, Some(session)));
     }

@@ -13,7 +13,7 @@ use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
 use super::state::{Bucket, Owner, OwnerScope, Record, Reporting, State, bucket_mut, unix_nanos};
 use super::*;
-use crate::tasks::store::{StoredOwner, StoredTask, StoredTree};
+use crate::tasks::store::{StoredOptions, StoredOwner, StoredTask, StoredTree};
 
 impl TaskRegistry {
     /// Registers background work: preflight, then `spec.run` exactly once,
@@ -234,6 +234,9 @@ impl TaskRegistry {
         stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
         stored.producer_info = producer_info.as_deref().map(str::to_string);
         // Kept only for a stable owner: nobody else's task outlives this process.
+        let ttl = options.ttl.or(self.shared.config.default_ttl);
+        let expires_at = ttl.map(|ttl| SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at) + ttl);
+        stored.options = StoredOptions::of(&options, ttl, expires_at);
         stored.tree =
             hooks.control.handed_over_tree().filter(|_| owner.as_ref().is_some_and(|o| o.durable)).map(StoredTree::new);
         if let Err(error) = self.shared.store.record_start(&stored) {

@@ -178,6 +178,8 @@ pub(super) struct Record {
 pub(super) struct Ttl {
     pub(super) ttl: Duration,
     pub(super) deadline: tokio::time::Instant,
+    /// The deadline the store holds (see `ttl::STORED_EXPIRY_STEP`).
+    pub(super) stored: tokio::time::Instant,
     /// The warning for the current deadline was injected.
     pub(super) warned: bool,
     pub(super) watcher: Option<tokio::task::AbortHandle>,

@@ -29,16 +29,27 @@ pub fn warning_lead(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(300))
 }
 
+/// How far a renewal must move the deadline past the one last stored
+/// before it is written again: a task read many times a second costs the
+/// store one write a second, and a restart restores a deadline at most
+/// this much early.
+const STORED_EXPIRY_STEP: Duration = Duration::from_secs(1);
+
 impl Record {
-    /// A read by the owner: the deadline moves to `TTL` from now.
-    pub(super) fn renew_ttl(&mut self) {
+    /// A read by the owner: the deadline moves to `TTL` from now. Returns
+    /// the new deadline on the wall clock when the store should hear of it.
+    fn renew_ttl(&mut self) -> Option<std::time::SystemTime> {
         if self.status.is_terminal() {
-            return;
+            return None;
         }
-        if let Some(ttl) = self.ttl_mut() {
-            ttl.deadline = Instant::now() + ttl.ttl;
-            ttl.warned = false;
+        let ttl = self.ttl_mut()?;
+        ttl.deadline = Instant::now() + ttl.ttl;
+        ttl.warned = false;
+        if ttl.deadline < ttl.stored + STORED_EXPIRY_STEP {
+            return None;
         }
+        ttl.stored = ttl.deadline;
+        Some(ttl.expires_at())
     }
 
     /// Ends the watch (at settlement).
@@ -57,9 +68,28 @@ enum Step {
     Done,
 }
 
+impl super::Shared {
+    /// A read by `record`'s owner renews its time to live (see
+    /// [`Record::renew_ttl`]); the new deadline is recorded in the store,
+    /// so a restart keeps it. A store that cannot write is logged.
+    pub(super) fn renew_ttl(&self, record: &mut Record) {
+        if let Some(expires_at) = record.renew_ttl()
+            && let Err(error) = self.store.set_expiry(&record.id, expires_at)
+        {
+            tracing::error!(task = %record.id, store = %self.store.describe(), %error, "cannot record the renewed time to live");
+        }
+    }
+}
+
 impl TaskRegistry {
     /// Gives a just-started task its time to live and starts its watch.
     pub(super) fn arm_ttl(&self, id: &TaskId, ttl: Duration) {
+        self.arm_ttl_until(id, ttl, Instant::now() + ttl);
+    }
+
+    /// As [`Self::arm_ttl`], running out at `deadline` (a restored task's
+    /// stored deadline: it may be past, then the task is stopped at once).
+    pub(super) fn arm_ttl_until(&self, id: &TaskId, ttl: Duration, deadline: Instant) {
         let mut state = self.shared.lock();
         let Some(record) = state.tasks.get_mut(id) else { return };
         if record.status.is_terminal() {
@@ -104,7 +134,7 @@ impl TaskRegistry {
         })
         .abort_handle();
         record.lifetime.get_or_insert_default().ttl =
-            Some(Ttl { ttl, deadline: Instant::now() + ttl, warned: false, watcher: Some(watcher) });
+            Some(Ttl { ttl, deadline, stored: deadline, warned: false, watcher: Some(watcher) });
     }
 
     /// Decides the watcher's next step under the lock (a warning is marked

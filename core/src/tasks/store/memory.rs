@@ -112,6 +112,13 @@ impl TaskStore for MemoryStore {
         Ok(())
     }
 
+    fn set_expiry(&self, id: &TaskId, expires_at: std::time::SystemTime) -> Result<(), StoreError> {
+        if let Some((_, task)) = self.inner().tasks.get_mut(id) {
+            task.options.expires_at = Some(expires_at);
+        }
+        Ok(())
+    }
+
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {
         let mut inner = self.inner();
         for id in ids {

@@ -25,10 +25,10 @@
 
 mod memory;
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::ids::{SessionId, TaskId};
-use crate::tasks::TaskStatus;
+use crate::tasks::{NotifyOn, TaskInput, TaskOptions, TaskStatus};
 
 pub use memory::MemoryStore;
 
@@ -104,6 +104,71 @@ pub struct StoredTask {
     /// The durable process tree whose outcome is the task's (a plugin
     /// handed it over): a later process re-adopts it.
     pub tree: Option<StoredTree>,
+    /// How its start asked for it to be served: restored with a re-adopted
+    /// task (its input, its milestones, its time to live).
+    pub options: StoredOptions,
+}
+
+/// A start's [`crate::tasks::TaskOptions`] as the store keeps them, and the
+/// deadline of its time to live.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct StoredOptions {
+    pub input: TaskInput,
+    /// `notify_on.pattern`, as the owner wrote it.
+    pub notify_pattern: Option<String>,
+    /// `notify_on.stalled`.
+    pub notify_stalled: Option<Duration>,
+    pub ttl: Option<Duration>,
+    /// When the time to live runs out unless the owner reads the task
+    /// first (renewed by [`TaskStore::set_expiry`]).
+    pub expires_at: Option<SystemTime>,
+}
+
+impl StoredOptions {
+    /// What a start with `options` stores; `ttl` is the one in effect (its
+    /// own or the server's default), running out at `expires_at`.
+    pub fn of(options: &TaskOptions, ttl: Option<Duration>, expires_at: Option<SystemTime>) -> Self {
+        let notify = options.notify_on.as_ref();
+        Self {
+            input: options.input,
+            notify_pattern: notify.and_then(|n| n.pattern.as_ref()).map(|p| p.as_str().to_string()),
+            notify_stalled: notify.and_then(|n| n.stalled),
+            ttl,
+            expires_at,
+        }
+    }
+
+    /// The options to serve a restored task with. A pattern that no longer
+    /// compiles (a newer writer's syntax) is dropped, with a log line.
+    pub fn to_options(&self) -> TaskOptions {
+        let pattern = self.notify_pattern.as_deref().and_then(|text| {
+            regex::Regex::new(text)
+                .inspect_err(|error| tracing::warn!(%error, "a stored notify_on pattern does not compile; dropped"))
+                .ok()
+        });
+        let notify_on = (pattern.is_some() || self.notify_stalled.is_some())
+            .then(|| NotifyOn { pattern, stalled: self.notify_stalled });
+        TaskOptions::default().with_input(self.input).with_notify_on(notify_on).with_ttl(self.ttl)
+    }
+}
+
+/// The store's word for a [`TaskInput`].
+pub fn input_name(input: TaskInput) -> &'static str {
+    match input {
+        TaskInput::Unsupported => "unsupported",
+        TaskInput::NotRequested => "not-requested",
+        TaskInput::Open => "open",
+    }
+}
+
+/// The [`TaskInput`] a store's word names; an unknown word takes none.
+pub fn parse_input(word: &str) -> TaskInput {
+    match word {
+        "not-requested" => TaskInput::NotRequested,
+        "open" => TaskInput::Open,
+        _ => TaskInput::Unsupported,
+    }
 }
 
 /// A durable process tree a task's outcome is, as the store holds it. The
@@ -140,6 +205,7 @@ impl StoredTask {
             reporting: ReportState::Untold,
             output: None,
             tree: None,
+            options: StoredOptions::default(),
         }
     }
 
@@ -221,6 +287,14 @@ pub trait TaskStore: Send + Sync + 'static {
     /// keeps no tree).
     fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
         let _ = (id, cursor);
+        Ok(())
+    }
+
+    /// Records when a task's time to live runs out now (a read renewed
+    /// it). Default: not kept (the deadline a restart restores is then the
+    /// one recorded at the start).
+    fn set_expiry(&self, id: &TaskId, expires_at: SystemTime) -> Result<(), StoreError> {
+        let _ = (id, expires_at);
         Ok(())
     }
 

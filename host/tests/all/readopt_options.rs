@@ -1,0 +1,69 @@
+//! What a start asked for is kept with its re-adopted tree across a
+//! SIGKILL of `taskhost serve --owner` (issue 31): input to an interactive
+//! command, its `notify_on` milestone, and its time to live (the deadline
+//! the store holds, renewed by reads before the crash). Real SQLite, real
+//! processes, rmcp's client.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{self, call, only_text, read_until, temp_dir, texts};
+use crate::readopt::{serve_owner, sigkill};
+
+#[tokio::test]
+async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_the_server() {
+    let dir = temp_dir("readopt-options");
+    let (client, child) = serve_owner(&dir, "alice").await;
+    let peer = client.peer().clone();
+    let chat = common::started_task(
+        &call(
+            &peer,
+            "bash",
+            json!({
+                "command": "while read line; do echo \"got $line\"; done; echo bye",
+                "run_in_background": true,
+                "interactive": true,
+                "notify_on": {"pattern": "^got two"},
+            }),
+        )
+        .await,
+    );
+    let doomed = common::started_task(
+        &call(&peer, "bash", json!({"command": "sleep 600", "run_in_background": true, "ttl_ms": 3000})).await,
+    );
+    let sent = call(&peer, "task_input", json!({"task_id": chat, "text": "one\n"})).await;
+    assert!(!common::is_error(&sent), "{sent:?}");
+    read_until(&peer, &chat, "got one", Duration::from_secs(30)).await;
+    sigkill(child, client).await;
+
+    let (client, mut child) = serve_owner(&dir, "alice").await;
+    let peer = client.peer().clone();
+    // Input reaches the re-adopted command.
+    let sent = call(&peer, "task_input", json!({"task_id": chat, "text": "two\n"})).await;
+    assert!(!common::is_error(&sent), "input after the restart: {sent:?}");
+    // Its milestone still watches its output: one notice, with no read of it.
+    let milestone = format!("background task {chat} (bash: ");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = texts(&call(&peer, "task_list", json!({})).await);
+        if let Some(notice) = listed.iter().skip(1).find(|t| t.starts_with(&milestone)) {
+            assert!(notice.contains("printed a line matching /^got two/: got two"), "{notice}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no milestone notice: {listed:?}");
+        // An MCP client gets no event for a notice: it rides on the next result.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its time to live still runs: the unread command is stopped and says why.
+    let ended =
+        texts(&call(&peer, "task_output", json!({"task_id": doomed, "wait": true, "timeout_ms": 30_000})).await);
+    assert!(ended[0].starts_with("(no new output)\n[status: killed, reason: ttl expired after 3 s"), "{ended:?}");
+    // Closing the input ends the chat.
+    let closed = call(&peer, "task_input", json!({"task_id": chat, "text": "", "close": true})).await;
+    assert!(!common::is_error(&closed), "{}", only_text(&closed));
+    let rest = texts(&call(&peer, "task_output", json!({"task_id": chat, "wait": true, "timeout_ms": 30_000})).await);
+    assert!(rest[0].ends_with("bye\n[status: completed, exit code: 0]"), "{rest:?}");
+    drop(client);
+    let _ = child.wait().await;
+}
