@@ -49,6 +49,30 @@ fn trees_running(state: &Path) -> usize {
     entries.flatten().filter(|entry| entry.path().is_dir() && !entry.path().join("status").exists()).count()
 }
 
+/// Waits until no server lock of the store in `state` is held (at most
+/// 5 s; paced: a lock gives no event when released). The stopped server's
+/// lock goes with its store, and a child it was spawning holds a copy until
+/// its `exec`: in this one process the next server would take the lock's
+/// pid, which is alive, for a live server's and not claim its records.
+async fn locks_released(state: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let servers = state.join("tasks.servers");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    'wait: loop {
+        for entry in std::fs::read_dir(&servers).with_context(|| format!("reading {}", servers.display()))? {
+            let file = std::fs::File::open(entry?.path())?;
+            // SAFETY: flock on a descriptor this function owns (closed, and so
+            // unlocked, when `file` drops).
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                ensure!(Instant::now() < deadline, "the stopped server's lock {} is still held", servers.display());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue 'wait;
+            }
+        }
+        return Ok(());
+    }
+}
+
 /// The numbers of the `line N` lines of a read, checked to be nothing else.
 fn numbered(text: &str) -> anyhow::Result<Vec<usize>> {
     let body = text.rsplit_once("\n[status:").map_or(text, |(body, _)| body);
@@ -89,6 +113,7 @@ pub(super) async fn scene(started: Instant) -> anyhow::Result<()> {
     first.host.dispose().await;
     let Demo { host, agent, .. } = first;
     drop((host, agent));
+    locks_released(&state).await?;
     let running = trees_running(&state);
     println!("  (process trees still running under their keepers: {running})");
     ensure!(running == 1, "the stable owner's tree did not outlive its server ({running} running)");
