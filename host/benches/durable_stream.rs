@@ -2,7 +2,8 @@
 //! task streaming 1 GiB read >= 0.8x a raw pipe).
 //!
 //! Run: `cargo bench -p taskhost --bench durable_stream` (`-- --quick`:
-//! 256 MiB instead of 1 GiB; `-- --rounds R`, default 3). Prints one
+//! 256 MiB instead of 1 GiB; `-- --rounds R`, default 3; `-- --only raw`,
+//! `durable` or `plain` runs one way alone, for a profiler). Prints one
 //! table; docs/benchmarks-log.md quotes it.
 //!
 //! One host built as `taskhost serve` builds it (`setup::served_on_state`:
@@ -19,7 +20,8 @@
 //! 3. for comparison, the same as a plain owner's task (the plugin forwards
 //!    the output to the host, as in the `stream` bench).
 //!
-//! Reported: median MiB/s from the start call to the end, the share of
+//! Reported: median MiB/s from the start call to the end, the host's CPU
+//! time per GiB (this process: the tree's processes are not in it), the share of
 //! bytes the reader received (a read returns at most 64 KiB, the latest: a
 //! reader further behind is told what it skipped, and the log keeps it for
 //! views, as in the `stream` bench), and the ratio to the baseline.
@@ -48,10 +50,25 @@ struct Run {
     time: Duration,
     delivered: u64,
     reads: u64,
+    /// CPU time (user + system) of this process, all threads, over the run:
+    /// the host's share (the tree's processes and `head` are not in it).
+    cpu: Duration,
+}
+
+/// CPU time (user + system) this process used so far, all threads.
+fn own_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 async fn raw_pipe(size: u64) -> Run {
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), own_cpu());
     let mut child = tokio::process::Command::new("head")
         .args(["-c", &size.to_string(), "/dev/zero"])
         .stdout(std::process::Stdio::piped())
@@ -69,7 +86,7 @@ async fn raw_pipe(size: u64) -> Run {
         delivered += n as u64;
     }
     child.wait().await.unwrap();
-    Run { time: t.elapsed(), delivered, reads }
+    Run { time: t.elapsed(), delivered, reads, cpu: own_cpu() - cpu }
 }
 
 /// Starts the stream as `agent`'s background bash task and reads it to its
@@ -77,7 +94,7 @@ async fn raw_pipe(size: u64) -> Run {
 /// nothing.
 async fn registry(host: &Host, agent: &Agent, size: u64) -> Run {
     let mut events = host.registry().subscribe();
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), own_cpu());
     let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
     let reply = host.call_tool("bash", args, &CallContext::for_agent(agent)).await.unwrap();
     let id = reply.started.expect("a background start");
@@ -100,7 +117,7 @@ async fn registry(host: &Host, agent: &Agent, size: u64) -> Run {
             let _ = events.recv().await;
         }
     }
-    Run { time: t.elapsed(), delivered, reads }
+    Run { time: t.elapsed(), delivered, reads, cpu: own_cpu() - cpu }
 }
 
 fn main() {
@@ -112,6 +129,11 @@ fn main() {
 async fn run() {
     let args: Vec<String> = std::env::args().collect();
     let size: u64 = if args.iter().any(|a| a == "--quick") { 256 << 20 } else { 1 << 30 };
+    let only = args.iter().position(|a| a == "--only").and_then(|at| args.get(at + 1)).map(|way| {
+        ["raw", "durable", "plain"].iter().position(|name| name == way).unwrap_or_else(|| {
+            panic!("--only takes raw, durable or plain, not {way:?}");
+        })
+    });
     let rounds: usize =
         args.iter().position(|a| a == "--rounds").and_then(|at| args.get(at + 1)).map_or(3, |n| n.parse().unwrap());
     let dir = tempfile::Builder::new().prefix("taskhost-durable-stream-").tempdir().unwrap();
@@ -138,9 +160,13 @@ async fn run() {
     let mut throughput: [Vec<f64>; 3] = Default::default();
     let mut delivered: [Vec<f64>; 3] = Default::default();
     let mut last: [Option<Run>; 3] = Default::default();
+    let mut cpu: [Vec<f64>; 3] = Default::default();
     for round in 0..rounds {
         for k in 0..NAMES.len() {
             let way = (round + k) % NAMES.len();
+            if only.is_some_and(|only| only != way) {
+                continue;
+            }
             let run = match way {
                 0 => raw_pipe(size).await,
                 1 => registry(&host, &stable, size).await,
@@ -148,8 +174,19 @@ async fn run() {
             };
             throughput[way].push(mib(size) / run.time.as_secs_f64());
             delivered[way].push(100.0 * run.delivered as f64 / size as f64);
+            cpu[way].push(run.cpu.as_secs_f64() * 1000.0 / mib(size) * 1024.0);
             last[way] = Some(run);
         }
+    }
+    if let Some(way) = only {
+        let rate = median(&mut throughput[way]);
+        println!(
+            "{}: {rate:.0} MiB/s, median of {rounds} rounds; host CPU {:.0} ms per GiB",
+            NAMES[way],
+            median(&mut cpu[way])
+        );
+        host.dispose().await;
+        return;
     }
     let base = median(&mut throughput[0].clone());
     println!("stream {} MiB of stdout, median of {rounds} rounds (rotating order):", size >> 20);
@@ -159,12 +196,14 @@ async fn run() {
         let rate = median(&mut throughput[way]);
         let run = last[way].as_ref().unwrap();
         println!(
-            "  {:<30} {:>7.0} MiB/s (rounds {all:.0?}; last {:>6.2?}, {:>6} reads)  delivered {:>5.1}%  ratio {:.2}x",
+            "  {:<30} {:>7.0} MiB/s (rounds {all:.0?}; last {:>6.2?}, {:>6} reads)  delivered {:>5.1}%  \
+             host CPU {:>5.0} ms/GiB  ratio {:.2}x",
             NAMES[way],
             rate,
             run.time,
             run.reads,
             median(&mut delivered[way]),
+            median(&mut cpu[way]),
             rate / base
         );
     }
