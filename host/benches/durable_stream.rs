@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo bench -p taskhost --bench durable_stream` (`-- --quick`:
 //! 256 MiB instead of 1 GiB; `-- --rounds R`, default 3; `-- --only raw`,
-//! `durable` or `plain` runs one way alone, for a profiler). Prints one
+//! `durable`, `plain` or `drain` runs one way alone, for a profiler). Prints one
 //! table; docs/benchmarks-log.md quotes it.
 //!
 //! One host built as `taskhost serve` builds it (`setup::served_on_state`:
@@ -18,7 +18,9 @@
 //!    `TaskRegistry::read` (default 64 KiB read limit) until the task ended,
 //!    waiting for the registry's next event after a read that found nothing;
 //! 3. for comparison, the same as a plain owner's task (the plugin forwards
-//!    the output to the host, as in the `stream` bench).
+//!    the output to the host, as in the `stream` bench);
+//! 4. the stable owner's task with nobody reading until it ended (the
+//!    keeper, the follower and the registry's drain alone).
 //!
 //! Reported: median MiB/s from the start call to the end, the host's CPU
 //! time per GiB (this process: the tree's processes are not in it), the share of
@@ -120,6 +122,22 @@ async fn registry(host: &Host, agent: &Agent, size: u64) -> Run {
     Run { time: t.elapsed(), delivered, reads, cpu: own_cpu() - cpu }
 }
 
+/// Starts the stream as `agent`'s background bash task and reads nothing
+/// until it ended (one read then): the keeper, the follower and the
+/// registry's drain alone.
+async fn drain_only(host: &Host, agent: &Agent, size: u64) -> Run {
+    let (t, cpu) = (Instant::now(), own_cpu());
+    let args = json!({"command": format!("head -c {size} /dev/zero"), "run_in_background": true});
+    let reply = host.call_tool("bash", args, &CallContext::for_agent(agent)).await.unwrap();
+    let id = reply.started.expect("a background start");
+    let end = host.registry().wait(&id, Duration::from_secs(300), Some(agent), None).await.unwrap();
+    assert!(end.status.is_terminal(), "the stream did not end within 300 s");
+    let (time, cpu) = (t.elapsed(), own_cpu() - cpu);
+    let read = host.registry().read(&id, Some(agent)).await.unwrap();
+    let kept = read.text.split_once('\n').map_or(0, |(_, rest)| rest.len()) as u64;
+    Run { time, delivered: kept, reads: 1, cpu }
+}
+
 fn main() {
     // Process trees start as this binary in keeper mode, as in `taskhost`.
     taskhost::process::keeper::run_if_keeper();
@@ -130,8 +148,8 @@ async fn run() {
     let args: Vec<String> = std::env::args().collect();
     let size: u64 = if args.iter().any(|a| a == "--quick") { 256 << 20 } else { 1 << 30 };
     let only = args.iter().position(|a| a == "--only").and_then(|at| args.get(at + 1)).map(|way| {
-        ["raw", "durable", "plain"].iter().position(|name| name == way).unwrap_or_else(|| {
-            panic!("--only takes raw, durable or plain, not {way:?}");
+        ["raw", "durable", "plain", "drain"].iter().position(|name| name == way).unwrap_or_else(|| {
+            panic!("--only takes raw, durable, plain or drain, not {way:?}");
         })
     });
     let rounds: usize =
@@ -155,12 +173,16 @@ async fn run() {
     let stable = host.create_durable_agent("owner:bench", "owner:bench").unwrap();
     let plain = host.create_agent("stdio-bench", "stdio-bench").unwrap();
 
-    const NAMES: [&str; 3] =
-        ["tokio pipe read (baseline)", "durable task, registry reads", "  plain task, registry reads"];
-    let mut throughput: [Vec<f64>; 3] = Default::default();
-    let mut delivered: [Vec<f64>; 3] = Default::default();
-    let mut last: [Option<Run>; 3] = Default::default();
-    let mut cpu: [Vec<f64>; 3] = Default::default();
+    const NAMES: [&str; 4] = [
+        "tokio pipe read (baseline)",
+        "durable task, registry reads",
+        "  plain task, registry reads",
+        "  durable task, nobody reading",
+    ];
+    let mut throughput: [Vec<f64>; 4] = Default::default();
+    let mut delivered: [Vec<f64>; 4] = Default::default();
+    let mut last: [Option<Run>; 4] = Default::default();
+    let mut cpu: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {
         for k in 0..NAMES.len() {
             let way = (round + k) % NAMES.len();
@@ -170,7 +192,8 @@ async fn run() {
             let run = match way {
                 0 => raw_pipe(size).await,
                 1 => registry(&host, &stable, size).await,
-                _ => registry(&host, &plain, size).await,
+                2 => registry(&host, &plain, size).await,
+                _ => drain_only(&host, &stable, size).await,
             };
             throughput[way].push(mib(size) / run.time.as_secs_f64());
             delivered[way].push(100.0 * run.delivered as f64 / size as f64);
