@@ -10,7 +10,7 @@
 //! with an escaped daemon, a long foreground call moved to the background,
 //! a milestone notice, views that consume nothing, `task_wait`, input to an
 //! interactive command, completion notices, the task list, and a restart of
-//! the server that keeps a stable owner's task ([`restart`]). Each step
+//! the server that keeps a stable owner's task (`restart`). Each step
 //! checks what it claims, so the demo fails loudly instead of telling a
 //! wrong story.
 

@@ -6,7 +6,7 @@
 //! ([`served_on_state`]: the SQLite store in the state directory, the
 //! default tools), on a fresh temporary state directory (and compile cache)
 //! removed at the end, so the user's own state is never read or written.
-//! The first is stopped as `serve` stops on SIGTERM ([`Host::dispose`], then
+//! The first is stopped as `serve` stops on SIGTERM ([`taskhost_core::Host::dispose`], then
 //! dropped with its store's lock); the second re-adopts the tree at start-up.
 //!
 //! Invariants (each checked, so a wrong story fails the demo): the task has
