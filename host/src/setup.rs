@@ -542,6 +542,22 @@ pub async fn served_from_config_gated(
     Ok((host, plugins))
 }
 
+/// The host `serve` runs: as [`served_from_config_gated`], on the task store
+/// `[state]` names (SQLite in the state directory by default), so its
+/// earlier records are restored and its stable owners' handed-over trees
+/// re-adopted. The store's lock is held until the host and every plugin
+/// are dropped.
+pub async fn served_on_state(
+    config: &Config,
+    base_dir: &Path,
+    gate: LoadGate,
+    trust: Option<Arc<TrustPolicy>>,
+) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
+    let state = StateDir::open_configured(&config.state)?;
+    let store = state.task_store(&config.state)?;
+    served_from_config_gated(config, base_dir, gate, trust, Some(store)).await
+}
+
 /// Serves `plan` as a [`LoadingProducer`] listed with its cached
 /// descriptor, and loads it in the background: the engine, the compiled
 /// code, the validation instance and a real `describe`, which wins over the

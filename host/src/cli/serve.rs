@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::mcp::{McpServer, http, stdio};
 use crate::plugin::producer::LoadGate;
 use crate::reload::{ReloadablePlugin, WatchOptions};
-use crate::setup::served_from_config_gated;
+use crate::setup::served_on_state;
 use crate::state::StateDir;
 use crate::state::trust::{TrustPolicy, TrustStore};
 
@@ -90,9 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(owner) = &owner {
         crate::mcp::settings::check_owner_name(owner).context("--owner")?;
     }
-    let state = StateDir::open_configured(&config.state)?;
-    let store = state.task_store(&config.state)?;
-    let (host, plugins) = served_from_config_gated(&config, &base_dir, gate.clone(), Some(trust), Some(store)).await?;
+    let (host, plugins) = served_on_state(&config, &base_dir, gate.clone(), Some(trust)).await?;
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     // Over HTTP the dashboard follows every plugin's reloads from its start:

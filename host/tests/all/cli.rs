@@ -64,9 +64,20 @@ fn the_demo_runs_its_whole_story() {
         "| my pid in my namespace: 2",
         "| [status: killed, signal: SIGTERM]",
         "notice → background task ticker-3",
+        "(process trees still running under their keepers: 1)",
+        "| bash-1 [bash] running — for i in $(seq 1 15)",
+        "notice → background task bash-1 (bash: for i in $(seq 1 15)",
+        "none lost or repeated; one notice)",
         "Done: every task ended the way its owner asked",
     ] {
         assert!(stdout.contains(line), "the demo did not say {line:?}:\n{stdout}");
     }
+    // The restart scene's state directory is gone with the demo.
+    let state = stdout
+        .split_once("fresh state directory (")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(path, _)| std::path::PathBuf::from(path))
+        .expect("the restart scene names its state directory");
+    assert!(!state.exists(), "{} was left behind", state.display());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,10 +9,12 @@
 //! keeps serving, a kill, a confined bash command and the kill of a bash tree
 //! with an escaped daemon, a long foreground call moved to the background,
 //! a milestone notice, views that consume nothing, `task_wait`, input to an
-//! interactive command, completion
-//! notices, and the task list. Each step
+//! interactive command, completion notices, the task list, and a restart of
+//! the server that keeps a stable owner's task (`restart`). Each step
 //! checks what it claims, so the demo fails loudly instead of telling a
 //! wrong story.
+
+mod restart;
 
 use std::time::{Duration, Instant};
 
@@ -176,6 +178,8 @@ pub async fn run(_args: DemoArgs) -> anyhow::Result<()> {
     for task in host.registry().list(Some(&demo.agent)) {
         println!("  {} {} on {}", task.id, task.status, task.producer_info.unwrap_or_default());
     }
+
+    restart::scene(started).await?;
 
     demo.say("Done: every task ended the way its owner asked, on the version that started it.");
     host.dispose().await;
