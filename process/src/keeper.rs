@@ -134,7 +134,12 @@ pub(crate) fn take_up_durable(args: DurableArgs) -> io::Result<DurablePlan> {
         return Err(io::Error::last_os_error());
     }
     let mut listening = std::fs::File::from(present(LISTENING_FD)?);
-    std::io::Write::write_all(&mut listening, b"l")?;
+    match std::io::Write::write_all(&mut listening, b"l") {
+        // The host that spawned it is gone (it answered the start, then
+        // stopped): the tree is the next host's to adopt.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => {}
+        other => other?,
+    }
     Ok(durable)
 }
 

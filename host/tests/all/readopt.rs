@@ -55,7 +55,7 @@ pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
 }
 
 /// `systemctl stop` and `restart`: SIGTERM, and the server exits by itself.
-async fn sigterm(mut child: tokio::process::Child, client: Client) {
+pub(crate) async fn sigterm(mut child: tokio::process::Child, client: Client) {
     let pid = child.id().expect("running") as i32;
     // SAFETY: kill with a pid this test spawned and has not reaped.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{}", std::io::Error::last_os_error());

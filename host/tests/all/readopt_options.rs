@@ -1,15 +1,16 @@
 //! What a start asked for is kept with its re-adopted tree across a
 //! SIGKILL of `taskhost serve --owner` (issue 31): input to an interactive
 //! command, its `notify_on` milestone, and its time to live (the deadline
-//! the store holds, renewed by reads before the crash). Real SQLite, real
-//! processes, rmcp's client.
+//! the store holds, renewed by reads before the crash). And a server stopped
+//! the instant it answered a start still hands the tree on. Real SQLite,
+//! real processes, rmcp's client.
 
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::common::{self, call, only_text, read_until, temp_dir, texts};
-use crate::readopt::{serve_owner, sigkill};
+use crate::readopt::{serve_owner, sigkill, sigterm};
 
 #[tokio::test]
 async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_the_server() {
@@ -66,4 +67,24 @@ async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_th
     assert!(rest[0].ends_with("bye\n[status: completed, exit code: 0]"), "{rest:?}");
     drop(client);
     let _ = child.wait().await;
+}
+
+/// A SIGTERM as soon as the start is answered: the tree's plan may still be
+/// on its way to its keeper, which must take it up although the server is
+/// gone (it once dropped it, and the next server found the task lost). A
+/// race, so several rounds; each must find the task running.
+#[tokio::test]
+async fn a_server_stopped_right_after_a_start_still_hands_the_tree_on() {
+    for round in 0..6 {
+        let dir = temp_dir(&format!("readopt-stop-at-start-{round}"));
+        let (client, child) = serve_owner(&dir, "alice").await;
+        let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+        let id = common::started_task(&started);
+        sigterm(child, client).await;
+        let (client, child) = serve_owner(&dir, "alice").await;
+        let listed = only_text(&call(client.peer(), "task_list", json!({})).await);
+        assert!(listed.starts_with(&format!("{id} [bash] running")), "round {round}: {listed}");
+        call(client.peer(), "task_kill", json!({"task_id": id})).await;
+        sigkill(child, client).await;
+    }
 }

@@ -507,6 +507,8 @@ pub(crate) fn zygote_main() -> ! {
             Ok(plan)
         });
     match plan {
+        // The host is gone and the tree would die with it: never started.
+        Ok(plan) if plan.durable.is_none() && host_gone() => std::process::exit(0),
         // SAFETY: a single-threaded process whose stdio is the tree's and
         // that leads a session of its own; `in_child` only execs or exits,
         // and closes every descriptor but the lifeline, /dev/null and the ruleset.
@@ -516,6 +518,14 @@ pub(crate) fn zygote_main() -> ! {
             std::process::exit(126)
         }
     }
+}
+
+/// Whether the host hung up its end of the lifeline.
+fn host_gone() -> bool {
+    let mut lifeline = libc::pollfd { fd: LIFELINE_FD, events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll on one valid pollfd, without waiting.
+    let ready = unsafe { libc::poll(&mut lifeline, 1, 0) };
+    ready != 0
 }
 
 /// Waits for the plan on [`SOCKET_FD`] while watching the lifeline; returns
@@ -535,11 +545,14 @@ fn wait_for_plan(buffer: &mut [u8]) -> Option<(usize, Vec<RawFd>)> {
             }
             return None;
         }
-        if fds[1].revents != 0 {
-            return None;
-        }
+        // A plan sent before the host went away is still read: a durable
+        // tree's start was answered, and its K outlives the host. (A plain
+        // one is dropped once read: see `zygote_main`.)
         if fds[0].revents != 0 {
             break;
+        }
+        if fds[1].revents != 0 {
+            return None;
         }
     }
     // stdin, stdout, stderr, the ruleset, a durable K's nine.
