@@ -229,7 +229,8 @@ impl DurableProcess {
     /// and `command`.
     fn request(record: &DurableRecord, command: Command) -> Result<std::os::unix::net::UnixStream, AdoptError> {
         use std::io::Write;
-        let conn = std::os::unix::net::UnixStream::connect(&record.socket)
+        let conn = through_its_directory(&record.socket)
+            .and_then(|(_parent, path)| std::os::unix::net::UnixStream::connect(path))
             .map_err(|e| AdoptError::Lost(format!("cannot reach its keeper: {e}")))?;
         let peer = rustix::net::sockopt::socket_peercred(&conn)
             .map_err(|e| AdoptError::Refused(format!("no peer credentials: {e}")))?;
@@ -469,8 +470,27 @@ pub(crate) fn open(spawn: &DurableSpawn) -> std::io::Result<Opened> {
         rustix::net::SocketFlags::CLOEXEC,
         None,
     )?;
-    rustix::net::bind(&socket, &rustix::net::SocketAddrUnix::new(&spawn.socket)?)?;
+    let (_parent, path) = through_its_directory(&spawn.socket)?;
+    rustix::net::bind(&socket, &rustix::net::SocketAddrUnix::new(&path)?)?;
     Ok(Opened { dir, stdout_log, stderr_log, socket })
+}
+
+/// A path to `socket` that fits a Unix socket address (108 bytes) however
+/// deep the state directory lies (a long `$HOME` or `XDG_STATE_HOME`):
+/// `/proc/self/fd/<N>/<name>`, through this process's descriptor of its
+/// directory, which the returned descriptor holds open while the path is used.
+fn through_its_directory(socket: &Path) -> std::io::Result<(OwnedFd, PathBuf)> {
+    let invalid =
+        || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no socket path: {}", socket.display()));
+    let (parent, name) = (socket.parent().ok_or_else(invalid)?, socket.file_name().ok_or_else(invalid)?);
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let dir = rustix::fs::open(
+        parent,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let path = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    Ok((dir, path))
 }
 
 /// Whether `path` (resolved) lies under one of `protected` (each resolved

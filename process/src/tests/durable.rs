@@ -91,6 +91,34 @@ async fn a_durable_tree_outlives_its_server_and_is_adopted() {
     drop(host);
 }
 
+/// A state directory deeper than a Unix socket address holds (108 bytes:
+/// a long `$HOME`) still spawns, adopts and stops durable trees.
+#[tokio::test]
+async fn a_state_directory_deeper_than_a_socket_address_works() {
+    let state = State::new("deep");
+    let deep = state.dir.join("a-directory-name-long-enough-to-matter".repeat(4));
+    std::fs::create_dir(&deep).unwrap();
+    let socket = deep.join("k.sock");
+    assert!(socket.as_os_str().len() > 108, "{}", socket.display());
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let process = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            piped("read a; echo \"got $a\""),
+            DurableSpawn::new(deep.clone(), socket, Duration::from_secs(60)),
+            &tracing::Span::none(),
+        )
+        .await
+        .expect("a deep state directory spawns");
+    let adopted = DurableProcess::adopt(process.record()).expect("and adopts");
+    assert_eq!(adopted.write_stdin(b"deep\n").unwrap(), 5);
+    assert_eq!(finished(&adopted).await.unwrap().status, ExitStatus::Code(0));
+    assert_eq!(log(&adopted, Stream::Stdout, 0), "got deep\n");
+    drop((process, owner, host));
+}
+
 /// Only the recorded keeper, proved by the recorded secret, is adopted: a
 /// wrong secret is refused (and the tree runs on), a socket whose peer is
 /// not the recorded pid is refused, a start time that does not match (a
