@@ -126,9 +126,19 @@ done
     )
 }
 
+/// How the attacks run.
+#[derive(Clone, Copy, PartialEq)]
+enum Run {
+    /// A foreground call of a plain connection.
+    Foreground,
+    /// A background command of a stable owner (`serve --owner`): a durable
+    /// tree, kept by its own keeper, that outlives the server.
+    Durable,
+}
+
 /// Starts `taskhost serve` (as `uid` when given), runs the attacks through
 /// its default bash tool, and returns what they printed.
-async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
+async fn attack(tag: &str, uid: Option<u32>, run: Run) -> Attacked {
     let base = common::temp_dir(tag);
     // The workspace below /tmp (it must stay reachable through the tree's
     // private /tmp); the home directory outside it, where the tree gets a
@@ -182,6 +192,9 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
 
     let mut command = common::serve_stdio_as(uid, &base, &workspace, &home);
     command.env("XDG_CACHE_HOME", home.join(".cache")).env("CANARY_TOKEN", CANARY);
+    if run == Run::Durable {
+        command.args(["--owner", "alice"]);
+    }
     let (client, mut child) = common::connect_stdio(&mut command).await;
     let peer = client.peer().clone();
     let server_pid = child.id().unwrap();
@@ -197,7 +210,17 @@ async fn attack(tag: &str, uid: Option<u32>) -> Attacked {
         std::fs::write(&late, "LATE credential\n").unwrap();
         fifo.write_all(b"go\n").unwrap();
     });
-    let raw = only_text(&call(&peer, "bash", json!({ "command": script })).await);
+    let raw = match run {
+        Run::Foreground => only_text(&call(&peer, "bash", json!({ "command": script })).await),
+        Run::Durable => {
+            let started = call(&peer, "bash", json!({ "command": script, "run_in_background": true })).await;
+            let id = common::started_task(&started);
+            let read = json!({"task_id": id, "wait": true, "timeout_ms": 120_000});
+            let raw = only_text(&call(&peer, "task_output", read).await);
+            assert!(raw.ends_with("[status: completed, exit code: 0]"), "the durable attack ran to its end:\n{raw}");
+            raw
+        }
+    };
     planter.await.unwrap();
     let _ = std::fs::remove_file(&run_socket);
     // The client still works: nothing forged reached the stream.
@@ -319,24 +342,36 @@ fn check(attacked: &Attacked) {
     assert_eq!(fds.split_whitespace().collect::<Vec<_>>(), ["0", "1", "2"], "no host descriptor leaks into a tree");
 }
 
-#[tokio::test]
-async fn attacks_are_contained_with_the_server_as_this_user() {
-    let attacked = attack("attack-self", None).await;
+async fn contained(tag: &str, uid: Option<u32>, run: Run) {
+    if uid.is_some()
+        // SAFETY: getuid cannot fail.
+        && unsafe { libc::getuid() } != 0
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
+        return;
+    }
+    let attacked = attack(tag, uid, run).await;
     check(&attacked);
     let _ = std::fs::remove_dir_all(attacked.workspace.parent().unwrap());
     let _ = std::fs::remove_dir_all(attacked.home.parent().unwrap());
 }
 
 #[tokio::test]
+async fn attacks_are_contained_with_the_server_as_this_user() {
+    contained("attack-self", None, Run::Foreground).await;
+}
+
+#[tokio::test]
 async fn attacks_are_contained_with_an_unprivileged_server() {
-    // SAFETY: getuid cannot fail.
-    if unsafe { libc::getuid() } != 0
-        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
-    {
-        return;
-    }
-    let attacked = attack("attack-nobody", Some(NOBODY)).await;
-    check(&attacked);
-    let _ = std::fs::remove_dir_all(attacked.workspace.parent().unwrap());
-    let _ = std::fs::remove_dir_all(attacked.home.parent().unwrap());
+    contained("attack-nobody", Some(NOBODY), Run::Foreground).await;
+}
+
+#[tokio::test]
+async fn attacks_from_a_durable_tree_are_contained_with_the_server_as_this_user() {
+    contained("attack-durable-self", None, Run::Durable).await;
+}
+
+#[tokio::test]
+async fn attacks_from_a_durable_tree_are_contained_with_an_unprivileged_server() {
+    contained("attack-durable-nobody", Some(NOBODY), Run::Durable).await;
 }
