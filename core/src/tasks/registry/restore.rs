@@ -178,16 +178,18 @@ impl TaskRegistry {
             }
         }
         let awaiting = std::mem::take(&mut self.shared.lock().awaiting_adoption);
+        let awaiting: Vec<StoredTask> =
+            awaiting.into_iter().filter(|task| task.tree.is_some() && task.owner.is_some()).collect();
+        let adopted = adopt_all(adopter, &awaiting);
         let mut owners: HashMap<SessionId, Arc<Owner>> = HashMap::default();
-        for task in awaiting {
-            let Some(tree) = task.tree.clone() else { continue };
+        for (task, adopted) in awaiting.into_iter().zip(adopted) {
             let Some(stored_owner) = task.owner.clone() else { continue };
             let owner = owners
                 .entry(stored_owner.session.clone())
                 .or_insert_with(|| self.restored_owner(&stored_owner.session))
                 .clone();
             let kill = task.status == TaskStatus::Stopping;
-            match adopter.adopt(&tree.record, tree.cursor.as_deref(), kill) {
+            match adopted {
                 Ok(hooks) => {
                     tracing::info!(task = %task.id, owner = %stored_owner.session, kill, "a handed-over tree is re-adopted");
                     self.insert_adopted(task, owner, hooks);
@@ -397,4 +399,43 @@ impl TaskRegistry {
         self.release_records(dropped);
         untold
     }
+}
+
+/// Trees adopted side by side when there are many: each adoption waits on
+/// its keeper's answer (a socket round trip to a process that must be
+/// scheduled), so a thousand in a row spend most of their time waiting.
+const ADOPTING_THREADS: usize = 8;
+
+/// Adopts each task's tree through `adopter`, in `tasks`' order; in
+/// [`ADOPTING_THREADS`] scoped threads (each inside the caller's tokio
+/// runtime, where the followers are spawned) once there are more than that.
+fn adopt_all(adopter: &dyn TreeAdopter, tasks: &[StoredTask]) -> Vec<Result<TaskHooks, String>> {
+    let adopt = |task: &StoredTask| {
+        let tree = task.tree.as_ref().expect("only tasks with a tree are adopted");
+        adopter.adopt(&tree.record, tree.cursor.as_deref(), task.status == TaskStatus::Stopping)
+    };
+    if tasks.len() <= ADOPTING_THREADS {
+        return tasks.iter().map(adopt).collect();
+    }
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let chunk = tasks.len().div_ceil(ADOPTING_THREADS);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = tasks
+            .chunks(chunk)
+            .map(|part| {
+                let runtime = runtime.clone();
+                let worker = scope.spawn(move || {
+                    let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
+                    part.iter().map(adopt).collect::<Vec<_>>()
+                });
+                (part.len(), worker)
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|(len, worker)| {
+                worker.join().unwrap_or_else(|_| (0..len).map(|_| Err("its adoption panicked".to_string())).collect())
+            })
+            .collect()
+    })
 }
