@@ -16,7 +16,7 @@ use rmcp::ServiceExt as _;
 use serde_json::json;
 
 /// The store's file of the servers a test runs in `dir`.
-fn store_file(dir: &Path) -> PathBuf {
+pub(crate) fn store_file(dir: &Path) -> PathBuf {
     state_home(dir).join("taskhost").join("tasks.sqlite3")
 }
 
@@ -40,7 +40,7 @@ async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Chil
 }
 
 /// SIGKILLs the server and waits for it to be gone.
-async fn sigkill(mut child: tokio::process::Child, client: Client) {
+pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
     child.start_kill().expect("SIGKILL the server");
     child.wait().await.expect("the server is reaped");
     drop(client);
@@ -50,7 +50,7 @@ async fn sigkill(mut child: tokio::process::Child, client: Client) {
 /// (the server is gone): the trees die with them (their init's parent
 /// death signal), so the next server finds them lost. Waits for each
 /// keeper to be gone or a zombie.
-fn kill_keepers(dir: &Path) {
+pub(crate) fn kill_keepers(dir: &Path) {
     let store = rusqlite::Connection::open_with_flags(store_file(dir), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .expect("the store opens");
     let trees: Vec<String> = store
@@ -184,7 +184,7 @@ async fn another_owner_and_a_plain_connection_see_none_of_a_stable_owners_tasks(
 }
 
 /// `taskhost ps ARGS` with the state directory of the servers in `dir`.
-async fn ps(dir: &Path, args: &[&str]) -> serde_json::Value {
+pub(crate) async fn ps(dir: &Path, args: &[&str]) -> serde_json::Value {
     let output = tokio::process::Command::new(common::BIN)
         .arg("ps")
         .args(args)

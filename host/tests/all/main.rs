@@ -21,6 +21,7 @@ mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_ttl;
 mod readopt;
+mod retention;
 mod sandbox_attacks;
 mod sandbox_everyday;
 mod sandbox_limits;
