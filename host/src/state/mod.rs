@@ -12,6 +12,8 @@
 //! - `tasks.sqlite3` (with its `-wal`, `-shm` files) and `tasks.servers/`:
 //!   the durable task store and its servers' locks ([`store`]), its
 //!   finished records bounded by [`retention`].
+//! - `dev-tasks.sqlite3` and `dev-tasks.servers/`: `taskhost dev`'s own
+//!   store, the same kind (never `serve`'s, whose records it must not claim).
 //!
 //! Invariants:
 //! - The directory is created `0700`. An existing one is used only when it

@@ -7,6 +7,7 @@ mod cli_plugin;
 mod cold_start;
 mod common;
 mod dashboard;
+mod dev_store;
 mod dev_watch;
 mod durable;
 mod http_limits;
