@@ -11,9 +11,10 @@
 //!   delete. The age bound applies to it like to any other record (an owner
 //!   away that long is not coming back for the notice); deleting one is a
 //!   warning naming its owner.
-//! - Bounded work: one pass deletes at most [`BATCH`] records in one
-//!   transaction on its own connection (the server's store calls wait at
-//!   most that long); a store further over its bounds takes more passes.
+//! - Bounded work under the write lock: a pass reads the finished records
+//!   in a read transaction (WAL: the server's writes go on), then deletes
+//!   in write transactions of at most [`BATCH`] records each, on its own
+//!   connection, so a store call of the server waits at most one of those.
 //! - Off the start path: the worker thread is woken by settlements
 //!   ([`EndSignal`]) and waits [`SETTLE_DELAY`] so the ends of a burst are
 //!   pruned together; it also runs every [`AGE_PERIOD`] for the age bound.
@@ -26,7 +27,7 @@ use rusqlite::{Connection, params};
 use serde::Deserialize;
 use taskhost_core::tasks::TaskStatus;
 
-/// Records one pass deletes at most.
+/// Records one write transaction of a pass deletes at most.
 pub const BATCH: usize = 1000;
 /// How long the worker waits after an end before pruning (ends of a burst
 /// are pruned together).
@@ -102,8 +103,8 @@ pub struct Pruned {
     pub untold: usize,
     /// Finished records left.
     pub kept: usize,
-    /// The pass stopped at [`BATCH`]: more are due.
-    pub more: bool,
+    /// Write transactions it took (at most [`BATCH`] deletions each).
+    pub transactions: usize,
 }
 
 impl Pruned {
@@ -132,34 +133,39 @@ pub fn connect(file: &Path) -> rusqlite::Result<Connection> {
     Ok(connection)
 }
 
-/// One pass over the store: deletes (in one transaction) the finished
-/// records beyond `limits` at `now`, at most [`BATCH`].
+/// One pass over the store: reads the finished records (one read
+/// transaction, no write lock), then deletes those beyond `limits` at
+/// `now` in write transactions of at most [`BATCH`] deletions each.
 pub fn prune(connection: &mut Connection, limits: &RetentionLimits, now: SystemTime) -> rusqlite::Result<Pruned> {
-    let transaction = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let mut finished: Vec<Finished> = transaction
-        .prepare(
-            "SELECT id, status, reporting, owner, coalesce(finished_at_ns, started_at_ns),
-                    length(CAST(label AS BLOB)) + coalesce(length(CAST(detail AS BLOB)), 0)
-                    + coalesce(length(CAST(output AS BLOB)), 0) + coalesce(length(CAST(producer_info AS BLOB)), 0)
-                    + coalesce(length(CAST(tree AS BLOB)), 0) + coalesce(length(CAST(tree_cursor AS BLOB)), 0)
-             FROM tasks ORDER BY seq",
-        )?
-        .query_map([], |row| {
-            let status: String = row.get(1)?;
-            let reporting: String = row.get(2)?;
-            if !TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) {
-                return Ok(None);
-            }
-            Ok(Some(Finished {
-                id: row.get(0)?,
-                finished_at_ns: row.get(4)?,
-                told: matches!(reporting.as_str(), "noticed" | "reported"),
-                bytes: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0) + RECORD_OVERHEAD_BYTES,
-                owner: row.get(3)?,
-            }))
-        })?
-        .filter_map(Result::transpose)
-        .collect::<rusqlite::Result<_>>()?;
+    let mut finished: Vec<Finished> = {
+        let snapshot = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred)?;
+        let read = snapshot
+            .prepare(
+                "SELECT id, status, reporting, owner, coalesce(finished_at_ns, started_at_ns),
+                        length(CAST(label AS BLOB)) + coalesce(length(CAST(detail AS BLOB)), 0)
+                        + coalesce(length(CAST(output AS BLOB)), 0) + coalesce(length(CAST(producer_info AS BLOB)), 0)
+                        + coalesce(length(CAST(tree AS BLOB)), 0) + coalesce(length(CAST(tree_cursor AS BLOB)), 0)
+                 FROM tasks ORDER BY seq",
+            )?
+            .query_map([], |row| {
+                let status: String = row.get(1)?;
+                let reporting: String = row.get(2)?;
+                if !TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) {
+                    return Ok(None);
+                }
+                Ok(Some(Finished {
+                    id: row.get(0)?,
+                    finished_at_ns: row.get(4)?,
+                    told: matches!(reporting.as_str(), "noticed" | "reported"),
+                    bytes: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0) + RECORD_OVERHEAD_BYTES,
+                    owner: row.get(3)?,
+                }))
+            })?
+            .filter_map(Result::transpose)
+            .collect::<rusqlite::Result<_>>()?;
+        snapshot.commit()?;
+        read
+    };
     // The order records go in: told before untold, then oldest end first.
     finished.sort_by_key(|f| (!f.told, f.finished_at_ns));
     let oldest_kept = now
@@ -192,73 +198,57 @@ pub fn prune(connection: &mut Connection, limits: &RetentionLimits, now: SystemT
         count -= 1;
         bytes -= record.bytes;
     }
-    let mut deleted = 0;
-    {
-        let mut delete = transaction
-            .prepare("DELETE FROM tasks WHERE id = ?1 AND status IN ('completed', 'killed', 'failed', 'lost')")?;
-        for (record, _) in finished.iter().zip(&doomed).filter(|(_, d)| **d) {
-            if deleted == BATCH {
-                pruned.more = true;
-                break;
-            }
-            delete.execute(params![record.id])?;
-            deleted += 1;
-            if !record.told {
-                pruned.untold += 1;
-                tracing::warn!(
-                    task = %record.id,
-                    owner = record.owner.as_deref().unwrap_or("-"),
-                    "a finished task's record is deleted by retention before its owner was told of its end"
-                );
+    let doomed: Vec<&Finished> = finished.iter().zip(&doomed).filter(|(_, d)| **d).map(|(f, _)| f).collect();
+    for batch in doomed.chunks(BATCH) {
+        let transaction = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            // A finished record never becomes live again: deleting it by
+            // what the read saw is safe; one deleted meanwhile is skipped.
+            let mut delete = transaction
+                .prepare("DELETE FROM tasks WHERE id = ?1 AND status IN ('completed', 'killed', 'failed', 'lost')")?;
+            for record in batch {
+                delete.execute(params![record.id])?;
             }
         }
+        transaction.commit()?;
+        pruned.transactions += 1;
     }
-    transaction.commit()?;
-    // Counted as far as the batch went (age first, then count, then bytes).
-    let mut left = deleted;
-    for bucket in [&mut pruned.by_age, &mut pruned.by_count, &mut pruned.by_bytes] {
-        *bucket = (*bucket).min(left);
-        left -= *bucket;
+    for record in doomed.iter().filter(|r| !r.told) {
+        pruned.untold += 1;
+        tracing::warn!(
+            task = %record.id,
+            owner = record.owner.as_deref().unwrap_or("-"),
+            "a finished task's record was deleted by retention before its owner was told of its end"
+        );
     }
-    pruned.kept = finished.len() - deleted;
+    pruned.kept = finished.len() - doomed.len();
     Ok(pruned)
 }
 
-/// Prunes until the store is within `limits` (passes of [`BATCH`]),
-/// logging what went. Errors are logged: retention never stops a server.
+/// One pass ([`prune`]) with what it deleted logged. Errors are logged:
+/// retention never stops a server.
 pub fn enforce(connection: &mut Connection, file: &Path, limits: &RetentionLimits) -> Pruned {
-    let mut total = Pruned::default();
-    loop {
-        match prune(connection, limits, SystemTime::now()) {
-            Ok(pass) => {
-                total.by_age += pass.by_age;
-                total.by_count += pass.by_count;
-                total.by_bytes += pass.by_bytes;
-                total.untold += pass.untold;
-                total.kept = pass.kept;
-                if !pass.more {
-                    break;
-                }
+    match prune(connection, limits, SystemTime::now()) {
+        Ok(pruned) => {
+            if pruned.deleted() > 0 {
+                tracing::info!(
+                    store = %file.display(),
+                    deleted = pruned.deleted(),
+                    by_age = pruned.by_age,
+                    by_count = pruned.by_count,
+                    by_bytes = pruned.by_bytes,
+                    untold = pruned.untold,
+                    kept = pruned.kept,
+                    "retention deleted finished task records"
+                );
             }
-            Err(error) => {
-                tracing::error!(store = %file.display(), %error, "cannot prune finished task records");
-                break;
-            }
+            pruned
+        }
+        Err(error) => {
+            tracing::error!(store = %file.display(), %error, "cannot prune finished task records");
+            Pruned::default()
         }
     }
-    if total.deleted() > 0 {
-        tracing::info!(
-            store = %file.display(),
-            deleted = total.deleted(),
-            by_age = total.by_age,
-            by_count = total.by_count,
-            by_bytes = total.by_bytes,
-            untold = total.untold,
-            kept = total.kept,
-            "retention deleted finished task records"
-        );
-    }
-    total
 }
 
 /// Raised by the store at each settlement; the retention worker waits on it.
@@ -387,7 +377,7 @@ mod tests {
         add(&db, "bash-5", "lost", "held", 400, "");
         let limits = RetentionLimits { max_finished_tasks: 2, ..Default::default() };
         let pass = prune(&mut db, &limits, at(NOW)).unwrap();
-        assert_eq!((pass.by_count, pass.untold, pass.kept, pass.more), (2, 0, 2, false));
+        assert_eq!((pass.by_count, pass.untold, pass.kept, pass.transactions), (2, 0, 2, 1));
         assert_eq!(ids(&db), ["bash-1", "bash-3", "bash-5"], "told ones went first, the live one stays");
         let limits = RetentionLimits { max_finished_tasks: 1, ..Default::default() };
         let pass = prune(&mut db, &limits, at(NOW)).unwrap();
@@ -414,22 +404,20 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_deletes_at_most_a_batch() {
+    fn a_pass_deletes_in_transactions_of_at_most_a_batch() {
         let dir = tempfile::tempdir().unwrap();
         let mut db = store(dir.path());
-        // Recent ends: `enforce` prunes at the real time.
-        let recent = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64 - 10_000;
         db.execute_batch("BEGIN").unwrap();
-        for n in 0..BATCH + 10 {
-            add(&db, &format!("b-{n}"), "completed", "reported", recent + n as i64, "");
+        for n in 0..2 * BATCH + 10 {
+            add(&db, &format!("b-{n}"), "completed", "reported", n as i64 + 1, "");
         }
         db.execute_batch("COMMIT").unwrap();
-        let limits = RetentionLimits { max_finished_tasks: 5, ..Default::default() };
-        let pass = prune(&mut db, &limits, SystemTime::now()).unwrap();
-        assert_eq!((pass.by_count, pass.more), (BATCH, true));
-        let total = enforce(&mut db, Path::new("t"), &limits);
-        assert_eq!((total.by_count, total.kept), (5, 5));
-        assert_eq!(ids(&db), ["b-1005", "b-1006", "b-1007", "b-1008", "b-1009"]);
+        let limits = RetentionLimits { max_finished_tasks: 5, max_finished_age_secs: NOW, ..Default::default() };
+        let pass = prune(&mut db, &limits, at(NOW)).unwrap();
+        assert_eq!((pass.by_count, pass.transactions, pass.kept), (2 * BATCH + 5, 3, 5));
+        assert_eq!(ids(&db), ["b-2005", "b-2006", "b-2007", "b-2008", "b-2009"]);
+        let again = prune(&mut db, &limits, at(NOW)).unwrap();
+        assert_eq!((again.deleted(), again.transactions), (0, 0), "within the bounds: nothing to do");
     }
 
     #[test]
