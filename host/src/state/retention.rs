@@ -37,6 +37,9 @@ pub const AGE_PERIOD: Duration = Duration::from_secs(600);
 /// Bytes a record counts for besides its texts (its row's numbers, keys and
 /// index entry).
 pub const RECORD_OVERHEAD_BYTES: u64 = 128;
+/// The bytes of its write-ahead log a store keeps when the log restarts
+/// (`PRAGMA journal_size_limit`; SQLite's own checkpoint is at 4 MiB).
+pub const WAL_KEPT_BYTES: i64 = 4 << 20;
 /// How long a pass's writes wait for another writer of the same file.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -130,6 +133,7 @@ pub fn connect(file: &Path) -> rusqlite::Result<Connection> {
     )?;
     connection.busy_timeout(BUSY_TIMEOUT)?;
     connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.pragma_update(None, "journal_size_limit", WAL_KEPT_BYTES)?;
     Ok(connection)
 }
 

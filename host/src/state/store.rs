@@ -155,6 +155,10 @@ impl SqliteStore {
             return Err(refuse(format!("cannot use write-ahead logging (journal mode {mode})")));
         }
         connection.pragma_update(None, "synchronous", "NORMAL").map_err(|error| refuse(error.to_string()))?;
+        // The write-ahead log gives its space back beyond this when it restarts.
+        connection
+            .pragma_update(None, "journal_size_limit", super::retention::WAL_KEPT_BYTES)
+            .map_err(|error| refuse(error.to_string()))?;
         for (from, migration) in MIGRATIONS.iter().enumerate().skip(usize::try_from(version).unwrap_or(0)) {
             let to = from + 1;
             connection
