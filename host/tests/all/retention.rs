@@ -18,13 +18,14 @@ use tokio::io::AsyncBufReadExt as _;
 
 const CONFIG: &str = "[state]\nmax_finished_tasks = 1\n";
 
-/// `taskhost serve --owner OWNER` with [`CONFIG`] over stdio in `dir`, a
-/// client on it, and its stderr's lines (also kept in `stderr.log`).
-async fn serve(
+/// `taskhost serve --owner OWNER` with `config` over stdio in `dir`, a
+/// client on it, and its stderr's lines (also kept in `stderr-OWNER.log`).
+async fn serve_with(
     dir: &Path,
     owner: &str,
+    config: Option<&str>,
 ) -> (Client, tokio::process::Child, tokio::sync::mpsc::UnboundedReceiver<String>) {
-    let mut child = serve_command(dir, Some(CONFIG))
+    let mut child = serve_command(dir, config)
         .arg("--owner")
         .arg(owner)
         .stdin(Stdio::piped())
@@ -49,6 +50,24 @@ async fn serve(
     let stdin = child.stdin.take().unwrap();
     let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
     (client, child, lines)
+}
+
+/// [`serve_with`] with [`CONFIG`].
+async fn serve(
+    dir: &Path,
+    owner: &str,
+) -> (Client, tokio::process::Child, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    serve_with(dir, owner, Some(CONFIG)).await
+}
+
+/// Starts `echo N` in the background as bash-N and waits for its end (which
+/// the wait reports).
+async fn ended_and_told(peer: &rmcp::service::Peer<rmcp::RoleClient>, n: u32) {
+    let started = call(peer, "bash", json!({"command": format!("echo {n}"), "run_in_background": true})).await;
+    // A quick end may already ride on the start's answer as its notice.
+    assert_eq!(texts(&started)[0], format!("started background bash task bash-{n}"));
+    let ended = call(peer, "task_output", json!({"task_id": format!("bash-{n}"), "wait": true})).await;
+    assert!(texts(&ended)[0].contains("[status: completed"), "{ended:?}");
 }
 
 /// Reads the server's log lines until its retention reports have deleted
@@ -97,12 +116,7 @@ async fn finished_records_beyond_the_bound_go_oldest_first_untold_last_and_ids_s
     // alice's untold end stays.
     let (client, child, mut lines) = serve(&dir, "bob").await;
     for n in 2..=4 {
-        let started =
-            call(client.peer(), "bash", json!({"command": format!("echo {n}"), "run_in_background": true})).await;
-        // A quick end may already ride on the start's answer as its notice.
-        assert_eq!(texts(&started)[0], format!("started background bash task bash-{n}"));
-        let ended = call(client.peer(), "task_output", json!({"task_id": format!("bash-{n}"), "wait": true})).await;
-        assert!(texts(&ended)[0].contains("[status: completed"), "{ended:?}");
+        ended_and_told(client.peer(), n).await;
     }
     wait_for_deletions(&mut lines, 3).await;
     assert_eq!(ids(&ps(&dir, &["--all", "--json"]).await), [("bash-1".to_string(), "lost".to_string())]);
@@ -123,4 +137,39 @@ async fn finished_records_beyond_the_bound_go_oldest_first_untold_last_and_ids_s
     assert!(!is_error(&stopped), "{stopped:?}");
     sigkill(child, client).await;
     kill_keepers(&dir);
+}
+
+/// A store over its bounds when a server starts is pruned before the
+/// registry reads it: the records that went are never restored.
+#[tokio::test]
+async fn a_store_over_its_bounds_is_pruned_before_the_next_server_reads_it() {
+    let dir = temp_dir("retention-start");
+    let (client, child, _lines) = serve_with(&dir, "carol", None).await;
+    for n in 1..=3 {
+        ended_and_told(client.peer(), n).await;
+    }
+    sigkill(child, client).await;
+
+    let (client, child, mut lines) = serve(&dir, "carol").await;
+    let mut pruned = None;
+    let read = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let line = lines.recv().await.expect("the server's stderr ended");
+            if line.contains("retention deleted finished task records") {
+                pruned = Some(line);
+            } else if line.contains("task store restored") {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("the server never read its store");
+    let pruned = pruned.expect("retention ran before the store was read");
+    assert!(pruned.contains(" deleted=2 ") && pruned.contains(" kept=1"), "{pruned}");
+    assert!(read.contains(" restored=1 "), "only the newest record is restored: {read}");
+    let list = texts(&call(client.peer(), "task_list", json!({})).await);
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert!(list[0].starts_with("bash-3 [bash] completed") && !list[0].contains("bash-1"), "{list:?}");
+    assert_eq!(ids(&ps(&dir, &["--all", "--json"]).await), [("bash-3".to_string(), "completed".to_string())]);
+    sigkill(child, client).await;
 }
