@@ -427,6 +427,7 @@ impl Config {
         self.serve.validate()?;
         self.subagents.validate()?;
         self.process.validate().map_err(anyhow::Error::msg)?;
+        self.state.validate().map_err(anyhow::Error::msg)?;
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(
@@ -478,6 +479,18 @@ mod tests {
         assert!(error_of("[serve.http]\nallowed_hosts = []\n").contains("allowed_hosts is empty"));
         assert!(error_of("[serve.http]\nmax_connections = 0\n").contains("max_connections must be positive"));
         assert!(error_of("[serve.http]\nallowed_origins = [\"evil.com\"]\n").contains("is not an origin"));
+    }
+
+    #[test]
+    fn state_retention_keys_are_checked() {
+        let config = Config::parse("[state]\nmax_finished_tasks = 50\n").unwrap();
+        assert_eq!(config.state.retention().max_finished_tasks, 50);
+        assert_eq!(config.state.retention().max_finished_age_secs, 30 * 24 * 3600, "the others keep their defaults");
+        assert!(error_of("[state]\nmax_finished_tasks = 0\n").contains("[state] max_finished_tasks = 0"));
+        assert!(error_of("[state]\nmax_finished_age_secs = 5\n").contains("[state] max_finished_age_secs = 5"));
+        assert!(error_of("[state]\nmax_finished_bytes = 1\n").contains("[state] max_finished_bytes = 1"));
+        assert!(error_of("[state]\nmax_finished_tasks = -1\n").contains("max_finished_tasks"));
+        assert!(error_of("[state]\nmax_finished = 1\n").contains("unknown field `max_finished`"));
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<Called> {
         object.insert(RUN_IN_BACKGROUND.into(), json!(true));
     }
 
-    let session = super::target::open(&args.target, "call").await?;
+    let session = super::target::open(&args.target, "call", super::target::Records::Memory).await?;
     let result = call(&session, &args, call_args).await;
     session.host.dispose().await;
     result

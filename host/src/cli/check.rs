@@ -86,7 +86,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
 
     // Stage 2: the load path of `serve`, and describe.
     let started = Instant::now();
-    let session = super::target::open(target, "check").await?;
+    let session = super::target::open(target, "check", super::target::Records::Memory).await?;
     // Disposed whatever the printing does (a closed stdout stops it).
     let printed = print_definitions(&session, started);
     session.host.dispose().await;

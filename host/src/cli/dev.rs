@@ -5,6 +5,10 @@
 //! - Commands: call the tool in the foreground or background with JSON arguments, list tasks
 //!   with the plugin version each runs on, read output (consuming, or waiting for the end),
 //!   kill, show the tool definitions. Completion notices and reload events print as they come.
+//! - Tasks: the console records them in its own SQLite file in the state directory,
+//!   `dev-tasks.sqlite3` (`[state] store`; [`super::target::Records::DevStore`]), so its ids go
+//!   on across runs and it never opens `serve`'s store; a script runs in memory (its lines name
+//!   the ids it gets, the same at every run).
 //! - `--watch`: a plugin file that changes is reloaded make-before-break ([`crate::reload`]);
 //!   a build that fails is reported and the previous version keeps serving.
 //! - On a terminal: line editing and history (rustyline), asynchronous lines printed above the
@@ -28,7 +32,7 @@ use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::target::{PluginTarget, Served, Session, usage};
+use super::target::{PluginTarget, Records, Served, Session, usage};
 use crate::plugin::ServingVersion;
 use crate::reload::{ReloadEvent, ReloadablePlugin, WatchHandle, WatchOptions};
 use taskhost_core::Host;
@@ -107,7 +111,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => Some(Script::open(path).await?),
         None => None,
     };
-    let Session { host, agent, served } = super::target::open(&args.target, "dev-console").await?;
+    // The console records its tasks in its own store (ids go on across
+    // runs); a script runs in memory, so the ids its lines name are the
+    // same at every run.
+    let records = if script.is_some() { Records::Memory } else { Records::DevStore };
+    let Session { host, agent, served } = super::target::open(&args.target, "dev-console", records).await?;
 
     let mode = Mode { script: script.is_some(), reload_printer: script.is_none() || args.watch };
     let (mut lines, console) = match script {

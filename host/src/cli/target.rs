@@ -124,10 +124,33 @@ pub struct Session {
     pub served: Vec<Served>,
 }
 
-/// Serves every wasm producer of `target` (see the module docs).
-pub async fn open(target: &PluginTarget, agent_name: &str) -> anyhow::Result<Session> {
+/// Where a session records its tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Records {
+    /// In memory: nothing outlives the command (`check`, `call`, a `dev`
+    /// script, whose transcript names the ids it gets).
+    Memory,
+    /// The `dev` console's own store, `[state] store` in the state
+    /// directory ([`DEV_STORE_FILE`]): its ids go on across runs, and it
+    /// never opens `serve`'s store, so it never claims a stopped server's
+    /// records or settles its stable owners' handed-over trees.
+    DevStore,
+}
+
+/// The `dev` console's store file in the state directory.
+pub const DEV_STORE_FILE: &str = "dev-tasks.sqlite3";
+
+/// Serves every wasm producer of `target` (see the module docs), its tasks
+/// recorded as `records` says.
+pub async fn open(target: &PluginTarget, agent_name: &str, records: Records) -> anyhow::Result<Session> {
     let (config, base_dir) = target.config()?;
-    let host = Host::new(&config.tasks)?;
+    let host = match records {
+        Records::Memory => Host::new(&config.tasks)?,
+        Records::DevStore => {
+            let store = StateDir::open_configured(&config.state)?.task_store_in(&config.state, DEV_STORE_FILE)?;
+            Host::with_store(&config.tasks, store)?
+        }
+    };
     let agent = host.create_agent("dev", agent_name).context("cannot create the console's agent")?;
     // The same resolution, grants and trust as `taskhost serve`; a `.wasm`
     // target is the one plugin its developer named: trusted as it changes.

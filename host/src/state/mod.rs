@@ -10,7 +10,10 @@
 //! - `spill/`: the spill root of every server of the user (each makes its
 //!   own `0700` directory in it; see `taskhost_process::ProcessHost`).
 //! - `tasks.sqlite3` (with its `-wal`, `-shm` files) and `tasks.servers/`:
-//!   the durable task store and its servers' locks ([`store`]).
+//!   the durable task store and its servers' locks ([`store`]), its
+//!   finished records bounded by [`retention`].
+//! - `dev-tasks.sqlite3` and `dev-tasks.servers/`: `taskhost dev`'s own
+//!   store, the same kind (never `serve`'s, whose records it must not claim).
 //!
 //! Invariants:
 //! - The directory is created `0700`. An existing one is used only when it
@@ -26,6 +29,7 @@
 //!   `[state] dir` does not move: a configuration never chooses where its
 //!   own trust is looked up.
 
+pub mod retention;
 mod server_lock;
 pub mod store;
 pub mod trust;
@@ -39,7 +43,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 /// `[state]`: where taskhost keeps its own state.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StateSettings {
     /// The state directory (the compile cache's key, the spill root, the
@@ -50,6 +54,25 @@ pub struct StateSettings {
     /// `tasks.sqlite3` here, so stable owners' records, ids and lost tasks
     /// survive a restart) or `memory` (nothing survives the process).
     pub store: StoreKind,
+    /// Finished records the store keeps at most (the newest): see [`retention`].
+    pub max_finished_tasks: u64,
+    /// Seconds a finished record is kept after its end.
+    pub max_finished_age_secs: u64,
+    /// Bytes of the finished records' stored texts kept at most.
+    pub max_finished_bytes: u64,
+}
+
+impl Default for StateSettings {
+    fn default() -> Self {
+        let limits = retention::RetentionLimits::default();
+        Self {
+            dir: None,
+            store: StoreKind::default(),
+            max_finished_tasks: limits.max_finished_tasks,
+            max_finished_age_secs: limits.max_finished_age_secs,
+            max_finished_bytes: limits.max_finished_bytes,
+        }
+    }
 }
 
 /// `[state] store`.
@@ -62,6 +85,20 @@ pub enum StoreKind {
 }
 
 impl StateSettings {
+    /// The bounds on the store's finished records.
+    pub fn retention(&self) -> retention::RetentionLimits {
+        retention::RetentionLimits {
+            max_finished_tasks: self.max_finished_tasks,
+            max_finished_age_secs: self.max_finished_age_secs,
+            max_finished_bytes: self.max_finished_bytes,
+        }
+    }
+
+    /// Refuses settings that make no sense, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.retention().validate()
+    }
+
     /// The directory in effect.
     pub fn effective_dir(&self) -> anyhow::Result<PathBuf> {
         match &self.dir {
@@ -177,14 +214,30 @@ impl StateDir {
         Ok(root)
     }
 
-    /// The task store `settings` ask for: SQLite in this directory, or memory.
+    /// The task store `settings` ask for: SQLite in this directory (its
+    /// finished records pruned to the `[state]` bounds now, before anyone
+    /// reads them, and as tasks end), or memory.
     pub fn task_store(
         &self,
         settings: &StateSettings,
     ) -> anyhow::Result<std::sync::Arc<dyn taskhost_core::tasks::store::TaskStore>> {
+        self.task_store_in(settings, store::STORE_FILE)
+    }
+
+    /// As [`Self::task_store`], with the SQLite store in the file `name`.
+    pub fn task_store_in(
+        &self,
+        settings: &StateSettings,
+        name: &str,
+    ) -> anyhow::Result<std::sync::Arc<dyn taskhost_core::tasks::store::TaskStore>> {
         Ok(match settings.store {
             StoreKind::Memory => std::sync::Arc::new(taskhost_core::tasks::store::MemoryStore::new()),
-            StoreKind::Sqlite => std::sync::Arc::new(store::SqliteStore::open(&self.file(store::STORE_FILE))?),
+            StoreKind::Sqlite => {
+                let file = self.file(name);
+                let store = store::SqliteStore::open(&file)?;
+                retention::start(file, settings.retention(), store.end_signal());
+                std::sync::Arc::new(store)
+            }
         })
     }
 

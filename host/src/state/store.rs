@@ -19,11 +19,12 @@
 
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
+use super::retention::EndSignal;
 use super::server_lock;
 use taskhost_core::ids::{SessionId, TaskId};
 use taskhost_core::tasks::store::{
@@ -85,6 +86,14 @@ pub struct SqliteStore {
     /// `servers/<server>.lock`, held (`flock`) while the server runs.
     _lock: std::fs::File,
     servers_dir: PathBuf,
+    /// Raised at each settlement: the retention worker's cue.
+    ends: Arc<EndSignal>,
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.ends.close();
+    }
 }
 
 fn nanos(at: SystemTime) -> i64 {
@@ -158,6 +167,10 @@ impl SqliteStore {
             return Err(refuse(format!("cannot use write-ahead logging (journal mode {mode})")));
         }
         connection.pragma_update(None, "synchronous", "NORMAL").map_err(|error| refuse(error.to_string()))?;
+        // The write-ahead log gives its space back beyond this when it restarts.
+        connection
+            .pragma_update(None, "journal_size_limit", super::retention::WAL_KEPT_BYTES)
+            .map_err(|error| refuse(error.to_string()))?;
         for (from, migration) in MIGRATIONS.iter().enumerate().skip(usize::try_from(version).unwrap_or(0)) {
             let to = from + 1;
             connection
@@ -191,12 +204,24 @@ impl SqliteStore {
         // holder from a live server (see `server_lock::take_if_dead`).
         std::io::Write::write_all(&mut &lock, server_lock::owner_line().as_bytes())
             .map_err(|error| refuse(format!("cannot write its lock {} ({error})", lock_path.display())))?;
-        Ok(Self { path: file.to_path_buf(), connection: Mutex::new(connection), server, _lock: lock, servers_dir })
+        Ok(Self {
+            path: file.to_path_buf(),
+            connection: Mutex::new(connection),
+            server,
+            _lock: lock,
+            servers_dir,
+            ends: Arc::default(),
+        })
     }
 
     /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the store raises at each settlement ([`super::retention::start`] waits on it).
+    pub fn end_signal(&self) -> Arc<EndSignal> {
+        self.ends.clone()
     }
 
     fn connection(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -394,6 +419,9 @@ impl TaskStore for SqliteStore {
                 ],
             )
             .map_err(|error| self.error("recording an end", error))?;
+        if changed == 1 {
+            self.ends.raise();
+        }
         Ok(changed == 1)
     }
 

@@ -201,6 +201,7 @@ fn dev_errors_on_a_bare_wasm_name_the_file_not_a_producer_entry() {
         .args(["dev", path.to_str().unwrap()])
         .current_dir(&dir)
         .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_STATE_HOME", common::state_home(&dir))
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run taskhost dev");
@@ -214,6 +215,7 @@ fn dev_errors_on_a_bare_wasm_name_the_file_not_a_producer_entry() {
         .args(["dev", TICKER, "--config", r#"{"nope": 1}"#])
         .current_dir(&dir)
         .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_STATE_HOME", common::state_home(&dir))
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::null())
         .output()

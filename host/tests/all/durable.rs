@@ -50,7 +50,7 @@ pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
 /// (the server is gone): the trees die with them (their init's parent
 /// death signal), so the next server finds them lost. Waits for each
 /// keeper to be gone or a zombie.
-fn kill_keepers(dir: &Path) {
+pub(crate) fn kill_keepers(dir: &Path) {
     let store = rusqlite::Connection::open_with_flags(store_file(dir), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .expect("the store opens");
     let trees: Vec<String> = store
@@ -184,7 +184,7 @@ async fn another_owner_and_a_plain_connection_see_none_of_a_stable_owners_tasks(
 }
 
 /// `taskhost ps ARGS` with the state directory of the servers in `dir`.
-async fn ps(dir: &Path, args: &[&str]) -> serde_json::Value {
+pub(crate) async fn ps(dir: &Path, args: &[&str]) -> serde_json::Value {
     let output = tokio::process::Command::new(common::BIN)
         .arg("ps")
         .args(args)

@@ -64,7 +64,7 @@ pub(crate) async fn sigterm(mut child: tokio::process::Child, client: Client) {
     drop(client);
 }
 
-fn fifo(path: &Path) {
+pub(crate) fn fifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
@@ -109,7 +109,7 @@ async fn told_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, check
 
 /// The command: says it ran (a marker line), prints, waits for `go`, prints
 /// more on both streams, exits 3.
-fn command(dir: &Path) -> String {
+pub(crate) fn command(dir: &Path) -> String {
     format!(
         "echo ran >> {marker}; echo a1; echo a2; echo e1 >&2; read x < {go}; echo b1; echo b2; echo e2 >&2; exit 3",
         marker = dir.join("marker").display(),
@@ -122,7 +122,7 @@ const WHOLE: &str = "a1\na2\n[stderr]\ne1\n[stdout]\nb1\nb2\n[stderr]\ne2\n";
 
 /// Reads the rest after the restart and checks the end is told once: by
 /// the read that finds it, or else by one notice.
-async fn the_rest_after_the_restart(peer: &rmcp::service::Peer<rmcp::RoleClient>, dir: &Path, before: &str) {
+pub(crate) async fn the_rest_after_the_restart(peer: &rmcp::service::Peer<rmcp::RoleClient>, dir: &Path, before: &str) {
     // Re-adopted, not lost: the first result carries no notice, the task runs.
     let first = texts(&call(peer, "task_list", json!({})).await);
     assert_eq!(first.len(), 1, "no notice: the task goes on: {first:?}");
