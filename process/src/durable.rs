@@ -139,7 +139,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-fn log_name(stream: Stream) -> &'static str {
+pub(crate) fn log_name(stream: Stream) -> &'static str {
     match stream {
         Stream::Stdout => "stdout.log",
         Stream::Stderr => "stderr.log",

@@ -179,12 +179,51 @@ impl Drop for FollowedTree {
     }
 }
 
+/// A tree's two logs, opened once for the follower's life (K only appends
+/// to them), read with `pread` into one buffer: a look costs one system
+/// call per stream, not an open, a seek and a close.
+struct Logs {
+    files: [Option<std::fs::File>; 2],
+    buffer: Vec<u8>,
+}
+
+impl Logs {
+    fn open(process: &DurableProcess) -> Self {
+        let open = |stream| std::fs::File::open(process.record().dir.join(crate::durable::log_name(stream))).ok();
+        Self { files: [open(Stream::Stdout), open(Stream::Stderr)], buffer: Vec::new() }
+    }
+
+    /// Up to [`LOOK_BYTES`] of `stream`'s log from `offset`.
+    fn read(&mut self, process: &DurableProcess, stream: Stream, offset: u64) -> std::io::Result<&[u8]> {
+        use std::os::unix::fs::FileExt as _;
+        let Some(file) = &self.files[usize::from(stream == Stream::Stderr)] else {
+            // Not opened (yet): the slow way, which says why it cannot.
+            self.buffer = process.read_log(stream, offset, LOOK_BYTES)?;
+            return Ok(&self.buffer);
+        };
+        self.buffer.resize(LOOK_BYTES, 0);
+        let read = loop {
+            match file.read_at(&mut self.buffer, offset) {
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
+        Ok(&self.buffer[..read])
+    }
+}
+
 /// Reads up to [`LOOK_BYTES`] of `stream`'s log past its offset and
 /// forwards them; true when it read anything.
-fn look(process: &DurableProcess, forwarding: &Forwarding, offsets: &[AtomicU64; 2], stream: Stream) -> bool {
+fn look(
+    process: &DurableProcess,
+    logs: &mut Logs,
+    forwarding: &Forwarding,
+    offsets: &[AtomicU64; 2],
+    stream: Stream,
+) -> bool {
     let index = usize::from(stream == Stream::Stderr);
     let offset = offsets[index].load(Ordering::Acquire);
-    let data = match process.read_log(stream, offset, LOOK_BYTES) {
+    let data = match logs.read(process, stream, offset) {
         Ok(data) => data,
         Err(error) => {
             tracing::warn!(pid = process.pid(), %error, "cannot read a durable tree's log");
@@ -201,7 +240,7 @@ fn look(process: &DurableProcess, forwarding: &Forwarding, offsets: &[AtomicU64;
             TreeCursor { stdout: read[0] - carry[0] as u64, stderr: read[1] - carry[1] as u64, in_stderr, mid_line };
         cursor.to_mark()
     };
-    forwarding.push_marked(stream == Stream::Stderr, &data, false, Some(&mark));
+    forwarding.push_marked(stream == Stream::Stderr, data, false, Some(&mark));
     offsets[index].store(read[index], Ordering::Release);
     true
 }
@@ -212,10 +251,11 @@ async fn follow(
     offsets: Arc<[AtomicU64; 2]>,
     tell: watch::Sender<Option<TreeEnd>>,
 ) {
-    let looks = |forwarding: &Forwarding| {
+    let mut logs = Logs::open(&process);
+    let mut looks = |forwarding: &Forwarding| {
         let _order = forwarding.order.lock().unwrap_or_else(|e| e.into_inner());
-        let out = look(&process, forwarding, &offsets, Stream::Stdout);
-        let err = look(&process, forwarding, &offsets, Stream::Stderr);
+        let out = look(&process, &mut logs, forwarding, &offsets, Stream::Stdout);
+        let err = look(&process, &mut logs, forwarding, &offsets, Stream::Stderr);
         out || err
     };
     let record = process.record();

@@ -19,7 +19,7 @@ use crate::plan::{Command, DurablePlan, SECRET_BYTES, STATUS_BYTES};
 /// How long K waits for a connected client's request.
 const CLIENT_WAIT_MS: libc::c_int = 1_000;
 /// K's copy buffer (on its stack).
-const COPY_BYTES: usize = 16 * 1024;
+const COPY_BYTES: usize = 64 * 1024;
 
 /// K's loop state: what is still open.
 struct Keeping {
