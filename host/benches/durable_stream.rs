@@ -28,16 +28,19 @@
 //! reader further behind is told what it skipped, and the log keeps it for
 //! views, as in the `stream` bench), and the ratio to the baseline.
 
+#[path = "common/raw_pipe.rs"]
+mod raw_pipe;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use taskhost::Host;
 use taskhost::agents::Agent;
 use taskhost::config::Config;
 use taskhost::plugin::producer::LoadGate;
 use taskhost::setup::served_on_state;
 use taskhost::tools::CallContext;
-use taskhost::{Host, tokio::io::AsyncReadExt as _};
 
 fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -71,23 +74,7 @@ fn own_cpu() -> Duration {
 
 async fn raw_pipe(size: u64) -> Run {
     let (t, cpu) = (Instant::now(), own_cpu());
-    let mut child = tokio::process::Command::new("head")
-        .args(["-c", &size.to_string(), "/dev/zero"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    let (mut delivered, mut reads) = (0u64, 0u64);
-    loop {
-        let n = stdout.read(&mut buf).await.unwrap();
-        reads += 1;
-        if n == 0 {
-            break;
-        }
-        delivered += n as u64;
-    }
-    child.wait().await.unwrap();
+    let (delivered, reads) = raw_pipe::stream(size).await;
     Run { time: t.elapsed(), delivered, reads, cpu: own_cpu() - cpu }
 }
 

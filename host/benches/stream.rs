@@ -30,13 +30,15 @@
 
 mod common;
 
+#[path = "common/raw_pipe.rs"]
+mod raw_pipe;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use taskhost::Host;
 use taskhost::process::{ProcessGrant, ProcessHost, ProcessHostConfig, SpawnRequest, Stream};
 use taskhost::tools::CallContext;
-use tokio::io::AsyncReadExt;
 
 fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -67,23 +69,7 @@ struct Run {
 
 async fn raw_pipe(size: u64) -> Run {
     let t = Instant::now();
-    let mut child = tokio::process::Command::new("head")
-        .args(["-c", &size.to_string(), "/dev/zero"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    let (mut delivered, mut reads) = (0u64, 0u64);
-    loop {
-        let n = stdout.read(&mut buf).await.unwrap();
-        reads += 1;
-        if n == 0 {
-            break;
-        }
-        delivered += n as u64;
-    }
-    child.wait().await.unwrap();
+    let (delivered, reads) = raw_pipe::stream(size).await;
     Run { time: t.elapsed(), delivered, notices: 0, reads }
 }
 

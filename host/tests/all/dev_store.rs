@@ -6,14 +6,13 @@
 
 use crate::common;
 use crate::durable::ps;
-use crate::readopt::{command, fifo, serve_owner, sigkill, the_rest_after_the_restart};
+use crate::readopt::{left_running_by_a_sigkill, serve_owner, sigkill, the_rest_after_the_restart};
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{call, only_text, read_until, state_home, temp_dir};
-use serde_json::json;
+use common::{state_home, temp_dir};
 
 /// `taskhost dev <ticker>` on the console (stdin a pipe, not a script)
 /// with the state directory of the servers in `dir`; returns its stdout.
@@ -44,12 +43,7 @@ async fn dev_console(dir: &Path, input: &str) -> String {
 #[tokio::test]
 async fn dev_keeps_its_own_store_and_leaves_a_stopped_servers_trees_to_the_next_server() {
     let dir = temp_dir("dev-store");
-    fifo(&dir.join("go.fifo"));
-    let (client, child) = serve_owner(&dir, "alice").await;
-    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
-    assert_eq!(only_text(&started), "started background bash task bash-1");
-    let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
-    sigkill(child, client).await;
+    let before = left_running_by_a_sigkill(&dir).await;
 
     // Two console runs in the same state directory: the second's id is
     // fresh (its own store), and neither claims serve's records.

@@ -192,15 +192,23 @@ async fn an_http_owners_background_command_survives_a_sigterm_of_the_server() {
     sigkill(child, client).await;
 }
 
-#[tokio::test]
-async fn an_owner_named_stdio_clients_background_command_survives_a_sigkill_of_the_server() {
-    let dir = temp_dir("readopt-owner");
+/// `serve --owner alice` in `dir` starts [`command`] as `bash-1`, reads it
+/// up to `e1` and is SIGKILLed, leaving the tree waiting on its FIFO;
+/// returns what was read.
+pub(crate) async fn left_running_by_a_sigkill(dir: &Path) -> String {
     fifo(&dir.join("go.fifo"));
-    let (client, child) = serve_owner(&dir, "alice").await;
-    let started = call(client.peer(), "bash", json!({"command": command(&dir), "run_in_background": true})).await;
+    let (client, child) = serve_owner(dir, "alice").await;
+    let started = call(client.peer(), "bash", json!({"command": command(dir), "run_in_background": true})).await;
     assert_eq!(only_text(&started), "started background bash task bash-1");
     let before = read_until(client.peer(), "bash-1", "e1", Duration::from_secs(30)).await;
     sigkill(child, client).await;
+    before
+}
+
+#[tokio::test]
+async fn an_owner_named_stdio_clients_background_command_survives_a_sigkill_of_the_server() {
+    let dir = temp_dir("readopt-owner");
+    let before = left_running_by_a_sigkill(&dir).await;
 
     let (client, child) = serve_owner(&dir, "alice").await;
     the_rest_after_the_restart(client.peer(), &dir, &before).await;
