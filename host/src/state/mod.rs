@@ -30,6 +30,7 @@
 //!   own trust is looked up.
 
 pub mod retention;
+mod schema;
 mod server_lock;
 pub mod store;
 pub mod trust;

@@ -25,57 +25,16 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::retention::EndSignal;
+pub use super::schema::SCHEMA_VERSION;
+use super::schema::{APPLICATION_ID, MIGRATIONS, millis, nanos, stored_task};
 use super::server_lock;
-use taskhost_core::ids::{SessionId, TaskId};
-use taskhost_core::tasks::store::{
-    ReportState, StoreError, StoredEnd, StoredOptions, StoredOwner, StoredState, StoredTask, StoredTree, TaskStore,
-    input_name, parse_input,
-};
-use taskhost_core::tasks::{TaskInput, TaskStatus};
+use taskhost_core::ids::TaskId;
+use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, TaskStore, input_name};
 
 /// The store's file in the state directory.
 pub const STORE_FILE: &str = "tasks.sqlite3";
-/// The schema this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
-/// `PRAGMA application_id`: "tskh".
-const APPLICATION_ID: i64 = 0x7473_6b68;
 /// How long a write waits for another server's write to the same file.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The schema, version by version: `MIGRATIONS[n]` takes version `n` to `n + 1`.
-const MIGRATIONS: &[&str] = &[
-    "
-    CREATE TABLE counters (kind TEXT PRIMARY KEY, last INTEGER NOT NULL) STRICT;
-    CREATE TABLE tasks (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL UNIQUE,
-        kind TEXT NOT NULL,
-        label TEXT NOT NULL,
-        owner TEXT,
-        owner_durable INTEGER NOT NULL,
-        server TEXT NOT NULL,
-        status TEXT NOT NULL,
-        detail TEXT,
-        started_at_ns INTEGER NOT NULL,
-        finished_at_ns INTEGER,
-        producer_info TEXT,
-        reporting TEXT NOT NULL,
-        output TEXT
-    ) STRICT;
-    CREATE INDEX tasks_by_server ON tasks (server);
-",
-    "
-    ALTER TABLE tasks ADD COLUMN tree TEXT;
-    ALTER TABLE tasks ADD COLUMN tree_cursor TEXT;
-",
-    "
-    ALTER TABLE tasks ADD COLUMN input TEXT;
-    ALTER TABLE tasks ADD COLUMN notify_pattern TEXT;
-    ALTER TABLE tasks ADD COLUMN notify_stalled_ms INTEGER;
-    ALTER TABLE tasks ADD COLUMN ttl_ms INTEGER;
-    ALTER TABLE tasks ADD COLUMN expires_at_ns INTEGER;
-",
-];
 
 /// The SQLite task store of one server.
 pub struct SqliteStore {
@@ -94,18 +53,6 @@ impl Drop for SqliteStore {
     fn drop(&mut self) {
         self.ends.close();
     }
-}
-
-fn nanos(at: SystemTime) -> i64 {
-    at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn time(nanos: i64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
 }
 
 impl SqliteStore {
@@ -258,42 +205,6 @@ fn random_id() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the system's random source");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn stored_task(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredTask> {
-    let status: String = row.get("status")?;
-    let reporting: String = row.get("reporting")?;
-    let id: String = row.get("id")?;
-    let kind: String = row.get("kind")?;
-    let label: String = row.get("label")?;
-    let mut task = StoredTask::new(TaskId::new(id), kind, label, time(row.get("started_at_ns")?));
-    task.owner = row
-        .get::<_, Option<String>>("owner")?
-        .map(|session| StoredOwner::new(SessionId::new(session), row.get::<_, i64>("owner_durable").unwrap_or(0) != 0));
-    // An unknown word (a newer writer's) reads as the safest meaning: a
-    // live task (settled lost on restore), an end already told.
-    task.status = TaskStatus::parse(&status).unwrap_or(TaskStatus::Running);
-    task.detail = row.get("detail")?;
-    task.finished_at = row.get::<_, Option<i64>>("finished_at_ns")?.map(time);
-    task.producer_info = row.get("producer_info")?;
-    task.reporting = ReportState::parse(&reporting).unwrap_or(ReportState::Reported);
-    task.output = row.get("output")?;
-    let millis = |column: &str| -> rusqlite::Result<Option<Duration>> {
-        Ok(row.get::<_, Option<i64>>(column)?.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis))
-    };
-    let mut options = StoredOptions::default();
-    options.input = row.get::<_, Option<String>>("input")?.map_or(TaskInput::Unsupported, |word| parse_input(&word));
-    options.notify_pattern = row.get("notify_pattern")?;
-    options.notify_stalled = millis("notify_stalled_ms")?;
-    options.ttl = millis("ttl_ms")?;
-    options.expires_at = row.get::<_, Option<i64>>("expires_at_ns")?.map(time);
-    task.options = options;
-    if let Some(record) = row.get::<_, Option<String>>("tree")? {
-        let mut tree = StoredTree::new(record);
-        tree.cursor = row.get("tree_cursor")?;
-        task.tree = Some(tree);
-    }
-    Ok(task)
 }
 
 impl TaskStore for SqliteStore {
@@ -504,6 +415,8 @@ pub fn read_all(file: &Path) -> Result<Vec<StoredTask>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskhost_core::ids::SessionId;
+    use taskhost_core::tasks::store::{StoredOwner, StoredTree};
 
     /// `flock` holding `lock` (a holder that is not the server the file
     /// names) until its stdin closes; returns once it holds it.
