@@ -142,6 +142,9 @@ struct Shared {
     listeners: Mutex<Vec<Arc<ListenerSlot>>>,
     /// Wakes disposal when the last in-flight start finished.
     starts_drained: Notify,
+    /// Wakes an owner cleanup or a disposal waiting for settlements to
+    /// finish telling of their end (see [`state::Bucket::telling`]).
+    settlements_told: Notify,
     events: broadcast::Sender<TaskEvent>,
     /// Set once anyone subscribed to `events`: until then, no event is made
     /// (asking the channel for its receivers takes its lock).
@@ -229,6 +232,7 @@ impl TaskRegistry {
                 state: Mutex::new(State::default()),
                 listeners: Mutex::new(Vec::new()),
                 starts_drained: Notify::new(),
+                settlements_told: Notify::new(),
                 events: broadcast::channel(TASK_EVENT_BUFFER).0,
                 subscribed: false.into(),
                 store,

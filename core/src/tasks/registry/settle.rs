@@ -18,6 +18,10 @@
 //!   possible-orphan detail), waits for starts still in flight, and drops the
 //!   owner's records; its settlements count as reported. Settlements caused
 //!   by registry disposal are silent (no listener runs).
+//! - A settlement is counted as telling from the moment its record turns
+//!   terminal until its listeners, subscribers and waiters were told: an
+//!   owner cleanup and a disposal return only once none of theirs is, so a
+//!   task that ended by itself just before they looked is heard of first.
 //! - Each owner (and the unowned bucket) keeps at most
 //!   `max_finished_tasks_per_owner` finished records: the oldest reported
 //!   go first, then the oldest noticed; a finished task whose end nobody was
@@ -54,15 +58,6 @@ impl TaskRegistry {
         TaskRead { text, snapshot }
     }
 
-    /// Cancels every live task, awaits their quiescence (bounded by the
-    /// teardown timeout), detaches from live owners and drops every record.
-    ///
-    /// Guarantees, once it returns: no task of this registry is live (each
-    /// settled, or was force-failed with a possible-orphan detail), every
-    /// start that was in flight has settled too, no task can start, and no
-    /// listener was called for these settlements (disposal is silent: an
-    /// owner still alive is not told of kills it never asked for). Waits
-    /// still pending wake with the terminal state. Idempotent.
     /// The process is going away (a server's shutdown, before its owners
     /// and the registry are disposed): from now on a live task of a stable
     /// owner whose control holds a handed-over tree
@@ -74,6 +69,16 @@ impl TaskRegistry {
         self.shared.lock().shutting_down = true;
     }
 
+    /// Cancels every live task, awaits their quiescence (bounded by the
+    /// teardown timeout), detaches from live owners and drops every record.
+    ///
+    /// Guarantees, once it returns: no task of this registry is live (each
+    /// settled, or was force-failed with a possible-orphan detail), every
+    /// start that was in flight has settled too, every settlement before it
+    /// has told its listeners, no task can start, and no listener was called
+    /// for these settlements (disposal is silent: an owner still alive is not
+    /// told of kills it never asked for). Waits still pending wake with the
+    /// terminal state. Idempotent.
     pub async fn dispose(&self) {
         {
             let mut state = self.shared.lock();
@@ -105,7 +110,10 @@ impl TaskRegistry {
             }
             drained.await;
         }
-        let scopes = std::mem::take(&mut self.shared.lock().owner_scopes);
+        // A settlement that ended a task before the loop above looked may be
+        // telling of it still (its listeners ran before disposal began).
+        let scopes =
+            self.settlements_told(|state| state.telling, |state| std::mem::take(&mut state.owner_scopes)).await;
         for scope in scopes.into_values() {
             if let Some(agent) = scope.owner.agent.upgrade() {
                 agent.remove_cleanup(scope.cleanup);
@@ -163,7 +171,7 @@ impl TaskRegistry {
     pub(super) fn settle_record(&self, id: &TaskId, settlement: Settlement) {
         let Settlement { status, detail, output, forced, reported } = settlement;
         // `quiet`: no listener runs now (disposal, or a held end).
-        let (done, settled, quiet, bucket_key) = {
+        let (done, settled, quiet, bucket_key, in_bucket) = {
             let mut state = self.shared.lock();
             let silent = state.disposed;
             let owner_closing = {
@@ -224,12 +232,19 @@ impl TaskRegistry {
                 watcher.abort();
             }
             let bucket_key = record.bucket_key();
+            let mut in_bucket = false;
             if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
                 bucket.live -= 1;
                 bucket.finished.push_back(id.clone());
+                bucket.telling += 1;
+                in_bucket = true;
             }
-            (done, settled, silent || held, bucket_key)
+            state.telling += 1;
+            (done, settled, silent || held, bucket_key, in_bucket)
         };
+        // Counted until everything below ran (even if a step panics): a
+        // cleanup or disposal that saw this record terminal waits for it.
+        let telling = Telling { shared: &self.shared, bucket: in_bucket.then_some(bucket_key) };
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
         if !quiet {
@@ -249,6 +264,24 @@ impl TaskRegistry {
         self.enforce_output_memory();
         if let Some(settled) = settled {
             settled.cancel();
+        }
+        drop(telling);
+    }
+
+    /// Returns once no settlement `telling` counts (of one bucket, or of the
+    /// whole registry) is still telling of its end: each one's listeners,
+    /// subscribers and waiters were told. The count is read under the lock,
+    /// so `then` runs atomically with the check that it is zero.
+    async fn settlements_told<T>(&self, telling: impl Fn(&State) -> usize, then: impl FnOnce(&mut State) -> T) -> T {
+        loop {
+            let told = self.shared.settlements_told.notified();
+            {
+                let mut state = self.shared.lock();
+                if telling(&state) == 0 {
+                    return then(&mut state);
+                }
+            }
+            told.await;
         }
     }
 
@@ -405,9 +438,13 @@ impl TaskRegistry {
             }
             drained.notified().await;
         }
-        let records: Vec<Record> = {
-            let mut state = self.shared.lock();
-            match state.owner_scopes.remove(&instance) {
+        // A task that settled by itself just before the cleanup looked is
+        // terminal, but its listeners may not have heard of it yet: the
+        // cleanup returns only once they did (the owner's completion notice
+        // included), and drops the records in the same look.
+        let telling = |state: &State| state.owner_scopes.get(&instance).map_or(0, |scope| scope.bucket.telling);
+        let records: Vec<Record> = self
+            .settlements_told(telling, |state| match state.owner_scopes.remove(&instance) {
                 Some(scope) => {
                     // A stable owner's records stay in the store for its
                     // next instance; anyone else's leave with the owner.
@@ -417,9 +454,43 @@ impl TaskRegistry {
                     scope.tasks.iter().filter_map(|id| state.tasks.remove(id)).collect()
                 }
                 None => Vec::new(),
-            }
-        };
+            })
+            .await;
         self.release_records(records);
+    }
+}
+
+/// One settlement telling of its end: counted in [`State::telling`] and in
+/// its bucket's [`telling`](super::state::Bucket::telling) from the moment
+/// its record turned terminal until dropped, after its listeners,
+/// subscribers and waiters were told.
+struct Telling<'a> {
+    shared: &'a Shared,
+    /// The bucket it counts in (`Some(None)`: the unowned one), if any.
+    bucket: Option<Option<u64>>,
+}
+
+impl Drop for Telling<'_> {
+    fn drop(&mut self) {
+        // Not `Shared::lock`: this may run while a panic unwinds.
+        let mut state = self.shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.telling -= 1;
+        let mut awaited = state.disposed;
+        // A bucket that counts it outlives the count: its cleanup waits.
+        if let Some(key) = self.bucket
+            && let Some(bucket) = bucket_mut(&mut state, key)
+        {
+            bucket.telling -= 1;
+        }
+        if let Some(scope) = self.bucket.flatten().and_then(|key| state.owner_scopes.get(&key)) {
+            awaited |= scope.closing;
+        }
+        drop(state);
+        // Only a closing scope or a disposal waits: a settlement that ended
+        // after the waiter looked finds the flag it set first.
+        if awaited {
+            self.shared.settlements_told.notify_waiters();
+        }
     }
 }
 

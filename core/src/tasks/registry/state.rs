@@ -24,6 +24,9 @@ pub(super) struct State {
     pub(super) owner_scopes: HashMap<u64, OwnerScope>,
     pub(super) surfaces: usize,
     pub(super) starts_in_flight: usize,
+    /// Settlements still telling of their end, in every bucket (see
+    /// [`Bucket::telling`]): disposal waits for none.
+    pub(super) telling: usize,
     pub(super) disposed: bool,
     /// The last wait ticket issued (see [`Waits`]).
     pub(super) last_wait_ticket: u64,
@@ -101,6 +104,10 @@ pub(super) struct Bucket {
     pub(super) finished: VecDeque<TaskId>,
     /// Finished tasks dropped from the history so far.
     pub(super) dropped: u64,
+    /// Settlements whose record is terminal but whose listeners, events and
+    /// waiters are still being told (outside the lock): an owner cleanup
+    /// waits for none before it drops the owner's records and returns.
+    pub(super) telling: usize,
 }
 
 /// The registry's registration in one owner's disposal scope.

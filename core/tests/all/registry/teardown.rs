@@ -297,3 +297,66 @@ async fn registry_disposal_is_silent() {
         );
     }
 }
+
+/// A settlement whose listeners are still running when an owner's disposal
+/// (or the registry's) looks: the task is already terminal, so nothing is
+/// torn down, yet the disposal returns only once those listeners heard of
+/// the end (the stress test's rare "must settle exactly once": its listener
+/// ran after the disposals had returned).
+///
+/// The task's watcher lives on a second runtime, where its listener is held
+/// open until the test lets go. This runtime runs on paused time: the
+/// disposal either returns at once (nothing left for it to await) or parks
+/// until the listener is let go, and only a parked disposal lets paused time
+/// reach the hour-long bound.
+#[tokio::test(start_paused = true)]
+async fn disposal_returns_only_after_a_settlement_told_its_listeners() {
+    let producers = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    for owned in [true, false] {
+        let owner = owned.then_some(&agent);
+        let task = ScriptedTask::new(false);
+        let start = spec("job", owner, &task);
+        let registry = f.registry.clone();
+        let id = producers.spawn(async move { registry.start(start).await }).await.unwrap().unwrap();
+
+        let (entered, listener_entered) = tokio::sync::oneshot::channel::<()>();
+        let (let_go, held_open) = std::sync::mpsc::channel::<()>();
+        let order = Arc::new(Mutex::new(Vec::<&str>::new()));
+        let _listener = f.registry.on_task_done(Arc::new({
+            let (id, order) = (id.clone(), order.clone());
+            let entered = Mutex::new(Some(entered));
+            let held_open = Mutex::new(held_open);
+            move |done: &TaskDone| {
+                if done.snapshot.id == id {
+                    let _ = entered.lock().unwrap().take().expect("told once").send(());
+                    let _ = held_open.lock().unwrap().recv();
+                    order.lock().unwrap().push("listener heard the end");
+                }
+            }
+        }));
+        task.settle(TaskOutcome::completed(None));
+        listener_entered.await.unwrap();
+
+        let disposal = {
+            let (agent, registry, order) = (agent.clone(), f.registry.clone(), order.clone());
+            tokio::spawn(async move {
+                if owned {
+                    agent.dispose().await;
+                } else {
+                    registry.dispose().await;
+                }
+                order.lock().unwrap().push("disposal returned");
+            })
+        };
+        let mut disposal = std::pin::pin!(disposal);
+        let early = tokio::time::timeout(Duration::from_secs(3600), &mut disposal).await;
+        assert!(early.is_err(), "owned {owned}: the disposal returned while the task's listener was still running");
+        let_go.send(()).unwrap();
+        disposal.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), ["listener heard the end", "disposal returned"], "owned {owned}");
+        assert!(f.registry.list(None).is_empty());
+    }
+    producers.shutdown_background();
+}
