@@ -25,9 +25,11 @@
 //!   killed and refused. A server that dies before its start was recorded
 //!   in the store leaves a tree no record names: the next server's
 //!   [`DurableTreeAdopter::sweep`] kills it (its spawner is gone), so no
-//!   command runs on that nobody can see or stop. The window left is the
-//!   keeper's fork to the file's write (microseconds): a tree started
-//!   there runs to its deadline.
+//!   command runs on that nobody can see or stop. The window left is from
+//!   the command's start to the file's rename (the spawn's return to the
+//!   host: well under a millisecond unloaded): a tree started there runs
+//!   to its deadline. Closing it needs the command held until the fence
+//!   is written (a "go" from the host to the keeper).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -83,19 +85,23 @@ pub fn outcome(end: &TreeEnd, cancelled: bool) -> TaskOutcome {
 const LAUNCH_FILE: &str = "launch";
 
 /// Writes the launch fence of a tree spawned by this process into its
-/// directory (new, 0600, never through a link).
+/// directory: whole or not at all (written aside, new, 0600, never through
+/// a link, then renamed in), so a crash in the middle leaves no fence
+/// rather than an unreadable one.
 pub fn record_launch(dir: &Path, kept: &HandedOverTree) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let pid = std::process::id();
     let started = taskhost_process::durable::start_time(pid).unwrap_or(0);
+    let aside = dir.join(format!("{LAUNCH_FILE}.tmp"));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(dir.join(LAUNCH_FILE))?;
-    file.write_all(format!("{pid} {started}\n{}\n", kept.to_text()).as_bytes())
+        .open(&aside)?;
+    file.write_all(format!("{pid} {started}\n{}\n", kept.to_text()).as_bytes())?;
+    std::fs::rename(&aside, dir.join(LAUNCH_FILE))
 }
 
 /// The record of a tree in `dir` whose spawner is gone, from its launch

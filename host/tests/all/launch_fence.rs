@@ -30,26 +30,52 @@ fn holding(fifo: &Path) -> String {
 
 /// Opens `fifo` for reading: returns once the command opened it (launched).
 async fn launched(fifo: PathBuf) -> std::fs::File {
-    tokio::time::timeout(Duration::from_secs(30), tokio::task::spawn_blocking(move || std::fs::File::open(fifo)))
-        .await
-        .expect("the command never launched")
-        .unwrap()
-        .unwrap()
+    let opening = tokio::task::spawn_blocking({
+        let fifo = fifo.clone();
+        move || std::fs::File::open(fifo)
+    });
+    match tokio::time::timeout(Duration::from_secs(30), opening).await {
+        Ok(opened) => opened.unwrap().unwrap(),
+        Err(_) => {
+            // Unblock the open (so the test fails instead of hanging).
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+            panic!("the command never launched");
+        }
+    }
 }
 
-/// Reads the FIFO to its end: returns once every writer (the command) is gone.
-async fn died(mut reader: std::fs::File, what: &str) {
-    let ended = tokio::task::spawn_blocking(move || {
-        use std::io::Read as _;
-        let mut rest = Vec::new();
-        reader.read_to_end(&mut rest).map(|_| rest)
+/// Waits (at most 30 s) until the FIFO's every writer (the command) is gone.
+async fn died(reader: std::fs::File, what: &str) {
+    use std::os::fd::AsRawFd as _;
+    let hung_up = tokio::task::spawn_blocking(move || {
+        let mut poll = libc::pollfd { fd: reader.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll of one pollfd on a descriptor `reader` keeps open.
+        let ready = unsafe { libc::poll(&mut poll, 1, 30_000) };
+        ready == 1 && poll.revents & libc::POLLHUP != 0
     });
-    let rest = tokio::time::timeout(Duration::from_secs(30), ended)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: the command still runs after 30 s"))
-        .unwrap()
-        .unwrap();
-    assert!(rest.is_empty(), "{what}: {rest:?}");
+    assert!(hung_up.await.unwrap(), "{what}: the command still runs after 30 s");
+}
+
+/// Waits until `count` running durable trees of the servers in `dir` have
+/// their launch fence (paced: the test has no event for a file another
+/// process renames into place).
+async fn fenced(dir: &Path, count: usize) {
+    let trees = common::state_home(dir).join("taskhost").join("trees");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let fences = std::fs::read_dir(&trees)
+            .map(|entries| {
+                let running = |e: &std::fs::DirEntry| !e.path().join("status").exists();
+                entries.flatten().filter(|e| running(e) && e.path().join("launch").is_file()).count()
+            })
+            .unwrap_or(0);
+        if fences >= count {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{fences} launch fences in {}", trees.display());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Holds the store's write lock until dropped (a transaction never committed).
@@ -98,6 +124,10 @@ async fn a_start_the_store_cannot_record_is_refused_and_a_crash_before_the_recor
         tokio::spawn(async move { call(&peer, "bash", json!({"command": command, "run_in_background": true})).await })
     };
     let reader = launched(second).await;
+    // After the launch fence is written (the crash point it covers: see
+    // `durable_tasks`' invariants for the window before it), before the
+    // record (the store is held).
+    fenced(&dir, 1).await;
     sigkill(child, client).await;
     starting.abort();
     drop(lock);
