@@ -57,25 +57,44 @@ async fn died(reader: std::fs::File, what: &str) {
     assert!(hung_up.await.unwrap(), "{what}: the command still runs after 30 s");
 }
 
-/// Waits until `count` running durable trees of the servers in `dir` have
-/// their launch fence (paced: the test has no event for a file another
-/// process renames into place).
-async fn fenced(dir: &Path, count: usize) {
+/// The durable trees' directories of the servers in `dir`.
+fn tree_dirs(dir: &Path) -> Vec<PathBuf> {
     let trees = common::state_home(dir).join("taskhost").join("trees");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let fences = std::fs::read_dir(&trees)
-            .map(|entries| {
-                let running = |e: &std::fs::DirEntry| !e.path().join("status").exists();
-                entries.flatten().filter(|e| running(e) && e.path().join("launch").is_file()).count()
-            })
-            .unwrap_or(0);
-        if fences >= count {
-            return;
+    std::fs::read_dir(trees).map(|entries| entries.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+}
+
+/// Waits until a durable tree not in `known` has its launch fence: looks
+/// again at each change inotify reports under the trees' directory (the
+/// fence is renamed into place), at most 30 s.
+async fn fenced(dir: &Path, known: Vec<PathBuf>) {
+    use notify::Watcher as _;
+    let trees = common::state_home(dir).join("taskhost").join("trees");
+    let count = 1;
+    let fences = {
+        let dir = dir.to_path_buf();
+        move || tree_dirs(&dir).iter().filter(|d| !known.contains(d) && d.join("launch").is_file()).count()
+    };
+    // Armed before the first look: a change after it is an event.
+    let (changed, changes) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(changed).expect("an inotify watcher");
+    watcher.watch(&trees, notify::RecursiveMode::Recursive).expect("watch the trees' directory");
+    let found = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = fences();
+            if found >= count {
+                return found;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if changes.recv_timeout(left).is_err() {
+                return found;
+            }
         }
-        assert!(std::time::Instant::now() < deadline, "{fences} launch fences in {}", trees.display());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await
+    .unwrap();
+    drop(watcher);
+    assert!(found >= count, "{found} launch fences in {} after 30 s", trees.display());
 }
 
 /// Holds the store's write lock until dropped (a transaction never committed).
@@ -118,6 +137,7 @@ async fn a_start_the_store_cannot_record_is_refused_and_a_crash_before_the_recor
     // kills what it launched, and nobody was ever shown an id for it.
     let second = dir.join("second.fifo");
     fifo(&second);
+    let known = tree_dirs(&dir);
     let lock = hold_write_lock(&dir);
     let starting = {
         let (peer, command) = (peer.clone(), holding(&second));
@@ -127,7 +147,7 @@ async fn a_start_the_store_cannot_record_is_refused_and_a_crash_before_the_recor
     // After the launch fence is written (the crash point it covers: see
     // `durable_tasks`' invariants for the window before it), before the
     // record (the store is held).
-    fenced(&dir, 1).await;
+    fenced(&dir, known).await;
     sigkill(child, client).await;
     starting.abort();
     drop(lock);

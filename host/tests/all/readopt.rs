@@ -87,7 +87,7 @@ fn lines(path: &Path) -> usize {
 /// Calls `task_list` until one notice about `id` came (paced: MCP gives a
 /// client no event for it), checking every listing with `check`; returns
 /// the notice. Then one more call: told once, no second notice.
-async fn told_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, check: impl Fn(&str)) -> String {
+pub(crate) async fn told_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, check: impl Fn(&str)) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let notices = |result: &[String]| -> Vec<String> {
         result.iter().skip(1).filter(|t| t.contains(&format!("task {id} "))).cloned().collect()

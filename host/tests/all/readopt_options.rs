@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::{self, call, only_text, read_until, temp_dir, texts};
-use crate::readopt::{serve_owner, sigkill, sigterm};
+use crate::readopt::{serve_owner, sigkill, sigterm, told_once};
 
 #[tokio::test]
 async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_the_server() {
@@ -44,18 +44,8 @@ async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_th
     let sent = call(&peer, "task_input", json!({"task_id": chat, "text": "two\n"})).await;
     assert!(!common::is_error(&sent), "input after the restart: {sent:?}");
     // Its milestone still watches its output: one notice, with no read of it.
-    let milestone = format!("background task {chat} (bash: ");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = texts(&call(&peer, "task_list", json!({})).await);
-        if let Some(notice) = listed.iter().skip(1).find(|t| t.starts_with(&milestone)) {
-            assert!(notice.contains("printed a line matching /^got two/: got two"), "{notice}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no milestone notice: {listed:?}");
-        // An MCP client gets no event for a notice: it rides on the next result.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let notice = told_once(&peer, &chat, |_| {}).await;
+    assert!(notice.contains("printed a line matching /^got two/: got two"), "{notice}");
     // Its time to live still runs: the unread command is stopped and says why.
     let ended =
         texts(&call(&peer, "task_output", json!({"task_id": doomed, "wait": true, "timeout_ms": 30_000})).await);

@@ -1,11 +1,12 @@
 //! The registry's guards: values whose drop undoes what they hold (a
-//! listener, a control surface, a start's reservation, a pending reporter).
+//! listener, a control surface, a start's reservation, a pending reporter,
+//! a settlement still telling of its end).
 //!
 //! Invariants: a guard that is dropped without having been disarmed gives
 //! back what it held, so a start that fails or a caller that goes away never
 //! leaks a live-task slot or suppresses a completion notice.
 
-use super::state::{Record, Reporting};
+use super::state::{Record, Reporting, bucket_mut};
 use super::*;
 
 pub(super) struct ListenerSlot {
@@ -155,4 +156,38 @@ pub(super) fn release_reporter(record: &mut Record) -> Option<TaskDone> {
         return Some(record.done_event());
     }
     None
+}
+
+/// One settlement telling of its end: counted in [`State::telling`] and in
+/// its bucket's [`telling`](super::state::Bucket::telling) from the moment
+/// its record turned terminal until dropped, after its listeners,
+/// subscribers and waiters were told.
+pub(super) struct Telling<'a> {
+    pub(super) shared: &'a Shared,
+    /// The bucket it counts in (`Some(None)`: the unowned one), if any.
+    pub(super) bucket: Option<Option<u64>>,
+}
+
+impl Drop for Telling<'_> {
+    fn drop(&mut self) {
+        // Not `Shared::lock`: this may run while a panic unwinds.
+        let mut state = self.shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.telling -= 1;
+        let mut awaited = state.disposed;
+        // A bucket that counts it outlives the count: its cleanup waits.
+        if let Some(key) = self.bucket
+            && let Some(bucket) = bucket_mut(&mut state, key)
+        {
+            bucket.telling -= 1;
+        }
+        if let Some(scope) = self.bucket.flatten().and_then(|key| state.owner_scopes.get(&key)) {
+            awaited |= scope.closing;
+        }
+        drop(state);
+        // Only a closing scope or a disposal waits: a settlement that ended
+        // after the waiter looked finds the flag it set first.
+        if awaited {
+            self.shared.settlements_told.notify_waiters();
+        }
+    }
 }

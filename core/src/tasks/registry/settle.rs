@@ -28,6 +28,7 @@
 //!   told of is never dropped. Dropping a record drops its producer handle
 //!   (and with it its output and spill files).
 
+use super::guards::Telling;
 use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
 use crate::tasks::store::StoredEnd;
@@ -457,40 +458,6 @@ impl TaskRegistry {
             })
             .await;
         self.release_records(records);
-    }
-}
-
-/// One settlement telling of its end: counted in [`State::telling`] and in
-/// its bucket's [`telling`](super::state::Bucket::telling) from the moment
-/// its record turned terminal until dropped, after its listeners,
-/// subscribers and waiters were told.
-struct Telling<'a> {
-    shared: &'a Shared,
-    /// The bucket it counts in (`Some(None)`: the unowned one), if any.
-    bucket: Option<Option<u64>>,
-}
-
-impl Drop for Telling<'_> {
-    fn drop(&mut self) {
-        // Not `Shared::lock`: this may run while a panic unwinds.
-        let mut state = self.shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        state.telling -= 1;
-        let mut awaited = state.disposed;
-        // A bucket that counts it outlives the count: its cleanup waits.
-        if let Some(key) = self.bucket
-            && let Some(bucket) = bucket_mut(&mut state, key)
-        {
-            bucket.telling -= 1;
-        }
-        if let Some(scope) = self.bucket.flatten().and_then(|key| state.owner_scopes.get(&key)) {
-            awaited |= scope.closing;
-        }
-        drop(state);
-        // Only a closing scope or a disposal waits: a settlement that ended
-        // after the waiter looked finds the flag it set first.
-        if awaited {
-            self.shared.settlements_told.notify_waiters();
-        }
     }
 }
 
