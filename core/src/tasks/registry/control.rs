@@ -6,7 +6,7 @@
 //! settles meanwhile; a wait aborted before the settlement never reports
 //! (see [`AbortedWait`] for one aborted after it).
 
-use super::guards::{PendingReporter, release_reporter};
+use super::guards::{HeldEnd, PendingReporter, release_reporter};
 use super::settle::prune_history;
 use super::state::{fenced, fenced_mut};
 use super::*;
@@ -44,6 +44,7 @@ impl TaskRegistry {
         self.shared.store_reporting(record);
         let snapshot = record.snapshot();
         let bucket = record.bucket_key();
+        let held = HeldEnd::count(&self.shared, &mut state, held);
         let dropped = prune_history(&mut state, &self.shared, bucket);
         drop(state);
         self.tell_listeners(held);
@@ -142,6 +143,7 @@ impl TaskRegistry {
                     record.status = TaskStatus::Stopping;
                 }
                 let snapshot = record.snapshot();
+                let held = HeldEnd::count(&self.shared, &mut state, held);
                 drop(state);
                 self.tell_listeners(held);
                 Ok(KillResult::Requested(snapshot))
@@ -152,6 +154,7 @@ impl TaskRegistry {
                     self.shared.store_reporting(record);
                 }
                 let snapshot = record.snapshot();
+                let held = HeldEnd::count(&self.shared, &mut state, held);
                 drop(state);
                 self.tell_listeners(held);
                 Ok(KillResult::AlreadyTerminal(snapshot))
@@ -162,6 +165,7 @@ impl TaskRegistry {
                     record.set_stop_cause(None);
                 }
                 let held = if reports { release_reporter(record) } else { None };
+                let held = HeldEnd::count(&self.shared, &mut state, held);
                 drop(state);
                 self.tell_listeners(held);
                 Err(TaskError::Producer {
@@ -243,6 +247,7 @@ impl TaskRegistry {
         }
         let held = release_reporter(record);
         let snapshot = record.snapshot();
+        let held = HeldEnd::count(&self.shared, &mut state, held);
         drop(state);
         self.tell_listeners(held);
         if aborted {
@@ -376,10 +381,9 @@ impl TaskRegistry {
         for bucket in reported {
             dropped.extend(prune_history(&mut state, &self.shared, bucket));
         }
+        let held = HeldEnd::count(&self.shared, &mut state, held);
         drop(state);
-        for done in held {
-            self.tell_listeners(Some(done));
-        }
+        self.tell_listeners(held);
         self.release_records(dropped);
         if fails {
             return Err(TaskError::WaitAborted(first_id.clone()));

@@ -127,8 +127,8 @@ impl Drop for PendingReporter<'_> {
         if !self.armed {
             return;
         }
-        let mut held = Vec::new();
-        {
+        let held = {
+            let mut held = Vec::new();
             let mut state = self.registry.shared.lock();
             for id in self.ids {
                 let Some(record) = state.tasks.get_mut(id) else { continue };
@@ -140,10 +140,9 @@ impl Drop for PendingReporter<'_> {
                 }
                 held.extend(release_reporter(record));
             }
-        }
-        for done in held {
-            self.registry.tell_listeners(Some(done));
-        }
+            HeldEnd::count(&self.registry.shared, &mut state, held)
+        };
+        self.registry.tell_listeners(held);
     }
 }
 
@@ -160,12 +159,46 @@ pub(super) fn release_reporter(record: &mut Record) -> Option<TaskDone> {
 
 /// One settlement telling of its end: counted in [`State::telling`] and in
 /// its bucket's [`telling`](super::state::Bucket::telling) from the moment
-/// its record turned terminal until dropped, after its listeners,
-/// subscribers and waiters were told.
+/// its record turned terminal (or its held end was delivered or handed
+/// back) until dropped, after its listeners, subscribers and waiters were
+/// told.
 pub(super) struct Telling<'a> {
-    pub(super) shared: &'a Shared,
+    shared: &'a Shared,
     /// The bucket it counts in (`Some(None)`: the unowned one), if any.
-    pub(super) bucket: Option<Option<u64>>,
+    bucket: Option<Option<u64>>,
+}
+
+impl<'a> Telling<'a> {
+    /// Counts one telling in the registry and in the bucket of `bucket_key`
+    /// (`None`: no bucket; `Some(None)`: the unowned one) when it still
+    /// exists; under the lock, in the same hold as the transition that made
+    /// the end due, so a cleanup or disposal that saw the transition also
+    /// waits for the telling.
+    pub(super) fn count(shared: &'a Shared, state: &mut State, bucket_key: Option<Option<u64>>) -> Self {
+        let bucket = bucket_key.filter(|&key| bucket_mut(state, key).map(|bucket| bucket.telling += 1).is_some());
+        state.telling += 1;
+        Self { shared, bucket }
+    }
+}
+
+/// A held end ([`Reporting::Held`]) that was delivered or handed back, to
+/// tell the listeners of outside the lock: counted as telling until told.
+pub(super) struct HeldEnd<'a> {
+    pub(super) done: TaskDone,
+    _telling: Telling<'a>,
+}
+
+impl<'a> HeldEnd<'a> {
+    /// Counts the held ends `done` (whose records are still in `state`) as
+    /// telling; call under the lock that saw them become due.
+    pub(super) fn count(shared: &'a Shared, state: &mut State, done: impl IntoIterator<Item = TaskDone>) -> Vec<Self> {
+        done.into_iter()
+            .map(|done| {
+                let bucket_key = state.tasks.get(&done.snapshot.id).map(Record::bucket_key);
+                Self { _telling: Telling::count(shared, state, bucket_key), done }
+            })
+            .collect()
+    }
 }
 
 impl Drop for Telling<'_> {

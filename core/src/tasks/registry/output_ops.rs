@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::guards::HeldEnd;
 use super::settle::prune_history;
 use super::state::{fenced, fenced_mut};
 use super::*;
@@ -168,6 +169,7 @@ impl TaskRegistry {
                 // go (if this one goes too, the control taken above still
                 // serves the read below).
                 let bucket = record.bucket_key();
+                let held = HeldEnd::count(&self.shared, &mut state, held);
                 let dropped = prune_history(&mut state, &self.shared, bucket);
                 drop(state);
                 self.tell_listeners(held);

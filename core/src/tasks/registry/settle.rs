@@ -19,16 +19,17 @@
 //!   owner's records; its settlements count as reported. Settlements caused
 //!   by registry disposal are silent (no listener runs).
 //! - A settlement is counted as telling from the moment its record turns
-//!   terminal until its listeners, subscribers and waiters were told: an
-//!   owner cleanup and a disposal return only once none of theirs is, so a
-//!   task that ended by itself just before they looked is heard of first.
+//!   terminal until its listeners, subscribers and waiters were told, and a
+//!   held end from its delivery or hand-back until its listeners were told:
+//!   an owner cleanup and a disposal return only once none of theirs is, so
+//!   a task that ended by itself just before they looked is heard of first.
 //! - Each owner (and the unowned bucket) keeps at most
 //!   `max_finished_tasks_per_owner` finished records: the oldest reported
 //!   go first, then the oldest noticed; a finished task whose end nobody was
 //!   told of is never dropped. Dropping a record drops its producer handle
 //!   (and with it its output and spill files).
 
-use super::guards::Telling;
+use super::guards::{HeldEnd, Telling};
 use super::state::{Ended, Record, Reporting, bucket_mut};
 use super::*;
 use crate::tasks::store::StoredEnd;
@@ -172,7 +173,7 @@ impl TaskRegistry {
     pub(super) fn settle_record(&self, id: &TaskId, settlement: Settlement) {
         let Settlement { status, detail, output, forced, reported } = settlement;
         // `quiet`: no listener runs now (disposal, or a held end).
-        let (done, settled, quiet, bucket_key, in_bucket) = {
+        let (done, settled, quiet, bucket_key, telling) = {
             let mut state = self.shared.lock();
             let silent = state.disposed;
             let owner_closing = {
@@ -233,19 +234,15 @@ impl TaskRegistry {
                 watcher.abort();
             }
             let bucket_key = record.bucket_key();
-            let mut in_bucket = false;
             if let Some(bucket) = bucket_mut(&mut state, bucket_key) {
                 bucket.live -= 1;
                 bucket.finished.push_back(id.clone());
-                bucket.telling += 1;
-                in_bucket = true;
             }
-            state.telling += 1;
-            (done, settled, silent || held, bucket_key, in_bucket)
+            // Counted until everything below ran (even if a step panics): a
+            // cleanup or disposal that saw this record terminal waits for it.
+            let telling = Telling::count(&self.shared, &mut state, Some(bucket_key));
+            (done, settled, silent || held, bucket_key, telling)
         };
-        // Counted until everything below ran (even if a step panics): a
-        // cleanup or disposal that saw this record terminal waits for it.
-        let telling = Telling { shared: &self.shared, bucket: in_bucket.then_some(bucket_key) };
         let snapshot = &done.snapshot;
         tracing::info!(task = %id, status = %snapshot.status, detail = snapshot.detail.as_deref().unwrap_or(""), forced, "task settled");
         if !quiet {
@@ -326,12 +323,12 @@ impl TaskRegistry {
         }
     }
 
-    /// Tells the listeners of a held end, once it was delivered or handed
-    /// back (see [`Reporting::Held`]); `None` does nothing. Called outside
-    /// the registry lock.
-    pub(super) fn tell_listeners(&self, held: Option<TaskDone>) {
-        if let Some(done) = held {
-            self.notify_listeners(&done);
+    /// Tells the listeners of held ends, once delivered or handed back (see
+    /// [`Reporting::Held`]), each counted as telling until told. Called
+    /// outside the registry lock.
+    pub(super) fn tell_listeners(&self, held: Vec<HeldEnd<'_>>) {
+        for end in held {
+            self.notify_listeners(&end.done);
         }
     }
 

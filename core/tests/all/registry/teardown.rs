@@ -360,3 +360,65 @@ async fn disposal_returns_only_after_a_settlement_told_its_listeners() {
     }
     producers.shutdown_background();
 }
+
+/// The same for an end held for a wait pending at settlement: the wait
+/// delivers it and tells the listeners; a disposal that starts while they
+/// run returns only after them (it used to return at once, and the
+/// listener's completion notice came after the owner was gone).
+#[tokio::test(start_paused = true)]
+async fn disposal_returns_only_after_a_held_end_told_its_listeners() {
+    let waiters = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let f = fixture();
+    let agent = f.agents.create("a", "s-a").unwrap();
+    for owned in [true, false] {
+        let owner = owned.then_some(&agent);
+        let task = ScriptedTask::new(false);
+        let id = f.registry.start(spec("job", owner, &task)).await.unwrap();
+
+        let (entered, listener_entered) = tokio::sync::oneshot::channel::<()>();
+        let (let_go, held_open) = std::sync::mpsc::channel::<()>();
+        let order = Arc::new(Mutex::new(Vec::<&str>::new()));
+        let _listener = f.registry.on_task_done(Arc::new({
+            let (id, order) = (id.clone(), order.clone());
+            let entered = Mutex::new(Some(entered));
+            let held_open = Mutex::new(held_open);
+            move |done: &TaskDone| {
+                if done.snapshot.id == id {
+                    let _ = entered.lock().unwrap().take().expect("told once").send(());
+                    let _ = held_open.lock().unwrap().recv();
+                    order.lock().unwrap().push("listener heard the end");
+                }
+            }
+        }));
+        // The wait is pending once its first poll took its ticket; it then
+        // runs on a runtime of its own, where the listener it calls blocks.
+        let mut wait = Box::pin({
+            let (registry, id, agent) = (f.registry.clone(), id.clone(), agent.clone());
+            async move { registry.wait(&id, Duration::from_secs(3600), owned.then_some(&agent), None).await }
+        });
+        assert!(futures::poll!(&mut wait).is_pending());
+        let wait = waiters.spawn(wait);
+        task.settle(TaskOutcome::completed(None));
+        listener_entered.await.unwrap();
+
+        let disposal = {
+            let (agent, registry, order) = (agent.clone(), f.registry.clone(), order.clone());
+            tokio::spawn(async move {
+                if owned {
+                    agent.dispose().await;
+                } else {
+                    registry.dispose().await;
+                }
+                order.lock().unwrap().push("disposal returned");
+            })
+        };
+        let mut disposal = std::pin::pin!(disposal);
+        let early = tokio::time::timeout(Duration::from_secs(3600), &mut disposal).await;
+        assert!(early.is_err(), "owned {owned}: the disposal returned while the held end's listener was still running");
+        let_go.send(()).unwrap();
+        disposal.await.unwrap();
+        assert_eq!(wait.await.unwrap().unwrap().status, TaskStatus::Completed, "owned {owned}");
+        assert_eq!(*order.lock().unwrap(), ["listener heard the end", "disposal returned"], "owned {owned}");
+    }
+    waiters.shutdown_background();
+}
