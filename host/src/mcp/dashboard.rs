@@ -28,14 +28,12 @@
 //!   ([`super::admission`]).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -49,8 +47,10 @@ use super::tokens::{TokenTable, bearer_token};
 use crate::reload::ReloadEvent;
 use taskhost_core::agents::Agent;
 use taskhost_core::ids::{SessionId, TaskId};
-use taskhost_core::tasks::{StopCause, TaskError, TaskEvent, TaskSnapshot};
+use taskhost_core::tasks::{StopCause, TaskError, TaskSnapshot};
 use taskhost_core::tools::control::kill_reply;
+
+mod events;
 
 /// Event streams served at once, over every token.
 pub const MAX_EVENT_STREAMS: usize = 64;
@@ -134,7 +134,7 @@ pub fn router(server: Arc<McpServer>, tokens: Arc<TokenTable>, shutdown: Cancell
         .route("/dashboard/api/tasks/{id}/output", get(output))
         .route("/dashboard/api/tasks/{id}/kill", post(kill))
         .route("/dashboard/api/plugins", get(plugins))
-        .route("/dashboard/api/events", get(events))
+        .route("/dashboard/api/events", get(events::events))
         .layer(axum::middleware::from_fn_with_state(dashboard.clone(), guard))
         .with_state(dashboard)
 }
@@ -524,139 +524,5 @@ async fn kill(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>, h
             .into_response()
         }
         Err(refusal) => error(StatusCode::CONFLICT, refusal.to_string()),
-    }
-}
-
-/// One server-sent event.
-fn sse(event: &str, data: &Value) -> Event {
-    sse_text(event, &data.to_string())
-}
-
-/// One server-sent event whose data is one line of JSON.
-fn sse_text(event: &str, json: &str) -> Event {
-    Event::default().event(event).data(json)
-}
-
-/// `GET /dashboard/api/events`: a `snapshot` and `plugins` first, then
-/// `task` (started or settled), `output` (new output may be readable),
-/// `released`, `plugins`, and a new `snapshot` after a lag.
-async fn events(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
-    let viewer = match dashboard.viewer(&headers) {
-        Ok(viewer) => viewer,
-        Err(refusal) => return *refusal,
-    };
-    let Ok(own) = viewer.streams.clone().try_acquire_owned() else {
-        tracing::warn!(viewer = %viewer.name, limit = viewer.max_streams, "dashboard: event stream bound of a token hit");
-        let mut refusal = error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "too many dashboard event streams for token {:?}: at most {} at once \
-                 ([serve.http] max_event_streams_per_token); close another tab",
-                viewer.name, viewer.max_streams
-            ),
-        );
-        refusal.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return refusal;
-    };
-    let Ok(permit) = dashboard.streams.clone().try_acquire_owned() else {
-        tracing::warn!(limit = MAX_EVENT_STREAMS, "dashboard: event stream bound hit");
-        let mut refusal = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("too many dashboard event streams: at most {MAX_EVENT_STREAMS} at once; close another tab"),
-        );
-        refusal.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return refusal;
-    };
-    // Subscribed before the snapshot is taken, so nothing falls between.
-    let pump = EventPump {
-        tasks: dashboard.server.host().registry().subscribe(),
-        reloads: dashboard.reloads.subscribe(),
-        queue: vec![
-            sse_text("snapshot", &tasks_body(&dashboard.visible_tasks(&viewer))),
-            sse("plugins", &dashboard.plugins_json()),
-        ],
-        stop: dashboard.shutdown.clone(),
-        dashboard,
-        viewer,
-        _permit: (permit, own),
-    };
-    tracing::debug!(viewer = %pump.viewer.name, "dashboard: event stream opened");
-    let stream = futures::stream::unfold(pump, |mut pump| async move {
-        let next = pump.next().await?;
-        Some((Ok::<_, Infallible>(next), pump))
-    });
-    // axum frames the events and sets `text/event-stream`; the keep-alive
-    // comment is sent only after PING without an event.
-    (
-        [(header::CACHE_CONTROL, "no-store"), (header::HeaderName::from_static("x-accel-buffering"), "no")],
-        Sse::new(stream).keep_alive(KeepAlive::new().interval(PING).text("ping")),
-    )
-        .into_response()
-}
-
-/// One event stream's state; dropped (releasing its slot) when the client
-/// goes away or the server stops.
-struct EventPump {
-    tasks: broadcast::Receiver<TaskEvent>,
-    reloads: broadcast::Receiver<()>,
-    queue: Vec<Event>,
-    stop: CancellationToken,
-    dashboard: Arc<Dashboard>,
-    viewer: Viewer,
-    /// The stream's slots: one of every token's, one of its own token's.
-    _permit: (tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit),
-}
-
-impl EventPump {
-    /// The next chunk to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<Event> {
-        loop {
-            if !self.queue.is_empty() {
-                return Some(self.queue.remove(0));
-            }
-            tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return None,
-                event = self.tasks.recv() => match event {
-                    Ok(event) => self.on_task_event(event),
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::debug!(missed, "dashboard: event stream lagged; resyncing");
-                        self.queue.push(sse_text("snapshot", &tasks_body(&self.dashboard.visible_tasks(&self.viewer))));
-                        self.queue.push(sse("plugins", &self.dashboard.plugins_json()));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                },
-                reload = self.reloads.recv() => match reload {
-                    Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        self.queue.push(sse("plugins", &self.dashboard.plugins_json()));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                },
-            }
-        }
-    }
-
-    fn on_task_event(&mut self, event: TaskEvent) {
-        match event {
-            TaskEvent::Started { task } | TaskEvent::Settled { task } => {
-                if self.viewer.sees(task.owner_session.as_ref()) {
-                    self.queue.push(sse("task", &task_json(&task)));
-                    if task.producer_info.is_some() {
-                        // Live tasks per plugin version changed.
-                        self.queue.push(sse("plugins", &self.dashboard.plugins_json()));
-                    }
-                }
-            }
-            TaskEvent::Output { id, owner_session } => {
-                if self.viewer.sees(owner_session.as_ref()) {
-                    self.queue.push(sse("output", &json!({"id": id})));
-                }
-            }
-            TaskEvent::Released { id, owner_session } => {
-                if self.viewer.sees(owner_session.as_ref()) {
-                    self.queue.push(sse("released", &json!({"id": id})));
-                }
-            }
-        }
     }
 }

@@ -3,6 +3,7 @@
 //! module per suite. Everything else end to end lives in `tests/`.
 
 mod cli;
+mod cli_new;
 mod cli_plugin;
 mod cold_start;
 mod common;
