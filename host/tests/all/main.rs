@@ -16,6 +16,7 @@ mod http_wait;
 mod launch_fence;
 mod mcp_ext_tasks;
 mod mcp_http;
+mod mcp_http_wire;
 mod mcp_input;
 mod mcp_output;
 mod mcp_python;
