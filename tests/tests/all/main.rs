@@ -13,6 +13,7 @@ mod control_tools;
 mod docs_config;
 mod grant_programs;
 mod http;
+mod http_as_nobody;
 mod plugin_bounds;
 mod plugin_errors;
 mod polyglot;
