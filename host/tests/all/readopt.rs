@@ -403,7 +403,8 @@ async fn a_durable_tree_of_an_unprivileged_server_cannot_reach_its_keepers_files
 }
 
 /// The crash loop: iterations of three background commands of an HTTP
-/// owner, each waiting on its FIFO midway; before the SIGKILL of the
+/// owner, each waiting on its FIFO midway, and a wasm task (told lost once
+/// after each restart, and listed lost); before the SIGKILL of the
 /// server, a random number of reads of each (0 to 3) and, at random, its
 /// FIFO released (it may end, be read, be noticed, before the crash); then
 /// a restart, the rest released and read. Every command ran once (its
@@ -441,6 +442,13 @@ async fn a_crash_loop_never_runs_a_command_twice_and_tells_every_end_once() {
             tasks.push(Tracked { id: format!("bash-{next}"), marker, go, ..Tracked::default() });
             next += 1;
         }
+        // A wasm task beside them: its guest state is in the server's
+        // memory, so the restart tells it lost, once.
+        let ticker = format!("ticker-{}", iteration + 1);
+        let started =
+            call(&peer, "ticker", json!({"count": 100000, "interval_ms": 50, "run_in_background": true})).await;
+        assert_eq!(only_text(&started), format!("started background ticker task {ticker}"));
+        let mut lost = [Tracked { id: ticker.clone(), ..Tracked::default() }];
         for k in 0..tasks.len() {
             if random(3) == 0 {
                 release(tasks[k].go.clone()).await;
@@ -448,7 +456,7 @@ async fn a_crash_loop_never_runs_a_command_twice_and_tells_every_end_once() {
             }
             for _ in 0..random(4) {
                 let id = tasks[k].id.clone();
-                read_once(&peer, &id, &mut tasks).await;
+                read_once(&peer, &id, &mut tasks, &mut lost).await;
             }
         }
         sigkill(child, client).await;
@@ -462,7 +470,7 @@ async fn a_crash_loop_never_runs_a_command_twice_and_tells_every_end_once() {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while !tasks[k].ended {
                 let id = tasks[k].id.clone();
-                read_once(&peer, &id, &mut tasks).await;
+                read_once(&peer, &id, &mut tasks, &mut lost).await;
                 assert!(std::time::Instant::now() < deadline, "{} never ended: {:?}", tasks[k].id, tasks[k].read);
                 if !tasks[k].ended {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -472,8 +480,12 @@ async fn a_crash_loop_never_runs_a_command_twice_and_tells_every_end_once() {
         // Notices still owed ride on the next result.
         let list = texts(&call(&peer, "task_list", json!({})).await);
         count_notices(&list, &mut tasks);
+        count_notices(&list, &mut lost);
         let again = texts(&call(&peer, "task_list", json!({})).await);
         assert_eq!(again.len(), 1, "no notice left: {again:?}");
+        let listed = again[0].lines().find(|line| line.starts_with(&format!("{ticker} "))).unwrap_or_default();
+        assert!(listed.contains("] lost"), "{ticker} is listed lost: {again:?}");
+        assert_eq!(lost[0].notices, 1, "{ticker}'s loss told once in iteration {iteration}: {:?}", lost[0]);
         for task in &tasks {
             let at = format!("{} in iteration {iteration}", task.id);
             assert_eq!(task.read, whole, "{at}: no line lost or repeated");
@@ -513,9 +525,15 @@ fn count_notices(result: &[String], tasks: &mut [Tracked]) {
 
 /// One consuming read of `id`, its body and end and every notice riding on
 /// it counted.
-async fn read_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, id: &str, tasks: &mut [Tracked]) {
+async fn read_once(
+    peer: &rmcp::service::Peer<rmcp::RoleClient>,
+    id: &str,
+    tasks: &mut [Tracked],
+    lost: &mut [Tracked],
+) {
     let result = texts(&call(peer, "task_output", json!({"task_id": id})).await);
     count_notices(&result, tasks);
+    count_notices(&result, lost);
     let (body, status) = result[0].rsplit_once('\n').expect("body and status line");
     let task = tasks.iter_mut().find(|t| t.id == id).unwrap();
     if body != "(no new output)" {
