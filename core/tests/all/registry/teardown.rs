@@ -298,17 +298,67 @@ async fn registry_disposal_is_silent() {
     }
 }
 
+/// A listener of one task's end that holds the thread telling it until the
+/// test lets go, and the order of what happened.
+struct HeldListener {
+    _guard: ListenerGuard,
+    entered: tokio::sync::oneshot::Receiver<()>,
+    let_go: std::sync::mpsc::Sender<()>,
+    order: Arc<Mutex<Vec<&'static str>>>,
+}
+
+fn held_listener(registry: &TaskRegistry, id: &TaskId) -> HeldListener {
+    let (entered, listener_entered) = tokio::sync::oneshot::channel::<()>();
+    let (let_go, held_open) = std::sync::mpsc::channel::<()>();
+    let order = Arc::new(Mutex::new(Vec::<&str>::new()));
+    let guard = registry.on_task_done(Arc::new({
+        let (id, order) = (id.clone(), order.clone());
+        let entered = Mutex::new(Some(entered));
+        let held_open = Mutex::new(held_open);
+        move |done: &TaskDone| {
+            if done.snapshot.id == id {
+                let _ = entered.lock().unwrap().take().expect("told once").send(());
+                let _ = held_open.lock().unwrap().recv();
+                order.lock().unwrap().push("listener heard the end");
+            }
+        }
+    }));
+    HeldListener { _guard: guard, entered: listener_entered, let_go, order }
+}
+
+/// Once `listener` runs, disposes `agent` (`owned`) or the registry and
+/// checks the disposal returns only after the listener was let go. This
+/// runtime runs on paused time: the disposal either returns at once
+/// (nothing left for it to await) or parks until the listener is let go,
+/// and only a parked disposal lets paused time reach the hour-long bound.
+async fn assert_disposal_waits_for(listener: HeldListener, registry: &TaskRegistry, agent: &Agent, owned: bool) {
+    let HeldListener { _guard, entered, let_go, order } = listener;
+    entered.await.unwrap();
+    let disposal = {
+        let (agent, registry, order) = (agent.clone(), registry.clone(), order.clone());
+        tokio::spawn(async move {
+            if owned {
+                agent.dispose().await;
+            } else {
+                registry.dispose().await;
+            }
+            order.lock().unwrap().push("disposal returned");
+        })
+    };
+    let mut disposal = std::pin::pin!(disposal);
+    let early = tokio::time::timeout(Duration::from_secs(3600), &mut disposal).await;
+    assert!(early.is_err(), "owned {owned}: the disposal returned while the listener was still running");
+    let_go.send(()).unwrap();
+    disposal.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["listener heard the end", "disposal returned"], "owned {owned}");
+}
+
 /// A settlement whose listeners are still running when an owner's disposal
 /// (or the registry's) looks: the task is already terminal, so nothing is
 /// torn down, yet the disposal returns only once those listeners heard of
 /// the end (the stress test's rare "must settle exactly once": its listener
-/// ran after the disposals had returned).
-///
-/// The task's watcher lives on a second runtime, where its listener is held
-/// open until the test lets go. This runtime runs on paused time: the
-/// disposal either returns at once (nothing left for it to await) or parks
-/// until the listener is let go, and only a parked disposal lets paused time
-/// reach the hour-long bound.
+/// ran after the disposals had returned). The task's watcher lives on a
+/// second runtime, where its listener is held open.
 #[tokio::test(start_paused = true)]
 async fn disposal_returns_only_after_a_settlement_told_its_listeners() {
     let producers = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -320,42 +370,9 @@ async fn disposal_returns_only_after_a_settlement_told_its_listeners() {
         let start = spec("job", owner, &task);
         let registry = f.registry.clone();
         let id = producers.spawn(async move { registry.start(start).await }).await.unwrap().unwrap();
-
-        let (entered, listener_entered) = tokio::sync::oneshot::channel::<()>();
-        let (let_go, held_open) = std::sync::mpsc::channel::<()>();
-        let order = Arc::new(Mutex::new(Vec::<&str>::new()));
-        let _listener = f.registry.on_task_done(Arc::new({
-            let (id, order) = (id.clone(), order.clone());
-            let entered = Mutex::new(Some(entered));
-            let held_open = Mutex::new(held_open);
-            move |done: &TaskDone| {
-                if done.snapshot.id == id {
-                    let _ = entered.lock().unwrap().take().expect("told once").send(());
-                    let _ = held_open.lock().unwrap().recv();
-                    order.lock().unwrap().push("listener heard the end");
-                }
-            }
-        }));
+        let listener = held_listener(&f.registry, &id);
         task.settle(TaskOutcome::completed(None));
-        listener_entered.await.unwrap();
-
-        let disposal = {
-            let (agent, registry, order) = (agent.clone(), f.registry.clone(), order.clone());
-            tokio::spawn(async move {
-                if owned {
-                    agent.dispose().await;
-                } else {
-                    registry.dispose().await;
-                }
-                order.lock().unwrap().push("disposal returned");
-            })
-        };
-        let mut disposal = std::pin::pin!(disposal);
-        let early = tokio::time::timeout(Duration::from_secs(3600), &mut disposal).await;
-        assert!(early.is_err(), "owned {owned}: the disposal returned while the task's listener was still running");
-        let_go.send(()).unwrap();
-        disposal.await.unwrap();
-        assert_eq!(*order.lock().unwrap(), ["listener heard the end", "disposal returned"], "owned {owned}");
+        assert_disposal_waits_for(listener, &f.registry, &agent, owned).await;
         assert!(f.registry.list(None).is_empty());
     }
     producers.shutdown_background();
@@ -374,22 +391,7 @@ async fn disposal_returns_only_after_a_held_end_told_its_listeners() {
         let owner = owned.then_some(&agent);
         let task = ScriptedTask::new(false);
         let id = f.registry.start(spec("job", owner, &task)).await.unwrap();
-
-        let (entered, listener_entered) = tokio::sync::oneshot::channel::<()>();
-        let (let_go, held_open) = std::sync::mpsc::channel::<()>();
-        let order = Arc::new(Mutex::new(Vec::<&str>::new()));
-        let _listener = f.registry.on_task_done(Arc::new({
-            let (id, order) = (id.clone(), order.clone());
-            let entered = Mutex::new(Some(entered));
-            let held_open = Mutex::new(held_open);
-            move |done: &TaskDone| {
-                if done.snapshot.id == id {
-                    let _ = entered.lock().unwrap().take().expect("told once").send(());
-                    let _ = held_open.lock().unwrap().recv();
-                    order.lock().unwrap().push("listener heard the end");
-                }
-            }
-        }));
+        let listener = held_listener(&f.registry, &id);
         // The wait is pending once its first poll took its ticket; it then
         // runs on a runtime of its own, where the listener it calls blocks.
         let mut wait = Box::pin({
@@ -399,26 +401,8 @@ async fn disposal_returns_only_after_a_held_end_told_its_listeners() {
         assert!(futures::poll!(&mut wait).is_pending());
         let wait = waiters.spawn(wait);
         task.settle(TaskOutcome::completed(None));
-        listener_entered.await.unwrap();
-
-        let disposal = {
-            let (agent, registry, order) = (agent.clone(), f.registry.clone(), order.clone());
-            tokio::spawn(async move {
-                if owned {
-                    agent.dispose().await;
-                } else {
-                    registry.dispose().await;
-                }
-                order.lock().unwrap().push("disposal returned");
-            })
-        };
-        let mut disposal = std::pin::pin!(disposal);
-        let early = tokio::time::timeout(Duration::from_secs(3600), &mut disposal).await;
-        assert!(early.is_err(), "owned {owned}: the disposal returned while the held end's listener was still running");
-        let_go.send(()).unwrap();
-        disposal.await.unwrap();
+        assert_disposal_waits_for(listener, &f.registry, &agent, owned).await;
         assert_eq!(wait.await.unwrap().unwrap().status, TaskStatus::Completed, "owned {owned}");
-        assert_eq!(*order.lock().unwrap(), ["listener heard the end", "disposal returned"], "owned {owned}");
     }
     waiters.shutdown_background();
 }
