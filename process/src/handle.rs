@@ -26,6 +26,7 @@
 //!   log has its own), and wait while the sink is full (see
 //!   [`crate::forward`]).
 
+mod exit_status;
 mod reader;
 
 use std::collections::BTreeMap;
@@ -44,6 +45,7 @@ use super::forward::{Forwarding, OutputSink};
 use super::limits::TreeCgroup;
 use super::output::{SpillFile, SpillWriter, StreamBuffer, StreamChunk};
 use super::stdin::{StdinError, StdinPipe};
+pub use exit_status::{ExitStatus, signal_name};
 use reader::{backfill, read_stream};
 
 /// How long output may stay open after the leader exited before the readers
@@ -65,63 +67,6 @@ const READER_ACTIVE: Duration = Duration::from_millis(100);
 const PACE_WAIT: Duration = Duration::from_millis(5);
 /// The largest single read from a pipe (its default capacity).
 const MAX_READ: usize = 64 * 1024;
-
-/// How a process tree ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitStatus {
-    /// It exited with this code. `-1` means the status could not be collected.
-    Code(i32),
-    /// It was killed by this signal.
-    Signal(i32),
-}
-
-impl ExitStatus {
-    /// Decodes a `waitpid` status.
-    fn from_wait(status: libc::c_int) -> Self {
-        if libc::WIFEXITED(status) {
-            Self::Code(libc::WEXITSTATUS(status))
-        } else if libc::WIFSIGNALED(status) {
-            Self::Signal(libc::WTERMSIG(status))
-        } else {
-            Self::Code(-1)
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    /// The model-facing detail: `exit code: 3`, `signal: SIGTERM`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Code(code) => write!(f, "exit code: {code}"),
-            Self::Signal(signal) => write!(f, "signal: {}", signal_name(*signal)),
-        }
-    }
-}
-
-/// `SIGTERM` for 15, `signal 99` for unknown numbers.
-pub fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        _ => return format!("signal {signal}"),
-    };
-    name.to_string()
-}
 
 /// Which output stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
