@@ -37,6 +37,10 @@ pub struct TasksSettings {
     /// (`ttl_ms`), in milliseconds; 0 (the default) for none. A task its
     /// owner has not read for this long is stopped, after one notice.
     pub default_ttl_ms: u64,
+    /// The same for a stable owner's task (an HTTP token, `serve --owner`),
+    /// which outlives its connection and the server; 0 for none. Default: a
+    /// day.
+    pub stable_owner_ttl_ms: u64,
 }
 
 impl Default for TasksSettings {
@@ -54,6 +58,7 @@ impl Default for TasksSettings {
             output_spill_bytes: registry.output.spill_bytes,
             output_read_bytes: registry.output.read_bytes,
             default_ttl_ms: registry.default_ttl.map_or(0, |t| t.as_millis() as u64),
+            stable_owner_ttl_ms: registry.stable_owner_ttl.map_or(0, |t| t.as_millis() as u64),
         }
     }
 }
@@ -68,6 +73,7 @@ impl TasksSettings {
             output: OutputLimits::new(self.output_memory_bytes, self.output_spill_bytes, self.output_read_bytes)
                 .with_memory_total_bytes(self.output_memory_total_bytes),
             default_ttl: (self.default_ttl_ms > 0).then(|| Duration::from_millis(self.default_ttl_ms)),
+            stable_owner_ttl: (self.stable_owner_ttl_ms > 0).then(|| Duration::from_millis(self.stable_owner_ttl_ms)),
         }
     }
 
@@ -77,12 +83,14 @@ impl TasksSettings {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         self.control_tools().validate().map_err(|e| anyhow::anyhow!("[tasks] {e}"))?;
-        anyhow::ensure!(
-            self.default_ttl_ms == 0 || crate::tasks::TTL_MS_RANGE.contains(&self.default_ttl_ms),
-            "[tasks] default_ttl_ms must be 0 (none) or from {} to {} (milliseconds)",
-            crate::tasks::TTL_MS_RANGE.start(),
-            crate::tasks::TTL_MS_RANGE.end()
-        );
+        for (key, ms) in [("default_ttl_ms", self.default_ttl_ms), ("stable_owner_ttl_ms", self.stable_owner_ttl_ms)] {
+            anyhow::ensure!(
+                ms == 0 || crate::tasks::TTL_MS_RANGE.contains(&ms),
+                "[tasks] {key} must be 0 (none) or from {} to {} (milliseconds)",
+                crate::tasks::TTL_MS_RANGE.start(),
+                crate::tasks::TTL_MS_RANGE.end()
+            );
+        }
         anyhow::ensure!(self.max_live_tasks_per_owner > 0, "[tasks] max_live_tasks_per_owner must be at least 1");
         anyhow::ensure!(
             self.max_finished_tasks_per_owner > 0,

@@ -79,6 +79,20 @@ pub struct RegistryConfig {
     /// The time to live of a task whose start names none (`None`: no
     /// bound). See [`ttl`].
     pub default_ttl: Option<Duration>,
+    /// The same for a stable owner's task ([`crate::agents::Agent::is_durable`]),
+    /// which outlives its owner's connection and the server: left unread
+    /// this long, it is stopped (`None`: no bound but its producer's).
+    pub stable_owner_ttl: Option<Duration>,
+}
+
+/// The default of [`RegistryConfig::stable_owner_ttl`]: a day.
+pub const DEFAULT_STABLE_OWNER_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+impl RegistryConfig {
+    /// The time to live of a task whose start names none, for its owner.
+    pub fn default_ttl_for(&self, stable_owner: bool) -> Option<Duration> {
+        if stable_owner { self.stable_owner_ttl } else { self.default_ttl }
+    }
 }
 
 /// The default of [`RegistryConfig::max_finished_tasks_per_owner`].
@@ -98,6 +112,7 @@ impl Default for RegistryConfig {
             max_finished_tasks_per_owner: DEFAULT_MAX_FINISHED_TASKS_PER_OWNER,
             output: OutputLimits::default(),
             default_ttl: None,
+            stable_owner_ttl: Some(DEFAULT_STABLE_OWNER_TTL),
         }
     }
 }

@@ -421,9 +421,16 @@ impl Tool for ProducerTool {
                                     later with task_output and stop the task with task_kill. Default false."
                 }),
             );
-            let default_ttl = match self.registry.config().default_ttl {
+            let config = self.registry.config();
+            let default_ttl = match config.default_ttl {
                 Some(ttl) => format!("{} s (this server's default)", seconds(ttl)),
                 None => "none".to_string(),
+            };
+            let default_ttl = match config.stable_owner_ttl {
+                Some(ttl) if config.stable_owner_ttl != config.default_ttl => {
+                    format!("{default_ttl}; {} s for a task of a stable owner (one that reconnects)", seconds(ttl))
+                }
+                _ => default_ttl,
             };
             properties.insert(
                 TTL_MS.to_string(),

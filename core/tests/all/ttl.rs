@@ -133,7 +133,12 @@ async fn the_server_default_applies_and_the_arguments_are_checked() {
     let f = fixture(settings);
     let schema = f.host.tool_definitions().into_iter().find(|d| d.name == "job").unwrap().input_schema;
     let described = schema["properties"]["ttl_ms"]["description"].as_str().unwrap().to_string();
-    assert!(described.ends_with("Default: 90 s (this server's default)."), "{described}");
+    assert!(
+        described.ends_with(
+            "Default: 90 s (this server's default); 86400 s for a task of a stable owner (one that reconnects)."
+        ),
+        "{described}"
+    );
     let (id, _task) = f.start(json!({})).await;
     assert_eq!(f.list().await, format!("{id} [job] running — job (stopped in 1 min 30 s unless read)"));
 
@@ -144,4 +149,47 @@ async fn the_server_default_applies_and_the_arguments_are_checked() {
         assert!(error.contains("ttl_ms must be an integer from 1000 to 2592000000"), "{bad}: {error}");
     }
     assert!(TasksSettings { default_ttl_ms: 10, ..TasksSettings::default() }.validate().is_err());
+}
+
+/// A stable owner's task (it outlives its connection and the server) gets
+/// `stable_owner_ttl_ms` when its start names none, not the plain default;
+/// a plain owner's task keeps the plain default (none here).
+#[tokio::test(start_paused = true)]
+async fn a_stable_owners_task_gets_the_stable_owner_default() {
+    let settings = TasksSettings { stable_owner_ttl_ms: 7_200_000, ..TasksSettings::default() };
+    let f = fixture(settings);
+    let (plain, _task) = f.start(json!({})).await;
+    assert_eq!(f.list().await, format!("{plain} [job] running — job"), "no bound for a plain owner by default");
+
+    let stable = f.host.create_durable_agent("agent-s", "owner:s").unwrap();
+    let context = CallContext::for_agent(&stable);
+    let reply = f.host.call_tool("job", json!({"label": "kept", "run_in_background": true}), &context).await.unwrap();
+    let id = reply.text.rsplit(' ').next().unwrap().to_string();
+    let listed = f.host.call_tool("task_list", json!({}), &context).await.unwrap().text;
+    assert_eq!(listed, format!("{id} [job] running — kept (stopped in 2 h 0 min unless read)"));
+    // Its own ttl_ms wins.
+    let reply = f
+        .host
+        .call_tool("job", json!({"label": "short", "run_in_background": true, "ttl_ms": 60_000}), &context)
+        .await
+        .unwrap();
+    let short = reply.text.rsplit(' ').next().unwrap().to_string();
+    let listed = f.host.call_tool("task_list", json!({}), &context).await.unwrap().text;
+    assert!(listed.ends_with(&format!("{short} [job] running — short (stopped in 1 min 0 s unless read)")), "{listed}");
+
+    let off = fixture(TasksSettings { stable_owner_ttl_ms: 0, ..TasksSettings::default() });
+    let stable = off.host.create_durable_agent("agent-s", "owner:s").unwrap();
+    let context = CallContext::for_agent(&stable);
+    let reply = off.host.call_tool("job", json!({"label": "kept", "run_in_background": true}), &context).await.unwrap();
+    let id = reply.text.rsplit(' ').next().unwrap().to_string();
+    let listed = off.host.call_tool("task_list", json!({}), &context).await.unwrap().text;
+    assert_eq!(listed, format!("{id} [job] running — kept"), "0 is none");
+    assert!(
+        TasksSettings { stable_owner_ttl_ms: 10, ..TasksSettings::default() }
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("stable_owner_ttl_ms"),
+        "a bound out of range names its key"
+    );
 }

@@ -278,6 +278,23 @@ pub fn only_text(result: &CallToolResult) -> String {
     texts.into_iter().next().unwrap()
 }
 
+/// A `task_list` text with each row's time left (` (stopped in … unless
+/// read)`) taken out, checking it is there: a stable owner's live tasks
+/// carry one (`[tasks] stable_owner_ttl_ms`, a day by default), and it
+/// moves with the clock.
+pub fn without_time_left(list: &str) -> String {
+    list.lines()
+        .map(|row| match row.split_once(" (stopped in ") {
+            Some((row, left)) => {
+                assert!(left.ends_with(" unless read)"), "a time left: {left}");
+                row
+            }
+            None => row,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Reads a file until `needle` appears (logs are written asynchronously).
 pub async fn wait_for_text(path: &std::path::Path, needle: &str, within: Duration) -> String {
     let deadline = tokio::time::Instant::now() + within;

@@ -19,7 +19,12 @@ async fn an_unread_background_command_is_stopped_at_its_ttl_and_says_why() {
     let tools = server.client.list_all_tools().await.unwrap();
     let bash = tools.iter().find(|t| t.name == "bash").expect("bash");
     let described = bash.input_schema["properties"]["ttl_ms"]["description"].as_str().unwrap();
-    assert!(described.ends_with("Default: 600 s (this server's default)."), "{described}");
+    assert!(
+        described.ends_with(
+            "Default: 600 s (this server's default); 86400 s for a task of a stable owner (one that reconnects)."
+        ),
+        "{described}"
+    );
 
     let start = json!({"command": "sleep 600", "run_in_background": true, "ttl_ms": 4000});
     assert_eq!(only_text(&call(&peer, "bash", start).await), "started background bash task bash-1");

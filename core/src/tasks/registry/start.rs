@@ -83,7 +83,8 @@ impl TaskRegistry {
     ) -> Result<TaskId, (TaskError, TaskHooks)> {
         let control = hooks.control.clone();
         let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
-        let ttl = identity.options.ttl.or(self.shared.config.default_ttl);
+        let stable_owner = identity.owner.as_ref().is_some_and(Agent::is_durable);
+        let ttl = identity.options.ttl.or(self.shared.config.default_ttl_for(stable_owner));
         let (id, cancel_now) = self.commit(reservation, identity, hooks)?;
         if let Some(ttl) = ttl {
             self.arm_ttl(&id, ttl);
@@ -234,7 +235,7 @@ impl TaskRegistry {
         stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
         stored.producer_info = producer_info.as_deref().map(str::to_string);
         // Kept only for a stable owner: nobody else's task outlives this process.
-        let ttl = options.ttl.or(self.shared.config.default_ttl);
+        let ttl = options.ttl.or(self.shared.config.default_ttl_for(owner.as_ref().is_some_and(|o| o.durable)));
         let expires_at = ttl.map(|ttl| SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at) + ttl);
         stored.options = StoredOptions::of(&options, ttl, expires_at);
         stored.tree =
