@@ -43,8 +43,21 @@ async fn an_interactive_commands_input_milestone_and_ttl_survive_a_sigkill_of_th
     // Input reaches the re-adopted command.
     let sent = call(&peer, "task_input", json!({"task_id": chat, "text": "two\n"})).await;
     assert!(!common::is_error(&sent), "input after the restart: {sent:?}");
-    // Its milestone still watches its output: one notice, with no read of it.
-    let notice = told_once(&peer, &chat, |_| {}).await;
+    // Its milestone still watches its output: one notice, with no read of
+    // it (on the input's own answer when the line came that fast).
+    let early: Vec<String> =
+        texts(&sent).into_iter().skip(1).filter(|t| t.contains(&format!("task {chat} "))).collect();
+    let notice = match <[String; 1]>::try_from(early) {
+        Ok([notice]) => {
+            let again = texts(&call(&peer, "task_list", json!({})).await);
+            assert!(!again.iter().skip(1).any(|t| t.contains(&format!("task {chat} "))), "told once: {again:?}");
+            notice
+        }
+        Err(none) => {
+            assert!(none.is_empty(), "one notice at most: {none:?}");
+            told_once(&peer, &chat, |_| {}).await
+        }
+    };
     assert!(notice.contains("printed a line matching /^got two/: got two"), "{notice}");
     // Its time to live still runs: the unread command is stopped and says why.
     let ended =
