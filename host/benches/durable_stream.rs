@@ -3,7 +3,8 @@
 //!
 //! Run: `cargo bench -p taskhost --bench durable_stream` (`-- --quick`:
 //! 256 MiB instead of 1 GiB; `-- --rounds R`, default 3; `-- --only raw`,
-//! `durable`, `plain` or `drain` runs one way alone, for a profiler). Prints one
+//! `durable`, `plain`, `drain` or `floor` runs one way alone, for a
+//! profiler). Prints one
 //! table; docs/benchmarks-log.md quotes it.
 //!
 //! One host built as `taskhost serve` builds it (`setup::served_on_state`:
@@ -20,7 +21,10 @@
 //! 3. for comparison, the same as a plain owner's task (the plugin forwards
 //!    the output to the host, as in the `stream` bench);
 //! 4. the stable owner's task with nobody reading until it ended (the
-//!    keeper, the follower and the registry's drain alone).
+//!    keeper, the follower and the registry's drain alone);
+//! 5. the floor of any design that keeps the stream in a file of the state
+//!    directory: `head -c <size> /dev/zero | cat > <state dir>/floor`, no
+//!    taskhost at all (the file is removed after each round).
 //!
 //! Reported: median MiB/s from the start call to the end, the host's CPU
 //! time per GiB (this process: the tree's processes are not in it), the share of
@@ -125,6 +129,24 @@ async fn drain_only(host: &Host, agent: &Agent, size: u64) -> Run {
     Run { time, delivered: kept, reads: 1, cpu }
 }
 
+/// The file floor: the same bytes piped into a file of the state
+/// directory by `cat`.
+async fn file_floor(state: &Path, size: u64) -> Run {
+    std::fs::create_dir_all(state).unwrap();
+    let file = state.join("floor");
+    let (t, cpu) = (Instant::now(), own_cpu());
+    let status = tokio::process::Command::new("sh")
+        .args(["-c", &format!("head -c {size} /dev/zero | cat > '{}'", file.display())])
+        .status()
+        .await
+        .unwrap();
+    let time = t.elapsed();
+    assert!(status.success());
+    let delivered = std::fs::metadata(&file).unwrap().len();
+    std::fs::remove_file(&file).unwrap();
+    Run { time, delivered, reads: 0, cpu: own_cpu() - cpu }
+}
+
 fn main() {
     // Process trees start as this binary in keeper mode, as in `taskhost`.
     taskhost::process::keeper::run_if_keeper();
@@ -135,8 +157,8 @@ async fn run() {
     let args: Vec<String> = std::env::args().collect();
     let size: u64 = if args.iter().any(|a| a == "--quick") { 256 << 20 } else { 1 << 30 };
     let only = args.iter().position(|a| a == "--only").and_then(|at| args.get(at + 1)).map(|way| {
-        ["raw", "durable", "plain", "drain"].iter().position(|name| name == way).unwrap_or_else(|| {
-            panic!("--only takes raw, durable, plain or drain, not {way:?}");
+        ["raw", "durable", "plain", "drain", "floor"].iter().position(|name| name == way).unwrap_or_else(|| {
+            panic!("--only takes raw, durable, plain, drain or floor, not {way:?}");
         })
     });
     let rounds: usize =
@@ -160,16 +182,17 @@ async fn run() {
     let stable = host.create_durable_agent("owner:bench", "owner:bench").unwrap();
     let plain = host.create_agent("stdio-bench", "stdio-bench").unwrap();
 
-    const NAMES: [&str; 4] = [
+    const NAMES: [&str; 5] = [
         "tokio pipe read (baseline)",
         "durable task, registry reads",
         "  plain task, registry reads",
         "  durable task, nobody reading",
+        "  floor: pipe | cat > state file",
     ];
-    let mut throughput: [Vec<f64>; 4] = Default::default();
-    let mut delivered: [Vec<f64>; 4] = Default::default();
-    let mut last: [Option<Run>; 4] = Default::default();
-    let mut cpu: [Vec<f64>; 4] = Default::default();
+    let mut throughput: [Vec<f64>; 5] = Default::default();
+    let mut delivered: [Vec<f64>; 5] = Default::default();
+    let mut last: [Option<Run>; 5] = Default::default();
+    let mut cpu: [Vec<f64>; 5] = Default::default();
     for round in 0..rounds {
         for k in 0..NAMES.len() {
             let way = (round + k) % NAMES.len();
@@ -180,7 +203,8 @@ async fn run() {
                 0 => raw_pipe(size).await,
                 1 => registry(&host, &stable, size).await,
                 2 => registry(&host, &plain, size).await,
-                _ => drain_only(&host, &stable, size).await,
+                3 => drain_only(&host, &stable, size).await,
+                _ => file_floor(&dir.path().join("state"), size).await,
             };
             throughput[way].push(mib(size) / run.time.as_secs_f64());
             delivered[way].push(100.0 * run.delivered as f64 / size as f64);

@@ -436,9 +436,11 @@ pub(crate) fn open(spawn: &DurableSpawn) -> std::io::Result<Opened> {
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&spawn.dir)?
         .into();
+    // Written by K alone, from offset 0 on (not O_APPEND: a splice into an
+    // append-only descriptor is refused).
     let log = |name: &str| -> std::io::Result<OwnedFd> {
         Ok(std::fs::OpenOptions::new()
-            .append(true)
+            .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)

@@ -2,8 +2,9 @@
 //! tree a plugin handed over ([`FollowedTree`]), spawned or re-adopted.
 //!
 //! Model: a follower task reads what K appended to `stdout.log` and
-//! `stderr.log` since its last look (stdout first, so stdout a program wrote
-//! before its stderr comes first, as for a forwarded pipe), formats it as
+//! `stderr.log` since its last look (stdout first, and stderr only as far as
+//! it was before that read, so stdout a program wrote before its stderr
+//! comes first, as for a forwarded pipe), formats it as
 //! forwarded output ([`crate::forward`]: `[stderr]`/`[stdout]` lines where
 //! the stream changes, UTF-8 never split) into the task's [`OutputSink`],
 //! and records how far it read each log ([`LogOffsets`]). It looks again at
@@ -193,15 +194,28 @@ impl Logs {
         Self { files: [open(Stream::Stdout), open(Stream::Stderr)], buffer: Vec::new() }
     }
 
-    /// Up to [`LOOK_BYTES`] of `stream`'s log from `offset`.
-    fn read(&mut self, process: &DurableProcess, stream: Stream, offset: u64) -> std::io::Result<&[u8]> {
+    /// How long `stream`'s log is now (`None` when it is not open).
+    fn len(&self, stream: Stream) -> Option<u64> {
+        self.files[usize::from(stream == Stream::Stderr)].as_ref()?.metadata().ok().map(|m| m.len())
+    }
+
+    /// Up to [`LOOK_BYTES`] of `stream`'s log from `offset`, and not past
+    /// `until` when given.
+    fn read(
+        &mut self,
+        process: &DurableProcess,
+        stream: Stream,
+        offset: u64,
+        until: Option<u64>,
+    ) -> std::io::Result<&[u8]> {
         use std::os::unix::fs::FileExt as _;
         let Some(file) = &self.files[usize::from(stream == Stream::Stderr)] else {
             // Not opened (yet): the slow way, which says why it cannot.
             self.buffer = process.read_log(stream, offset, LOOK_BYTES)?;
             return Ok(&self.buffer);
         };
-        self.buffer.resize(LOOK_BYTES, 0);
+        let most = until.map_or(LOOK_BYTES as u64, |until| until.saturating_sub(offset).min(LOOK_BYTES as u64));
+        self.buffer.resize(most as usize, 0);
         let read = loop {
             match file.read_at(&mut self.buffer, offset) {
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -212,18 +226,19 @@ impl Logs {
     }
 }
 
-/// Reads up to [`LOOK_BYTES`] of `stream`'s log past its offset and
-/// forwards them; true when it read anything.
+/// Reads up to [`LOOK_BYTES`] of `stream`'s log past its offset (not past
+/// `until`) and forwards them; true when it read anything.
 fn look(
     process: &DurableProcess,
     logs: &mut Logs,
     forwarding: &Forwarding,
     offsets: &[AtomicU64; 2],
     stream: Stream,
+    until: Option<u64>,
 ) -> bool {
     let index = usize::from(stream == Stream::Stderr);
     let offset = offsets[index].load(Ordering::Acquire);
-    let data = match logs.read(process, stream, offset) {
+    let data = match logs.read(process, stream, offset, until) {
         Ok(data) => data,
         Err(error) => {
             tracing::warn!(pid = process.pid(), %error, "cannot read a durable tree's log");
@@ -254,8 +269,12 @@ async fn follow(
     let mut logs = Logs::open(&process);
     let mut looks = |forwarding: &Forwarding| {
         let _order = forwarding.order.lock().unwrap_or_else(|e| e.into_inner());
-        let out = look(&process, &mut logs, forwarding, &offsets, Stream::Stdout);
-        let err = look(&process, &mut logs, forwarding, &offsets, Stream::Stderr);
+        // Stderr only as far as it was before stdout is read: K moves what
+        // one wake-up found on stdout before its stderr, so stderr written
+        // after this point may follow stdout read below, never precede it.
+        let stderr_before = logs.len(Stream::Stderr);
+        let out = look(&process, &mut logs, forwarding, &offsets, Stream::Stdout, None);
+        let err = look(&process, &mut logs, forwarding, &offsets, Stream::Stderr, stderr_before);
         out || err
     };
     let record = process.record();
