@@ -195,7 +195,7 @@ impl DurableProcess {
             // Gone, or the pid now names another process.
             return ended(record);
         }
-        let Ok(pidfd) = crate::pidfd_open(record.keeper_pid) else {
+        let Ok(pidfd) = crate::spawn::pidfd_open(record.keeper_pid) else {
             // It ended (and was reaped) since the look above.
             return ended(record);
         };
