@@ -32,24 +32,32 @@ async fn stream_leader(cluster: &NatsCluster, js: &jetstream::Context, stream: &
     panic!("the stream {stream} has no leader");
 }
 
-/// Writes `value` at `revision`, trying again when the publish ack times
-/// out (a leader just elected may miss the first one), until it is
+/// Writes `value` at `revision`, trying again while the cluster has no
+/// stream leader to answer (an ack timeout, "no stream found" while one is
+/// elected), each try after the next line a node logs, until it is
 /// applied: a try that timed out but was applied shows as a wrong-revision
 /// refusal with `value` stored. Returns the revision of the write.
-async fn update_applied(bucket: &jetstream::kv::Store, key: &str, value: &'static str, revision: u64) -> u64 {
-    for _ in 0..6 {
+async fn update_applied(
+    cluster: &NatsCluster,
+    bucket: &jetstream::kv::Store,
+    key: &str,
+    value: &'static str,
+    revision: u64,
+) -> u64 {
+    let mut last = String::new();
+    for _ in 0..40 {
         match bucket.update(key, value.into(), revision).await {
             Ok(written) => return written,
-            Err(error) if error.kind() == jetstream::kv::UpdateErrorKind::TimedOut => continue,
             Err(error) if error.kind() == jetstream::kv::UpdateErrorKind::WrongLastRevision => {
                 let entry = bucket.entry(key).await.unwrap().expect("the key is there");
                 assert_eq!(&entry.value[..], value.as_bytes(), "another writer won: {error}");
                 return entry.revision;
             }
-            Err(error) => panic!("writing {key}: {error}"),
+            Err(error) => last = error.to_string(),
         }
+        cluster.wait_for_any_line(std::time::Duration::from_millis(250));
     }
-    panic!("writing {key} timed out 6 times");
+    panic!("writing {key} failed 40 times: {last}");
 }
 
 /// The harness: a replicated bucket keeps answering, reads and writes,
@@ -71,7 +79,7 @@ async fn a_three_node_cluster_survives_the_loss_of_one_node() {
     cluster.kill(leader);
     // The survivor elected logs it.
     cluster.wait_for_line_on_any(&seen, elected);
-    let second = update_applied(&bucket, "k", "2", first).await;
+    let second = update_applied(&cluster, &bucket, "k", "2", first).await;
     assert!(second > first);
     assert_eq!(bucket.get("k").await.unwrap().as_deref(), Some(&b"2"[..]));
 
@@ -84,7 +92,7 @@ async fn a_three_node_cluster_survives_the_loss_of_one_node() {
     cluster.pause(leader);
     let elected_now = cluster.wait_for_line_on_any(&seen, elected);
     assert_ne!(elected_now, leader, "a paused node logs nothing");
-    let third = update_applied(&bucket, "k", "3", second).await;
+    let third = update_applied(&cluster, &bucket, "k", "3", second).await;
     assert!(third > second);
     // A stale revision loses: the compare-and-set the cluster store relies on.
     assert!(bucket.update("k", "stale".into(), second).await.is_err());
@@ -273,4 +281,79 @@ async fn a_node_refuses_an_anonymous_server_unless_insecure() {
     common::stop_with_sigterm(&mut child).await;
     let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
     assert!(log.contains("accepts anonymous clients ([cluster] insecure = true)"), "{log}");
+}
+
+/// The sandbox keeps NATS from commands of a server run as `uid` (this
+/// user when `None`): the password file, even in the served workspace,
+/// cannot be read by a tree; the password is in no task's environment; the
+/// NATS port cannot be reached (no network by default).
+async fn commands_cannot_reach_the_cluster(tag: &str, uid: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let cluster = NatsCluster::start(tag).await;
+    let base = temp_dir(tag);
+    let workspace = base.join("work");
+    let home = base.join("home");
+    let state_home = base.join("state");
+    for dir in [&workspace, &home, &state_home] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    // The hardest place: inside the working directory every tree sees.
+    let password_file = workspace.join("nats-password");
+    std::fs::copy(&cluster.password_file, &password_file).unwrap();
+    std::fs::set_permissions(&password_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Outside the workspace: no trust record needed.
+    let config_file = base.join("taskhost.toml");
+    let config =
+        node_config(&cluster, "a", "").replace(&format!("{:?}", cluster.password_file), &format!("{password_file:?}"));
+    std::fs::write(&config_file, config).unwrap();
+    if let Some(uid) = uid {
+        for path in [&base, &workspace, &home, &state_home, &password_file, &config_file] {
+            std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+        }
+    }
+    let mut server = common::serve_stdio_as(uid, &base, &workspace, &home);
+    server
+        .env("XDG_STATE_HOME", &state_home)
+        .arg("--config")
+        .arg(&config_file)
+        .args(["--cluster", &cluster.url_list()]);
+    let (client, mut child) = common::connect_stdio(&mut server).await;
+    let port = cluster.nodes[0].port;
+    let script = format!(
+        "echo READ-BYTES=$(cat nats-password 2>/dev/null | wc -c); \
+         echo ENV-MATCHES=$(env | grep -c -F {password}); \
+         (echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo NATS-REACHED || echo NATS-UNREACHABLE",
+        password = cluster.password,
+    );
+    let id = id_of(&call(client.peer(), "bash", json!({"command": script, "run_in_background": true})).await);
+    let output =
+        texts(&call(client.peer(), "task_output", json!({"task_id": id, "wait": true, "timeout_ms": 30_000})).await)
+            .join("\n");
+    // Denied or shown empty: no byte of it.
+    assert!(output.contains("READ-BYTES=0\n"), "{output}");
+    assert!(output.contains("ENV-MATCHES=0\n"), "{output}");
+    assert!(!output.contains(&cluster.password), "the password reached a command: {output}");
+    assert!(output.contains("NATS-UNREACHABLE"), "{output}");
+    // The server did join the cluster: the record is in the bucket.
+    let js = jetstream::new(cluster.client().await);
+    assert_eq!(record(&js, &id).await["node"], "a");
+    drop(client);
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_cannot_reach_the_cluster_or_its_secrets() {
+    commands_cannot_reach_the_cluster("cluster-secrets", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_of_an_unprivileged_node_cannot_reach_the_cluster_or_its_secrets() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0
+        && common::gap_accepted("root", "switching to another uid needs root", "run the tests as root (CI does)")
+    {
+        return;
+    }
+    commands_cannot_reach_the_cluster("cluster-secrets-nobody", Some(65534)).await;
 }
