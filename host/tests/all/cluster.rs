@@ -116,7 +116,12 @@ fn node_config(cluster: &NatsCluster, node: &str, extra: &str) -> String {
 /// `taskhost serve --http --cluster URLS` as node `node` in a directory of
 /// its own, and alice's client.
 async fn serve_node(cluster: &NatsCluster, node: &str) -> (Client, tokio::process::Child, PathBuf) {
-    let dir = temp_dir(&format!("cluster-{node}"));
+    serve_node_in(cluster, node, temp_dir(&format!("cluster-{node}"))).await
+}
+
+/// As [`serve_node`], in `dir` (a restarted node keeps its directory and
+/// state).
+async fn serve_node_in(cluster: &NatsCluster, node: &str, dir: PathBuf) -> (Client, tokio::process::Child, PathBuf) {
     let mut command = serve_command(&dir, Some(&node_config(cluster, node, "")));
     command.args(["--http", "127.0.0.1:0", "--cluster", &cluster.url_list()]);
     let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
@@ -250,6 +255,28 @@ async fn killing_a_nats_node_changes_nothing_a_client_sees() {
     cluster.restart(leader).await;
     let third = call(&peer, "bash", json!({"command": "true", "run_in_background": true})).await;
     assert_eq!(only_text(&third), "started background bash task bash-3");
+    common::stop_with_sigterm(&mut child).await;
+}
+
+/// A node SIGKILLed and started again loads the records naming it from the
+/// cluster: its stable owner's running command is re-adopted under the
+/// same id, and ids go on from the cluster's counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_takes_its_records_back_from_the_cluster() {
+    let cluster = NatsCluster::start("restart").await;
+    let (client, child, dir) = serve_node(&cluster, "a").await;
+    let started = call(client.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await;
+    assert_eq!(only_text(&started), "started background bash task bash-1");
+    crate::durable::sigkill(child, client).await;
+
+    let (client, mut child, _) = serve_node_in(&cluster, "a", dir).await;
+    let peer = client.peer().clone();
+    assert_eq!(texts(&call(&peer, "task_list", json!({})).await), ["bash-1 [bash] running — sleep 600"]);
+    let next = call(&peer, "bash", json!({"command": "true", "run_in_background": true})).await;
+    assert_eq!(id_of(&next), "bash-2");
+    // bash-2's end notice may ride on this result.
+    let killed = call(&peer, "task_kill", json!({"task_id": "bash-1"})).await;
+    assert_eq!(texts(&killed)[0], "requested cancellation of task bash-1");
     common::stop_with_sigterm(&mut child).await;
 }
 
