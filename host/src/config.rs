@@ -39,6 +39,10 @@ pub struct Config {
     /// `[state]`: where taskhost keeps its own state ([`crate::state`]).
     #[serde(default)]
     pub state: crate::state::StateSettings,
+    /// `[cluster]`: the NATS JetStream cluster whose registry this node
+    /// shares ([`crate::cluster`]); none: one machine.
+    #[serde(default)]
+    pub cluster: Option<crate::cluster::config::ClusterSettings>,
     /// The file this configuration was loaded from (absolute), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -302,6 +306,9 @@ impl Config {
                 *file = absolute(&dir.join(&*file));
             }
         }
+        if let Some(cluster) = &mut config.cluster {
+            cluster.resolve_paths(&dir);
+        }
         config.source = Some(source);
         Ok((config, sha256))
     }
@@ -372,6 +379,7 @@ impl Config {
         paths.extend(crate::state::default_dir().ok());
         paths.extend(crate::state::config_dir());
         paths.extend(self.process.spill_root.as_deref().map(absolute));
+        paths.extend(self.cluster.iter().flat_map(|cluster| cluster.secret_files()));
         paths.dedup();
         paths
     }
@@ -428,6 +436,9 @@ impl Config {
         self.subagents.validate()?;
         self.process.validate().map_err(anyhow::Error::msg)?;
         self.state.validate().map_err(anyhow::Error::msg)?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate().map_err(anyhow::Error::msg)?;
+        }
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {
             anyhow::ensure!(

@@ -17,6 +17,7 @@
 //!   - [`reload`]: hot reload of wasm plugins (make-before-break) and file watching.
 //!   - [`builtin`]: the plugins built into the binary (embedded components).
 //!   - [`config`]: the configuration file, and which files need trust.
+//!   - [`cluster`]: nodes sharing one registry on NATS JetStream (`[cluster]`).
 //!   - [`state`]: taskhost's own state directory (trust records, the
 //!     compile cache's key, the spill root).
 //!   - [`setup`]: a host from a configuration (which producers serve which tools).
@@ -28,6 +29,7 @@
 
 pub mod builtin;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod durable_tasks;
 pub mod http_client;

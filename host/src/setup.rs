@@ -543,7 +543,8 @@ pub async fn served_from_config_gated(
 }
 
 /// The host `serve` runs: as [`served_from_config_gated`], on the task store
-/// `[state]` names (SQLite in the state directory by default), so its
+/// `[state]` names (SQLite in the state directory by default; the
+/// cluster's registry with `[cluster]`), so its
 /// earlier records are restored and its stable owners' handed-over trees
 /// re-adopted. The store's lock is held until the host and every plugin
 /// are dropped.
@@ -554,7 +555,10 @@ pub async fn served_on_state(
     trust: Option<Arc<TrustPolicy>>,
 ) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
     let state = StateDir::open_configured(&config.state)?;
-    let store = state.task_store(&config.state)?;
+    let store = match &config.cluster {
+        Some(cluster) => crate::cluster::join(cluster).await?,
+        None => state.task_store(&config.state)?,
+    };
     served_from_config_gated(config, base_dir, gate, trust, Some(store)).await
 }
 

@@ -16,6 +16,8 @@
 //!   its file watch starts, when the load ends. The loads begin after the first `tools/list`
 //!   answer on stdio, at once over HTTP or with `--watch`; over HTTP (whose dashboard follows
 //!   every plugin from its start) the server waits for them before listening.
+//! - `--cluster URLS` (or `[cluster]`) joins a NATS JetStream cluster: the task registry is then
+//!   the cluster's (`crate::cluster`, docs/cluster.md).
 //! - SIGINT and SIGTERM stop serving and dispose the host (every agent, every task) before the
 //!   process exits, so no task outlives the server.
 
@@ -51,6 +53,10 @@ pub struct ServeArgs {
     /// restart of the server, and the next `serve --owner NAME` gets them back (lost ones told once)
     #[arg(long, value_name = "NAME")]
     pub owner: Option<String>,
+    /// Join the cluster on these NATS servers (comma-separated; overrides [cluster] nats): the
+    /// task registry is the cluster's (docs/cluster.md)
+    #[arg(long, value_name = "URLS")]
+    pub cluster: Option<String>,
 }
 
 /// Loads the configuration the way `serve` documents it, with the
@@ -77,7 +83,14 @@ pub fn load_config(explicit: Option<&Path>) -> anyhow::Result<(Config, PathBuf)>
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let (config, base_dir) = load_config(args.config.as_deref())?;
+    let (mut config, base_dir) = load_config(args.config.as_deref())?;
+    if let Some(urls) = &args.cluster {
+        match &mut config.cluster {
+            Some(cluster) => cluster.nats = crate::cluster::config::split_urls(urls),
+            None => config.cluster = Some(crate::cluster::config::ClusterSettings::joining(urls)),
+        }
+        config.validate().context("--cluster")?;
+    }
     let cwd = std::env::current_dir().context("the working directory")?;
     let trust = Arc::new(TrustPolicy::new(TrustStore::new(&StateDir::open_default()?), config.writable_roots(&cwd)));
     ensure_state_out_of_reach(&config, &trust)?;

@@ -5,6 +5,7 @@
 mod cli;
 mod cli_new;
 mod cli_plugin;
+mod cluster;
 mod cold_start;
 mod common;
 mod dashboard;
@@ -24,6 +25,7 @@ mod mcp_stdio;
 mod mcp_stdio_wire;
 mod mcp_tasks;
 mod mcp_ttl;
+mod nats;
 mod readopt;
 mod readopt_options;
 mod retention;

@@ -1,5 +1,5 @@
-//! Every TOML block of the user guide (README.md, docs/mcp.md and
-//! docs/dashboard.md) parses with
+//! Every TOML block of the user guide (README.md, docs/mcp.md,
+//! docs/dashboard.md and docs/cluster.md) parses with
 //! the real configuration parser (`Config::parse`: unknown keys refused,
 //! every value validated), so an example a user copies is never refused.
 
@@ -32,7 +32,7 @@ fn every_toml_block_of_the_guide_is_a_valid_configuration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut checked = 0;
     let mut problems = Vec::new();
-    for file in ["README.md", "docs/mcp.md", "docs/dashboard.md"] {
+    for file in ["README.md", "docs/mcp.md", "docs/dashboard.md", "docs/cluster.md"] {
         let markdown = std::fs::read_to_string(root.join(file)).unwrap();
         for (line, text) in toml_blocks(&markdown) {
             checked += 1;

@@ -1,13 +1,14 @@
 //! The task store seam: where the registry records what must outlive the
 //! process (task records, their ends, who was told, the id counters), and
-//! the in-memory backend ([`MemoryStore`]); the host's SQLite backend and a
-//! later cluster backend implement the same [`TaskStore`].
+//! the in-memory backend ([`MemoryStore`]); the host's SQLite backend and
+//! its NATS JetStream cluster backend implement the same [`TaskStore`].
 //!
 //! Invariants every backend keeps:
 //! - **Synchronous and short.** The registry calls the store under its own
 //!   lock, which is never held across an `.await`: a call is a local write
-//!   (an in-memory map, a SQLite transaction in WAL mode), never a network
-//!   round trip on the caller's thread.
+//!   (an in-memory map, a SQLite transaction in WAL mode), or for the
+//!   host's cluster store a bounded wait for replies from a client running
+//!   on a thread of its own (never a `block_on` on the caller's runtime).
 //! - **Ids are never reused.** [`TaskStore::record_start`] refuses an id it
 //!   holds, and raises the kind's counter to at least the id's number; the
 //!   counters survive every record's deletion.

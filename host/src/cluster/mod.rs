@@ -1,0 +1,43 @@
+//! The cluster: `taskhost serve` nodes sharing one task registry on NATS
+//! JetStream (`[cluster]` in `taskhost.toml`, or `serve --cluster URL`).
+//! Without `[cluster]` nothing here runs: one machine, the SQLite store.
+//!
+//! - [`config`]: `[cluster]`, checked at load.
+//! - [`connect`]: joining NATS (credentials, TLS), refusing anonymous servers.
+//! - [`store`]: [`store::ClusterStore`], the [`TaskStore`] on a key-value bucket.
+//! - [`bucket`]: the key-value bucket and its compare-and-set write.
+//! - [`ids`]: the id counters every node shares.
+//! - [`record`]: a task record as the bucket holds it.
+//!
+//! Invariants: `taskhost-core` knows nothing of NATS (the seam is
+//! [`TaskStore`]); the NATS secrets are read by the server only, never put
+//! in a task's environment, and lie among the paths no process tree may
+//! read ([`crate::config::Config::protected_paths`]).
+
+pub mod bucket;
+pub mod config;
+pub mod connect;
+pub mod ids;
+pub mod record;
+pub mod store;
+
+use std::sync::Arc;
+
+use taskhost_core::tasks::store::TaskStore;
+
+/// Joins the cluster `settings` names and opens its registry.
+pub async fn join(settings: &config::ClusterSettings) -> anyhow::Result<Arc<dyn TaskStore>> {
+    settings.check_servers().map_err(anyhow::Error::msg)?;
+    let node = settings.node_name();
+    let span = tracing::info_span!("cluster", cluster = %settings.name, node = %node);
+    let _entered = span.enter();
+    let (owned, name) = (settings.clone(), node.clone());
+    let store = store::ClusterStore::open(
+        move || async move { connect::connect(&owned, &name).await },
+        &settings.bucket(),
+        &node,
+    )
+    .await?;
+    tracing::info!(store = %store.describe(), "the registry is the cluster's");
+    Ok(store::shared(store))
+}
