@@ -79,6 +79,24 @@ impl Host {
         Ok(agent)
     }
 
+    /// Takes in ended records another node of a cluster settled for this
+    /// host to keep ([`TaskRegistry::take_in_ended`]): a stable owner whose
+    /// session is live here is handed them at once, each told once by a
+    /// completion notice; others are handed them when they next appear.
+    pub fn take_in_ended(&self, tasks: Vec<crate::tasks::store::StoredTask>) {
+        let sessions = self.registry.take_in_ended(tasks);
+        if sessions.is_empty() {
+            return;
+        }
+        for agent in self.agents.list() {
+            if agent.is_durable() && sessions.contains(agent.session()) {
+                for snapshot in self.registry.attach_owner(&agent) {
+                    self.registry.inject_completion_notice(&snapshot.id, completion_notice(&snapshot));
+                }
+            }
+        }
+    }
+
     /// Serves a producer as a tool (replacing a producer tool of the same
     /// name). Refuses names that break the tool-name rule or belong to the
     /// control tools.

@@ -175,7 +175,8 @@ async fn run() {
     bash.grants.process.as_mut().unwrap().limits.spill_cap_bytes = 2 * size;
     config.producers = producers;
 
-    let (host, plugins) = served_on_state(&config, Path::new("."), LoadGate::open_now(), None).await.unwrap();
+    let served = served_on_state(&config, Path::new("."), LoadGate::open_now(), None).await.unwrap();
+    let (host, plugins) = (served.host, served.plugins);
     for served in plugins {
         served.plugin.await.unwrap();
     }

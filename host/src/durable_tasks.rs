@@ -108,15 +108,46 @@ pub fn record_launch(dir: &Path, kept: &HandedOverTree) -> std::io::Result<()> {
 /// fence; `None` when its spawner still runs (its start may be in flight) or
 /// the fence is missing or unreadable.
 fn orphaned_launch(dir: &Path) -> Option<HandedOverTree> {
+    let (pid, started, kept) = read_launch(dir)?;
+    let alive = u32::try_from(pid).is_ok_and(|pid| taskhost_process::durable::start_time(pid) == Some(started));
+    (!alive).then_some(kept)
+}
+
+/// Kills every tree under `root` that has not ended and whose launch fence
+/// is readable, whoever spawned it (a cluster node declared gone: none of
+/// its trees may run on). Returns how many it killed.
+pub fn kill_every_tree(root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else { return 0 };
+    let mut killed = 0;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) || dir.join("status").exists() {
+            continue;
+        }
+        let Some(kept) = launched_tree(&dir) else { continue };
+        let killing = DurableProcess::adopt(&kept.record)
+            .map_err(|error| error.to_string())
+            .and_then(|process| process.kill().map_err(|error| error.to_string()));
+        match killing {
+            Ok(()) => killed += 1,
+            Err(error) => tracing::debug!(dir = %dir.display(), %error, "a durable tree cannot be reached to kill it"),
+        }
+    }
+    killed
+}
+
+/// The record in a tree's launch fence, with its spawner's pid and start
+/// time; `None` when the fence is missing or unreadable.
+fn read_launch(dir: &Path) -> Option<(u64, u64, HandedOverTree)> {
     let text = std::fs::read_to_string(dir.join(LAUNCH_FILE)).ok()?;
     let (spawner, record) = text.split_once('\n')?;
     let mut words = spawner.split_whitespace().map(str::parse::<u64>);
     let (Some(Ok(pid)), Some(Ok(started))) = (words.next(), words.next()) else { return None };
-    let alive = u32::try_from(pid).is_ok_and(|pid| taskhost_process::durable::start_time(pid) == Some(started));
-    if alive {
-        return None;
-    }
-    HandedOverTree::parse(record.trim_end()).ok()
+    Some((pid, started, HandedOverTree::parse(record.trim_end()).ok()?))
+}
+
+fn launched_tree(dir: &Path) -> Option<HandedOverTree> {
+    read_launch(dir).map(|(_, _, kept)| kept)
 }
 
 /// Removes a handed-over tree's directory once it ended, when dropped:

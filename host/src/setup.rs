@@ -553,13 +553,29 @@ pub async fn served_on_state(
     base_dir: &Path,
     gate: LoadGate,
     trust: Option<Arc<TrustPolicy>>,
-) -> anyhow::Result<(Host, Vec<ServedPlugin>)> {
+) -> anyhow::Result<Served> {
     let state = StateDir::open_configured(&config.state)?;
-    let store = match &config.cluster {
-        Some(cluster) => crate::cluster::join(cluster).await?,
-        None => state.task_store(&config.state)?,
+    let (store, membership) = match &config.cluster {
+        Some(cluster) => {
+            let (store, membership) = crate::cluster::join(cluster).await?;
+            (store, Some(membership))
+        }
+        None => (state.task_store(&config.state)?, None),
     };
-    served_from_config_gated(config, base_dir, gate, trust, Some(store)).await
+    let (host, plugins) = served_from_config_gated(config, base_dir, gate, trust, Some(store)).await?;
+    if let Some(membership) = &membership {
+        membership.serve(host.clone(), state.trees_root().ok());
+    }
+    Ok(Served { host, plugins, membership })
+}
+
+/// What [`served_on_state`] serves.
+pub struct Served {
+    pub host: Host,
+    pub plugins: Vec<ServedPlugin>,
+    /// This node's membership of the cluster, with `[cluster]`: calls are
+    /// answered only while it confirms it ([`crate::cluster::membership::Membership::confirm`]).
+    pub membership: Option<std::sync::Arc<crate::cluster::membership::Membership>>,
 }
 
 /// Serves `plan` as a [`LoadingProducer`] listed with its cached

@@ -3,9 +3,10 @@
 //! [`state`] (records, owner fence, queries), [`start`], [`control`] (kill,
 //! wait, input), [`settle`] (settlement, notices, teardown), [`guards`],
 //! [`output_ops`] (reads, views, milestones), [`memory`] (the host-wide
-//! bound on output kept in memory), [`ttl`] (time to live) and [`restore`]
+//! bound on output kept in memory), [`ttl`] (time to live), [`restore`]
 //! (records a store kept from an earlier process, and their owners' next
-//! instances).
+//! instances) and [`handover`] (tasks changing hands between the nodes of
+//! a cluster).
 //!
 //! Model: one table of task records behind one mutex that is never held
 //! across an `.await` or a call into a producer. Records stay readable after
@@ -45,6 +46,7 @@ use crate::panics::panic_message;
 
 mod control;
 mod guards;
+mod handover;
 mod memory;
 mod output_ops;
 mod restore;

@@ -103,7 +103,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(owner) = &owner {
         crate::mcp::settings::check_owner_name(owner).context("--owner")?;
     }
-    let (host, plugins) = served_on_state(&config, &base_dir, gate.clone(), Some(trust)).await?;
+    let served = served_on_state(&config, &base_dir, gate.clone(), Some(trust)).await?;
+    let (host, plugins, membership) = (served.host, served.plugins, served.membership);
     let tools: Vec<String> = host.tool_definitions().into_iter().map(|d| d.name).collect();
     tracing::info!(tools = %tools.join(", "), "host ready");
     // Over HTTP the dashboard follows every plugin's reloads from its start:
@@ -150,6 +151,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ready.into_iter().map(|(p, _)| p).collect(),
         gate,
     );
+    if let Some(membership) = membership {
+        server.set_membership(membership);
+    }
     let mut joining = Vec::new();
     for served in loading {
         let server = server.clone();

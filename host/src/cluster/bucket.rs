@@ -48,6 +48,25 @@ impl Bucket {
         Ok(stream.cached_info().state.last_sequence)
     }
 
+    /// The keys that start with `prefix` (every key for ""), from the
+    /// stream's subject list (paged by the server). Not the key-value
+    /// `keys()`: its consumer listing never ended while another write
+    /// landed in the bucket during it (a heartbeat), and a load hung.
+    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>, String> {
+        use futures::TryStreamExt as _;
+        let stream = self.js.get_stream(format!("KV_{}", self.name)).await.map_err(|error| error.to_string())?;
+        let subjects = stream
+            .info_with_subjects(format!("$KV.{}.{prefix}>", self.name))
+            .await
+            .map_err(|error| error.to_string())?;
+        let subjects: Vec<(String, usize)> = subjects.try_collect().await.map_err(|error| error.to_string())?;
+        let head = format!("$KV.{}.", self.name);
+        let mut keys: Vec<String> =
+            subjects.into_iter().filter_map(|(subject, _)| subject.strip_prefix(&head).map(str::to_string)).collect();
+        keys.sort();
+        Ok(keys)
+    }
+
     /// The latest value of `key` with its revision, `None` when absent or
     /// deleted.
     pub async fn read(&self, key: &str) -> Result<Option<(bytes::Bytes, u64)>, String> {
@@ -69,6 +88,60 @@ impl Bucket {
             Ok(ack) => Ok(ack.sequence),
             Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Conflict),
             Err(error) => Err(WriteError::Failed(error.to_string())),
+        }
+    }
+}
+
+/// What [`Bucket::update`]'s `change` makes of a key's value.
+pub enum Change<T> {
+    /// Write this value (if nothing else was written meanwhile), then answer `T`.
+    Write(bytes::Bytes, T),
+    /// Leave the key as it is and answer `T`.
+    Keep(T),
+}
+
+/// How many lost races one update takes before it gives up (each lost race
+/// means another write landed in the bucket meanwhile).
+const MAX_RACES: usize = 1_000;
+
+impl Bucket {
+    /// Reads `key` and writes what `change` makes of its value, if nothing
+    /// was written in the bucket since the read; reads again when something
+    /// was, so `change` always decides on the latest value. A failure that
+    /// may pass is tried again with [`Patience`]; `change`'s error ends it.
+    pub async fn update<T>(
+        &self,
+        key: &str,
+        doing: &str,
+        mut change: impl FnMut(Option<&bytes::Bytes>) -> Result<Change<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut patience = Patience::starting_now();
+        let mut races = 0;
+        loop {
+            let read = async { Ok::<_, String>((self.last_sequence().await?, self.read(key).await?)) };
+            let (sequence, entry) = match read.await {
+                Ok(read) => read,
+                Err(error) => {
+                    patience.again(doing, error).await?;
+                    continue;
+                }
+            };
+            let (value, answer) = match change(entry.as_ref().map(|(value, _)| value))? {
+                Change::Keep(answer) => return Ok(answer),
+                Change::Write(value, answer) => (value, answer),
+            };
+            match self.write(key, value, sequence).await {
+                Ok(_) => return Ok(answer),
+                Err(WriteError::Conflict) => {
+                    races += 1;
+                    if races > MAX_RACES {
+                        return Err(StoreError::new(format!(
+                            "cluster: {doing} lost {MAX_RACES} races in a row; retry"
+                        )));
+                    }
+                }
+                Err(WriteError::Failed(error)) => patience.again(doing, error).await?,
+            }
         }
     }
 }

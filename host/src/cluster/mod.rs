@@ -8,6 +8,10 @@
 //! - [`bucket`]: the key-value bucket and its compare-and-set write.
 //! - [`ids`]: the id counters every node shares.
 //! - [`record`]: a task record as the bucket holds it.
+//! - [`roster`]: the nodes that joined, their heartbeats and fences.
+//! - [`membership`]: this node's claim on its name, its heartbeat and lease,
+//!   and its rejoin after the others declared it gone.
+//! - [`watch`]: declaring a silent node gone; [`sweep`]: settling its tasks.
 //!
 //! Invariants: `taskhost-core` knows nothing of NATS (the seam is
 //! [`TaskStore`]); the NATS secrets are read by the server only, never put
@@ -18,15 +22,23 @@ pub mod bucket;
 pub mod config;
 pub mod connect;
 pub mod ids;
+pub mod membership;
 pub mod record;
+pub mod roster;
 pub mod store;
+pub mod sweep;
+pub mod watch;
 
 use std::sync::Arc;
 
 use taskhost_core::tasks::store::TaskStore;
 
-/// Joins the cluster `settings` names and opens its registry.
-pub async fn join(settings: &config::ClusterSettings) -> anyhow::Result<Arc<dyn TaskStore>> {
+/// Joins the cluster `settings` names: opens its registry and claims this
+/// node's name in its roster (refused while another process beats for it),
+/// then beats and watches the other nodes until the store is dropped.
+pub async fn join(
+    settings: &config::ClusterSettings,
+) -> anyhow::Result<(Arc<dyn TaskStore>, Arc<membership::Membership>)> {
     settings.check_servers().map_err(anyhow::Error::msg)?;
     let node = settings.node_name();
     let span = tracing::info_span!("cluster", cluster = %settings.name, node = %node);
@@ -38,6 +50,14 @@ pub async fn join(settings: &config::ClusterSettings) -> anyhow::Result<Arc<dyn 
         &node,
     )
     .await?;
+    let membership = membership::Membership::claim(
+        store.bucket().clone(),
+        store.client_runtime().clone(),
+        &node,
+        std::time::Duration::from_millis(settings.node_timeout_ms),
+        settings.labels.clone(),
+    )
+    .await?;
     tracing::info!(store = %store.describe(), "the registry is the cluster's");
-    Ok(store::shared(store))
+    Ok((store::shared(store), membership))
 }

@@ -99,6 +99,13 @@ impl Record {
         }
     }
 
+    /// The record stored under `key`.
+    pub fn parse(key: &str, value: &[u8]) -> Result<Self, taskhost_core::tasks::store::StoreError> {
+        serde_json::from_slice(value).map_err(|error| {
+            taskhost_core::tasks::store::StoreError::new(format!("cluster: the record {key} is not readable: {error}"))
+        })
+    }
+
     pub fn status(&self) -> TaskStatus {
         TaskStatus::parse(&self.status).unwrap_or(TaskStatus::Running)
     }

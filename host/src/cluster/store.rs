@@ -22,21 +22,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, kv};
-use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, TaskStore};
 
-use super::bucket::{Bucket, Patience, WriteError, failed};
+use super::bucket::{Bucket, Change, Patience, failed};
 use super::ids;
 use super::record::{Record, nanos, task_key};
 
 /// The longest a store call waits for the cluster.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most lost races one transition takes before it gives up (each one
-/// a write elsewhere in the bucket meanwhile).
-const MAX_RACES: usize = 1_000;
 /// The JetStream error code of "replicas > 1 not supported in non-clustered mode".
 const NOT_CLUSTERED: &str = "10074";
 
@@ -89,6 +85,16 @@ impl ClusterStore {
 
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// The bucket, for the roster and sweeps (used on [`Self::client_runtime`]).
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+
+    /// The runtime the cluster client runs on.
+    pub fn client_runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
     }
 
     /// Runs `work` on the client's runtime and waits for its answer.
@@ -178,53 +184,37 @@ pub async fn create_bucket(js: &jetstream::Context, name: &str, replicas: usize)
     Ok(js.get_key_value(name).await?)
 }
 
-/// Reads `id`'s record and writes `change(record)` back if nothing was
-/// written in the bucket since, reading again when something was.
-/// `change` returns false to leave the record as it is. Ok(false): no
-/// record, or left as it is. A write whose answer was lost is read back:
-/// when its token is the record's, it was applied and this call made the
-/// change.
-async fn transition(
+/// Reads `id`'s record and, when it names node `node`, writes
+/// `change(record)` back if nothing was written in the bucket since,
+/// reading again when something was. `change` returns false to leave the
+/// record as it is. Ok(false): no record, another node's, or left as it
+/// is. A write whose answer was lost is read back: when its token is the
+/// record's, it was applied and this call made the change.
+pub async fn transition(
     bucket: &Bucket,
     id: &TaskId,
     doing: &str,
+    node: &str,
     change: impl Fn(&mut Record) -> bool,
 ) -> Result<bool, StoreError> {
     let key = task_key(id);
     let token = super::record::write_token();
-    let mut patience = Patience::starting_now();
-    let mut races = 0;
-    loop {
-        let read = async { Ok::<_, String>((bucket.last_sequence().await?, bucket.read(&key).await?)) };
-        let (sequence, entry) = match read.await {
-            Ok(read) => read,
-            Err(error) => {
-                patience.again(doing, error).await?;
-                continue;
+    bucket
+        .update(&key, doing, |value| {
+            let Some(value) = value else { return Ok(Change::Keep(false)) };
+            let mut record = Record::parse(&key, value)?;
+            if record.write == token {
+                return Ok(Change::Keep(true));
             }
-        };
-        let Some((value, _)) = entry else { return Ok(false) };
-        let mut record: Record = serde_json::from_slice(&value)
-            .map_err(|error| StoreError::new(format!("cluster: the record {key} is not readable: {error}")))?;
-        if record.write == token {
-            return Ok(true);
-        }
-        if !change(&mut record) {
-            return Ok(false);
-        }
-        record.write = token.clone();
-        let value = serde_json::to_vec(&record).expect("a record serializes").into();
-        match bucket.write(&key, value, sequence).await {
-            Ok(_) => return Ok(true),
-            Err(WriteError::Conflict) => {
-                races += 1;
-                if races > MAX_RACES {
-                    return Err(StoreError::new(format!("cluster: {doing} lost {MAX_RACES} races in a row; retry")));
-                }
+            // A node writes only its own records: one the cluster took
+            // from it (it was silent too long) is no longer its to change.
+            if record.node != node || !change(&mut record) {
+                return Ok(Change::Keep(false));
             }
-            Err(WriteError::Failed(error)) => patience.again(doing, error).await?,
-        }
-    }
+            record.write = token.clone();
+            Ok(Change::Write(serde_json::to_vec(&record).expect("a record serializes").into(), true))
+        })
+        .await
 }
 
 fn live(status: TaskStatus) -> bool {
@@ -237,20 +227,16 @@ impl TaskStore for ClusterStore {
         self.call("loading the registry", move |bucket| {
             Box::pin(async move {
                 let doing = "loading the registry";
-                let bucket = bucket.kv;
-                let mut keys = bucket.keys().await.map_err(|error| failed(doing, error))?;
+                let keys = bucket.keys_under("").await.map_err(|error| failed(doing, error))?;
                 let mut state = StoredState::default();
-                while let Some(key) = keys.next().await {
-                    let key = key.map_err(|error| failed(doing, error))?;
-                    let Some(value) = bucket.get(key.as_str()).await.map_err(|error| failed(doing, error))? else {
+                for key in keys {
+                    let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else {
                         continue;
                     };
                     if let Some(kind) = ids::kind_of(&key) {
                         state.counters.push((kind.to_string(), ids::parse(&value, kind)?));
                     } else if key.starts_with("task.") {
-                        let record: Record = serde_json::from_slice(&value).map_err(|error| {
-                            StoreError::new(format!("cluster: the record {key} is not readable: {error}"))
-                        })?;
+                        let record = Record::parse(&key, &value)?;
                         if record.node == node {
                             state.tasks.push(record.to_task());
                         }
@@ -280,40 +266,19 @@ impl TaskStore for ClusterStore {
             Box::pin(async move {
                 let doing = "recording a start";
                 let value: bytes::Bytes = serde_json::to_vec(&record).expect("a record serializes").into();
-                let mut patience = Patience::starting_now();
-                let mut races = 0;
-                loop {
-                    let read = async { Ok::<_, String>((bucket.last_sequence().await?, bucket.read(&key).await?)) };
-                    let (sequence, entry) = match read.await {
-                        Ok(read) => read,
-                        Err(error) => {
-                            patience.again(doing, error).await?;
-                            continue;
-                        }
-                    };
-                    if let Some((stored, _)) = entry {
+                bucket
+                    .update(&key, doing, |stored| match stored {
+                        None => Ok(Change::Write(value.clone(), ())),
                         // Ours, when an earlier try was applied but its
                         // answer lost.
-                        let ours =
-                            serde_json::from_slice::<Record>(&stored).is_ok_and(|stored| stored.write == record.write);
-                        if ours {
-                            break;
+                        Some(stored)
+                            if serde_json::from_slice::<Record>(stored).is_ok_and(|s| s.write == record.write) =>
+                        {
+                            Ok(Change::Keep(()))
                         }
-                        return Err(StoreError::new(format!("cluster: the id {} is already recorded", record.id)));
-                    }
-                    match bucket.write(&key, value.clone(), sequence).await {
-                        Ok(_) => break,
-                        Err(WriteError::Conflict) => {
-                            races += 1;
-                            if races > MAX_RACES {
-                                return Err(StoreError::new(format!(
-                                    "cluster: {doing} lost {MAX_RACES} races in a row; retry"
-                                )));
-                            }
-                        }
-                        Err(WriteError::Failed(error)) => patience.again(doing, error).await?,
-                    }
-                }
+                        Some(_) => Err(StoreError::new(format!("cluster: the id {} is already recorded", record.id))),
+                    })
+                    .await?;
                 if let Some(number) = number {
                     ids::raise(&bucket, &kind, |_| number).await?;
                 }
@@ -323,10 +288,10 @@ impl TaskStore for ClusterStore {
     }
 
     fn request_stop(&self, id: &TaskId) -> Result<bool, StoreError> {
-        let id = id.clone();
+        let (id, node) = (id.clone(), self.node.clone());
         self.call("recording a stop request", move |bucket| {
             Box::pin(async move {
-                transition(&bucket, &id, "recording a stop request", |record| {
+                transition(&bucket, &id, "recording a stop request", &node, |record| {
                     let running = record.status() == TaskStatus::Running;
                     if running {
                         record.status = TaskStatus::Stopping.as_str().to_string();
@@ -339,12 +304,12 @@ impl TaskStore for ClusterStore {
     }
 
     fn settle(&self, id: &TaskId, end: &StoredEnd) -> Result<bool, StoreError> {
-        let (id, end) = (id.clone(), end.clone());
+        let (id, end, node) = (id.clone(), end.clone(), self.node.clone());
         let span = tracing::info_span!("cluster settle", node = %self.node, task = %id, status = end.status.as_str());
         let _entered = span.enter();
         self.call("recording an end", move |bucket| {
             Box::pin(async move {
-                transition(&bucket, &id, "recording an end", |record| {
+                transition(&bucket, &id, "recording an end", &node, |record| {
                     if !live(record.status()) {
                         return false;
                     }
@@ -361,10 +326,10 @@ impl TaskStore for ClusterStore {
     }
 
     fn set_reporting(&self, id: &TaskId, reporting: ReportState) -> Result<(), StoreError> {
-        let id = id.clone();
+        let (id, node) = (id.clone(), self.node.clone());
         self.call("recording who was told", move |bucket| {
             Box::pin(async move {
-                transition(&bucket, &id, "recording who was told", |record| {
+                transition(&bucket, &id, "recording who was told", &node, |record| {
                     record.reporting = reporting.as_str().to_string();
                     true
                 })
@@ -375,10 +340,10 @@ impl TaskStore for ClusterStore {
     }
 
     fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
-        let (id, cursor) = (id.clone(), cursor.to_string());
+        let (id, cursor, node) = (id.clone(), cursor.to_string(), self.node.clone());
         self.call("recording a read cursor", move |bucket| {
             Box::pin(async move {
-                transition(&bucket, &id, "recording a read cursor", |record| {
+                transition(&bucket, &id, "recording a read cursor", &node, |record| {
                     record.tree.is_some() && {
                         record.tree_cursor = Some(cursor.clone());
                         true
@@ -391,10 +356,10 @@ impl TaskStore for ClusterStore {
     }
 
     fn set_expiry(&self, id: &TaskId, expires_at: SystemTime) -> Result<(), StoreError> {
-        let id = id.clone();
+        let (id, node) = (id.clone(), self.node.clone());
         self.call("recording a renewed time to live", move |bucket| {
             Box::pin(async move {
-                transition(&bucket, &id, "recording a renewed time to live", |record| {
+                transition(&bucket, &id, "recording a renewed time to live", &node, |record| {
                     record.expires_at_ns = Some(nanos(expires_at));
                     true
                 })

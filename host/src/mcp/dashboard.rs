@@ -184,6 +184,12 @@ async fn guard(State(dashboard): State<Arc<Dashboard>>, request: Request, next: 
             ));
         }
     }
+    // A cluster node that cannot confirm its membership shows no task.
+    if request.uri().path().starts_with("/dashboard/api/")
+        && let Err(refusal) = dashboard.server.confirm_membership().await
+    {
+        return with_security_headers(error(StatusCode::SERVICE_UNAVAILABLE, refusal));
+    }
     // A valid token makes the connection an authenticated one (out of the
     // share of connections without a token).
     if let Some(connection) = request.extensions().get::<Arc<Connection>>()

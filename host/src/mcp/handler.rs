@@ -135,6 +135,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
         let owner = self.owner(&context)?;
+        self.server.confirm_membership().await.map_err(|refusal| McpError::internal_error(refusal, None))?;
         self.server.tasks.get(self.server.host().registry(), &owner, &request.task_id)
     }
 
@@ -144,6 +145,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let owner = self.owner(&context)?;
+        self.server.confirm_membership().await.map_err(|refusal| McpError::internal_error(refusal, None))?;
         self.server.tasks.cancel(self.server.host().registry(), &owner, &request.task_id).await
     }
 }
@@ -161,7 +163,11 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
         let name = request.name.as_ref();
-        let (text, is_error, started) = match self.check_argument_size(name, request.arguments.as_ref()) {
+        let admitted = match self.confirm_membership().await {
+            Err(refusal) => Err(refusal),
+            Ok(()) => self.check_argument_size(name, request.arguments.as_ref()),
+        };
+        let (text, is_error, started) = match admitted {
             Err(refusal) => (refusal, true, None),
             Ok(()) if self.answers_as_task(name, request.arguments.as_ref(), context) => {
                 let mut args = request.arguments.unwrap_or_default();

@@ -55,6 +55,10 @@ pub struct McpServer {
     plugins: std::sync::RwLock<Vec<Arc<ReloadablePlugin>>>,
     /// Opened by the first tool listing (see [`Self::with_load_gate`]).
     load_gate: LoadGate,
+    /// This node's cluster membership, on a cluster: every call and task
+    /// request is answered only once it confirms the node still holds its
+    /// lease (see [`Self::confirm_membership`]).
+    membership: std::sync::OnceLock<Arc<crate::cluster::membership::Membership>>,
 }
 
 impl McpServer {
@@ -83,7 +87,25 @@ impl McpServer {
             tasks: Arc::default(),
             plugins: std::sync::RwLock::new(plugins),
             load_gate: gate,
+            membership: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes every call wait for `membership`'s confirmation (a cluster node).
+    pub fn set_membership(&self, membership: Arc<crate::cluster::membership::Membership>) {
+        let _ = self.membership.set(membership);
+    }
+
+    /// Ok when this server may answer a call now: always, off a cluster; on
+    /// one, while the node holds its lease (renewed first when it lapsed, and
+    /// its tasks settled first when the cluster declared it gone), so a node
+    /// never reports as running a task the cluster settled. The error says
+    /// "cluster unavailable, retry".
+    pub async fn confirm_membership(&self) -> Result<(), String> {
+        match self.membership.get() {
+            Some(membership) => membership.confirm().await,
+            None => Ok(()),
+        }
     }
 
     /// The gate background plugin loads wait for.

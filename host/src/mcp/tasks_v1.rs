@@ -91,6 +91,9 @@ pub async fn answer(
     let registry = server.host().registry();
     let refused = |error: rmcp::ErrorData| Rejection::new(id.clone(), error.code.0, error.message.to_string());
     let task_id = || params["taskId"].as_str().unwrap_or_default();
+    if let Err(refusal) = server.confirm_membership().await {
+        return Err(Rejection::new(id.clone(), INTERNAL_ERROR, refusal));
+    }
     match method {
         "tools/call" => {
             let name = params["name"].as_str().unwrap_or_default();

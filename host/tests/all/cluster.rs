@@ -118,7 +118,7 @@ const ALICE: &str = "alice-secret-0123456789abcdef";
 
 /// The configuration of taskhost node `node` on `cluster` (its URLs come
 /// from `--cluster`): alice's token, the cluster's user and password file.
-fn node_config(cluster: &NatsCluster, node: &str, extra: &str) -> String {
+pub(crate) fn node_config(cluster: &NatsCluster, node: &str, extra: &str) -> String {
     format!(
         "[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n\n\
          [cluster]\nname = \"t\"\nnode = \"{node}\"\nuser = \"{}\"\npassword_file = {:?}\n{extra}",
@@ -135,15 +135,29 @@ async fn serve_node(cluster: &NatsCluster, node: &str) -> (Client, tokio::proces
 
 /// As [`serve_node`], in `dir` (a restarted node keeps its directory and
 /// state).
-async fn serve_node_in(cluster: &NatsCluster, node: &str, dir: PathBuf) -> (Client, tokio::process::Child, PathBuf) {
-    let mut command = serve_command(&dir, Some(&node_config(cluster, node, "")));
+pub(crate) async fn serve_node_in(
+    cluster: &NatsCluster,
+    node: &str,
+    dir: PathBuf,
+) -> (Client, tokio::process::Child, PathBuf) {
+    serve_node_with(cluster, node, dir, "").await
+}
+
+/// As [`serve_node_in`], with `extra` keys in `[cluster]`.
+pub(crate) async fn serve_node_with(
+    cluster: &NatsCluster,
+    node: &str,
+    dir: PathBuf,
+    extra: &str,
+) -> (Client, tokio::process::Child, PathBuf) {
+    let mut command = serve_command(&dir, Some(&node_config(cluster, node, extra)));
     command.args(["--http", "127.0.0.1:0", "--cluster", &cluster.url_list()]);
     let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
     (common::connect_http(&url, ALICE).await, child, dir)
 }
 
 /// The task record `id` as the cluster's bucket holds it.
-async fn record(js: &jetstream::Context, id: &str) -> serde_json::Value {
+pub(crate) async fn record(js: &jetstream::Context, id: &str) -> serde_json::Value {
     let bucket = js.get_key_value("taskhost-t").await.unwrap();
     let value = bucket.get(format!("task.{id}")).await.unwrap().unwrap_or_else(|| panic!("no record of {id}"));
     serde_json::from_slice(&value).unwrap()
@@ -151,7 +165,7 @@ async fn record(js: &jetstream::Context, id: &str) -> serde_json::Value {
 
 /// The id in "started background bash task bash-N" (the first block: an
 /// earlier task's completion notice may follow it).
-fn id_of(result: &rmcp::model::CallToolResult) -> String {
+pub(crate) fn id_of(result: &rmcp::model::CallToolResult) -> String {
     let text = texts(result).into_iter().next().expect("a result");
     text.strip_prefix("started background bash task ").unwrap_or_else(|| panic!("not a start: {text}")).to_string()
 }
@@ -192,8 +206,10 @@ async fn two_nodes_starting_tasks_together_never_issue_the_same_id() {
     common::stop_with_sigterm(&mut b_child).await;
 }
 
-/// A settlement race between two nodes' stores has exactly one winner per
-/// task, and the record holds the winner's end.
+/// A settlement race between a task's node and another node settling it
+/// for a gone node (the sweep's compare-and-set) has exactly one winner per
+/// task, and the record holds the winner's end; a node's own store never
+/// changes another node's record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
     use taskhost::ids::TaskId;
@@ -224,27 +240,51 @@ async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
             store.settle(&id, &StoredEnd::new(status, None, SystemTime::now(), ReportState::Untold)).unwrap()
         })
     };
+    // b settles a's record as a sweep does: only while it is a's and live.
+    let sweep = |id: TaskId| {
+        let bucket = b.bucket().clone();
+        b.client_runtime().spawn(async move {
+            taskhost::cluster::store::transition(&bucket, &id, "sweeping", "a", |record| {
+                let live = record.status == "running";
+                if live {
+                    record.status = "lost".into();
+                    record.node = "b".into();
+                }
+                live
+            })
+            .await
+            .unwrap()
+        })
+    };
     let js = jetstream::new(cluster.client().await);
     let bucket = js.get_key_value("taskhost-race").await.unwrap();
+    let mut wins = [0, 0];
     for id in &ids {
         let by_a = settle(a.clone(), id.clone(), TaskStatus::Completed);
-        let by_b = settle(b.clone(), id.clone(), TaskStatus::Lost);
+        let by_b = sweep(id.clone());
         let (by_a, by_b) = (by_a.await.unwrap(), by_b.await.unwrap());
         assert!(by_a != by_b, "{id}: a won {by_a}, b won {by_b}");
+        wins[usize::from(by_b)] += 1;
         let stored: serde_json::Value =
             serde_json::from_slice(&bucket.get(format!("task.{id}")).await.unwrap().unwrap()).unwrap();
-        assert_eq!(stored["status"], if by_a { "completed" } else { "lost" }, "{id}: {stored}");
+        let expected = if by_a { ("completed", "a") } else { ("lost", "b") };
+        assert_eq!((stored["status"].as_str().unwrap(), stored["node"].as_str().unwrap()), expected, "{id}: {stored}");
     }
-    // A third settlement, later, changes nothing.
-    let late = settle(b.clone(), ids[0].clone(), TaskStatus::Failed).await.unwrap();
+    // A later settlement changes nothing; b's own store never settles a's record.
+    let late = settle(a.clone(), ids[0].clone(), TaskStatus::Failed).await.unwrap();
     assert!(!late);
-    // Each record is a's, and a's store loads them all; b's loads none.
+    let b_on_a = TaskId::new("bash-41");
+    let task = StoredTask::new(b_on_a.clone(), "bash", "a's", SystemTime::now());
+    let a_start = a.clone();
+    tokio::task::spawn_blocking(move || a_start.record_start(&task)).await.unwrap().unwrap();
+    assert!(!settle(b.clone(), b_on_a, TaskStatus::Lost).await.unwrap(), "b changed a's record");
+    // a's store loads the records still a's; b's loads the ones b settled.
     let (a_loaded, b_loaded) = (a.clone(), b.clone());
     let a_loaded = tokio::task::spawn_blocking(move || a_loaded.load()).await.unwrap().unwrap();
     let b_loaded = tokio::task::spawn_blocking(move || b_loaded.load()).await.unwrap().unwrap();
-    assert_eq!(a_loaded.tasks.len(), 40);
-    assert!(b_loaded.tasks.is_empty());
-    assert_eq!(a_loaded.counters, [("bash".to_string(), 40)]);
+    assert_eq!(a_loaded.tasks.len(), 41 - wins[1], "wins {wins:?}");
+    assert_eq!(b_loaded.tasks.len(), wins[1]);
+    assert_eq!(a_loaded.counters, [("bash".to_string(), 41)]);
 }
 
 /// SIGKILL of the NATS node leading the registry's stream changes nothing

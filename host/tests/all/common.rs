@@ -136,7 +136,9 @@ pub async fn spawn_http_server(
     let mut text = String::new();
     let url = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let line = lines.next_line().await.unwrap().expect("the server printed its address");
+            let Some(line) = lines.next_line().await.unwrap() else {
+                panic!("the server exited before printing its address:\n{text}");
+            };
             text.push_str(&line);
             text.push('\n');
             if let Some(url) = line.strip_prefix("taskhost: serving MCP on ") {

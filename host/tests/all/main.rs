@@ -6,6 +6,7 @@ mod cli;
 mod cli_new;
 mod cli_plugin;
 mod cluster;
+mod cluster_failure;
 mod cold_start;
 mod common;
 mod dashboard;

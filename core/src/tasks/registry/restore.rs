@@ -15,7 +15,7 @@
 //!   agent; an end nobody was told of is then told once, by a notice.
 
 use super::settle::{WatchedTask, Watcher};
-use super::state::{Ended, Owner, Record, Reporting, bucket_mut, unix_nanos};
+use super::state::{Ended, Owner, Record, Reporting, State, bucket_mut, unix_nanos};
 use super::*;
 use crate::agents::WeakAgent;
 use crate::ids::SessionId;
@@ -34,7 +34,7 @@ pub const KILLED_BY_RESTART_DETAIL: &str =
     "its stop was requested before the server stopped, and it stopped with the server";
 
 /// A restored record's control: its work is gone, so there is nothing to cancel.
-struct NoProducer;
+pub(super) struct NoProducer;
 
 #[async_trait::async_trait]
 impl TaskControl for NoProducer {
@@ -120,38 +120,9 @@ impl TaskRegistry {
                     })
                 })
                 .clone();
-            let seq = state.next_seq;
-            state.next_seq += 1;
-            let Ok(kind_len) = u8::try_from(task.kind.len()) else { continue };
-            state.tasks.insert(Box::new(Record {
-                seq,
-                id: task.id,
-                kind_len,
-                label: task.label.into_boxed_str(),
-                owner: Some(owner),
-                status: task.status,
-                ended: Some(Box::new(Ended {
-                    finished_at: task.finished_at.unwrap_or(now),
-                    detail: task.detail,
-                    output: task.output,
-                })),
-                started_at: unix_nanos(task.started_at),
-                reporting: match task.reporting {
-                    ReportState::Noticed => Reporting::Noticed,
-                    ReportState::Reported => Reporting::Reported,
-                    // A held end's reporters died with the old process.
-                    _ => Reporting::Untold,
-                },
-                pending_reporters: 0,
-                producer_info: task.producer_info.map(String::into_boxed_str),
-                input: TaskInput::Unsupported,
-                control: Arc::new(NoProducer),
-                output_log: None,
-                watcher: None,
-                waits: None,
-                lifetime: None,
-            }));
-            restored += 1;
+            if insert_ended(&mut state, task, owner, now) {
+                restored += 1;
+            }
         }
         drop(state);
         store.forget(&forget)?;
@@ -214,7 +185,7 @@ impl TaskRegistry {
 
     /// The owner of restored records until the session's next instance
     /// appears: the one already restored for it, else a new one.
-    fn restored_owner(&self, session: &SessionId) -> Arc<Owner> {
+    pub(super) fn restored_owner(&self, session: &SessionId) -> Arc<Owner> {
         let state = self.shared.lock();
         let found = state
             .tasks
@@ -399,6 +370,45 @@ impl TaskRegistry {
         self.release_records(dropped);
         untold
     }
+}
+
+/// Inserts an ended record the store kept, owned by `owner` (a restored
+/// owner, until its session's next instance appears), with nothing to
+/// cancel and no output but what the record holds. False for a kind too
+/// long to keep (never issued by a registry).
+pub(super) fn insert_ended(state: &mut State, task: StoredTask, owner: Arc<Owner>, now: SystemTime) -> bool {
+    let Ok(kind_len) = u8::try_from(task.kind.len()) else { return false };
+    let seq = state.next_seq;
+    state.next_seq += 1;
+    state.tasks.insert(Box::new(Record {
+        seq,
+        id: task.id,
+        kind_len,
+        label: task.label.into_boxed_str(),
+        owner: Some(owner),
+        status: task.status,
+        ended: Some(Box::new(Ended {
+            finished_at: task.finished_at.unwrap_or(now),
+            detail: task.detail,
+            output: task.output,
+        })),
+        started_at: unix_nanos(task.started_at),
+        reporting: match task.reporting {
+            ReportState::Noticed => Reporting::Noticed,
+            ReportState::Reported => Reporting::Reported,
+            // A held end's reporters died with the old process.
+            _ => Reporting::Untold,
+        },
+        pending_reporters: 0,
+        producer_info: task.producer_info.map(String::into_boxed_str),
+        input: TaskInput::Unsupported,
+        control: Arc::new(NoProducer),
+        output_log: None,
+        watcher: None,
+        waits: None,
+        lifetime: None,
+    }));
+    true
 }
 
 /// Trees adopted side by side when there are many: each adoption waits on

@@ -34,7 +34,8 @@ const OWNER: &str = "owner:demo";
 
 /// A server as `serve` runs it on `config`, and the stable owner's agent on it.
 async fn server(config: &Config, started: Instant) -> anyhow::Result<Demo> {
-    let (host, plugins) = served_on_state(config, Path::new("."), LoadGate::open_now(), None).await?;
+    let served = served_on_state(config, Path::new("."), LoadGate::open_now(), None).await?;
+    let (host, plugins) = (served.host, served.plugins);
     for served in plugins {
         served.plugin.await.map_err(|err| anyhow::anyhow!("{err}")).context("loading the bash plugin")?;
     }

@@ -1,0 +1,75 @@
+//! Settling a gone node's live tasks: each record naming the node that is
+//! still running (or stopping) is settled `lost` (`killed`, for a stop
+//! that was requested) and handed to the node that settled it.
+//!
+//! Invariants:
+//! - Each record is settled by one compare-and-set: several nodes sweeping
+//!   the same gone node settle each record once between them, and a record
+//!   the node itself settled meanwhile is left as it is.
+//! - A settled record names its settler as its node, which keeps it and
+//!   tells its owner (a stable owner, at its next appearance there); a
+//!   plain owner's session died with the node, so its end counts as told.
+//! - The task is never run again anywhere.
+
+use taskhost_core::ids::TaskId;
+use taskhost_core::tasks::TaskStatus;
+use taskhost_core::tasks::store::{ReportState, StoreError, StoredTask};
+
+use super::bucket::{Bucket, failed};
+use super::record::{Record, nanos};
+use super::store::transition;
+
+/// Why a task of a node declared gone was settled.
+pub fn lost_detail(gone: &str, settler: &str, silent_ms: u64) -> String {
+    format!(
+        "its node {gone} was silent for over {} s (no heartbeat), so node {settler} settled it; its process tree on {gone} is killed when {gone} returns, and it was not run again",
+        silent_ms.div_ceil(1000)
+    )
+}
+
+/// Why a stopping task of a node declared gone was settled.
+pub fn killed_detail(gone: &str) -> String {
+    format!("its stop was requested, and its node {gone} went silent before it was carried out")
+}
+
+/// Settles every live record naming `gone` (see the module invariants) and
+/// returns the records this call settled, as they now stand.
+pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -> Result<Vec<StoredTask>, StoreError> {
+    let doing = "settling a gone node's tasks";
+    let mut live = Vec::new();
+    for key in bucket.keys_under("task.").await.map_err(|error| failed(doing, error))? {
+        let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else { continue };
+        let record = Record::parse(&key, &value)?;
+        if record.node == gone && matches!(record.status(), TaskStatus::Running | TaskStatus::Stopping) {
+            live.push(TaskId::new(record.id));
+        }
+    }
+    let now = std::time::SystemTime::now();
+    let (lost, killed) = (lost_detail(gone, settler, silent_ms), killed_detail(gone));
+    let mut settled = Vec::new();
+    for id in live {
+        // The record as the last change that was written left it.
+        let written = std::sync::Mutex::new(None);
+        let won = transition(bucket, &id, doing, gone, |record| {
+            let (status, detail) = match record.status() {
+                TaskStatus::Running => (TaskStatus::Lost, &lost),
+                TaskStatus::Stopping => (TaskStatus::Killed, &killed),
+                _ => return false,
+            };
+            record.status = status.as_str().to_string();
+            record.detail = Some(detail.clone());
+            record.finished_at_ns = Some(nanos(now));
+            record.node = settler.to_string();
+            record.reporting =
+                if record.owner_durable { ReportState::Untold } else { ReportState::Reported }.as_str().to_string();
+            *written.lock().unwrap_or_else(|e| e.into_inner()) = Some(record.to_task());
+            true
+        })
+        .await?;
+        if won {
+            tracing::warn!(task = %id, gone, settler, "a gone node's task is settled");
+            settled.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+    Ok(settled)
+}

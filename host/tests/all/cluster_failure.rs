@@ -1,0 +1,202 @@
+//! Nodes that fail alone, against a real 3-node NATS JetStream cluster and
+//! real `taskhost serve --cluster` nodes: a node SIGKILLed or SIGSTOPped
+//! past `node_timeout_ms` has its live tasks settled lost by a survivor,
+//! told once, and its process trees killed when it returns; it never
+//! reports them running again, and no command runs twice. Two live
+//! servers never share a node name.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+use crate::cluster::{id_of, serve_node_with};
+use crate::common::{self, Client, call, temp_dir, texts};
+use crate::nats::NatsCluster;
+
+/// A short timeout (the least is 1 s; this one leaves a loaded 2-core
+/// machine room for a beat): a node is declared gone about 2 s after its
+/// last beat.
+const QUICK: &str = "node_timeout_ms = 2000\n";
+
+/// The record of `id` once it is no longer live, watched on its key (the
+/// first value is the current one).
+async fn settled_record(js: &jetstream::Context, id: &str) -> Value {
+    let bucket = js.get_key_value("taskhost-t").await.unwrap();
+    let mut updates = bucket.watch_with_history(format!("task.{id}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(entry) = updates.next().await {
+            let record: Value = serde_json::from_slice(&entry.unwrap().value).unwrap();
+            if !matches!(record["status"].as_str(), Some("running" | "stopping")) {
+                return record;
+            }
+        }
+        panic!("the watch of {id} ended");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{id} was not settled within 60 s"))
+}
+
+/// The pid of the keeper of `id`'s durable tree, from its record.
+async fn keeper_pid(js: &jetstream::Context, id: &str) -> i32 {
+    let record = crate::cluster::record(js, id).await;
+    let tree: Value =
+        serde_json::from_str(record["tree"].as_str().unwrap_or_else(|| panic!("no tree: {record}"))).unwrap();
+    tree["record"]["keeper_pid"].as_i64().expect("a keeper pid") as i32
+}
+
+/// Waits until process `pid` has exited (its pidfd turns readable).
+async fn wait_gone(pid: i32, what: &str) {
+    let what = what.to_string();
+    tokio::task::spawn_blocking(move || {
+        // SAFETY: pidfd_open takes a pid and flags; the fd is closed below.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        if fd < 0 {
+            return; // gone already
+        }
+        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, 60_000) };
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        assert_eq!(ready, 1, "{what} (pid {pid}) still runs 60 s later");
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until the command wrote its marker line (it runs in the node's
+/// directory); the file system is the only signal a sandboxed command gives.
+async fn wait_for_marker(path: &Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n')) {
+        assert!(tokio::time::Instant::now() < deadline, "{} was never written", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A command that appends to `marker` once per run, then runs long.
+fn marked_command() -> Value {
+    json!({"command": "echo run >> marker; exec sleep 600", "run_in_background": true})
+}
+
+/// Calls `task_list` on `client` until `id` shows, gathering every text
+/// the calls returned (notices ride on results).
+async fn list_until(client: &Client, id: &str, seen: &mut Vec<String>) -> String {
+    for _ in 0..300 {
+        let listed = texts(&call(client.peer(), "task_list", json!({})).await);
+        let listing = listed.first().cloned().unwrap_or_default();
+        seen.extend(listed);
+        if listing.lines().any(|line| line.starts_with(&format!("{id} "))) {
+            return listing;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} never listed; saw {seen:?}");
+}
+
+/// SIGKILL of a taskhost node mid-task: a survivor declares it gone and
+/// settles its task lost (the record now the survivor's), the owner
+/// connected there is told once, the survivor's own task runs on, and the
+/// node restarted kills the tree it left: the command ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it_returns() {
+    let cluster = NatsCluster::start("gone").await;
+    let (a, a_child, a_dir) = serve_node_with(&cluster, "a", temp_dir("cluster-gone-a"), QUICK).await;
+    let (b, mut b_child, _) = serve_node_with(&cluster, "b", temp_dir("cluster-gone-b"), QUICK).await;
+    let on_a = id_of(&call(a.peer(), "bash", marked_command()).await);
+    let on_b = id_of(&call(b.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await);
+    wait_for_marker(&a_dir.join("marker")).await;
+    let js = jetstream::new(cluster.client().await);
+    let keeper = keeper_pid(&js, &on_a).await;
+
+    crate::durable::sigkill(a_child, a).await;
+    let settled = settled_record(&js, &on_a).await;
+    assert_eq!(settled["status"], "lost", "{settled}");
+    assert_eq!(settled["node"], "b", "the survivor keeps the record: {settled}");
+    assert!(settled["detail"].as_str().is_some_and(|d| d.contains("node a was silent")), "{settled}");
+
+    // Alice, connected to b, sees it lost there, told once.
+    let mut seen = Vec::new();
+    let listing = list_until(&b, &on_a, &mut seen).await;
+    assert!(listing.contains(&format!("{on_a} [bash] lost")), "{listing}");
+    assert!(listing.contains(&format!("{on_b} [bash] running")), "b's own task runs on: {listing}");
+    seen.extend(texts(&call(b.peer(), "task_list", json!({})).await));
+    let notices = seen.iter().filter(|text| text.starts_with(&format!("background task {on_a} "))).count();
+    assert_eq!(notices, 1, "one notice of {on_a}: {seen:?}");
+
+    // a returns: the tree it left is killed, never reported running.
+    let (a, mut a_child, a_dir) = serve_node_with(&cluster, "a", a_dir, QUICK).await;
+    wait_gone(keeper, "the keeper of a's fenced tree").await;
+    let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
+    assert!(!listed.contains("running"), "{listed}");
+    assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
+    let after = settled_record(&js, &on_a).await;
+    assert_eq!((after["status"].as_str(), after["node"].as_str()), (Some("lost"), Some("b")), "{after}");
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
+}
+
+/// A node paused (SIGSTOP) past the timeout, then resumed (SIGCONT): the
+/// others settled its task lost meanwhile; the resumed node never reports
+/// it running (it answers "retry" while it settles, then lists it lost),
+/// kills its tree, and serves again under the same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_never_reports_a_fenced_task_running() {
+    let cluster = NatsCluster::start("paused").await;
+    let (a, mut a_child, a_dir) = serve_node_with(&cluster, "a", temp_dir("cluster-paused-a"), QUICK).await;
+    let (_b, mut b_child, _) = serve_node_with(&cluster, "b", temp_dir("cluster-paused-b"), QUICK).await;
+    let on_a = id_of(&call(a.peer(), "bash", marked_command()).await);
+    wait_for_marker(&a_dir.join("marker")).await;
+    let js = jetstream::new(cluster.client().await);
+    let keeper = keeper_pid(&js, &on_a).await;
+
+    let pid = a_child.id().expect("a runs") as i32;
+    // SAFETY: signals to a process this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let settled = settled_record(&js, &on_a).await;
+    assert_eq!((settled["status"].as_str(), settled["node"].as_str()), (Some("lost"), Some("b")), "{settled}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+
+    let mut answers = Vec::new();
+    let listing = loop {
+        let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
+        answers.push(listed.clone());
+        assert!(!listed.contains("running"), "a resumed node reported a fenced task running: {answers:?}");
+        if !listed.contains("cluster unavailable, retry") {
+            break listed;
+        }
+        assert!(answers.len() < 300, "a never served again: {answers:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(listing.contains(&format!("{on_a} [bash] lost")), "{answers:?}");
+    wait_gone(keeper, "the keeper of the paused node's fenced tree").await;
+    assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
+    // It serves again: a new start runs on a.
+    let next = id_of(&call(a.peer(), "bash", json!({"command": "true", "run_in_background": true})).await);
+    assert_eq!(crate::cluster::record(&js, &next).await["node"], "a");
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
+}
+
+/// A second server with a live node's name is refused, naming the holder;
+/// the first one serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_is_served_by_one_process_at_a_time() {
+    let cluster = NatsCluster::start("twice").await;
+    let (a, mut a_child, _) = serve_node_with(&cluster, "a", temp_dir("cluster-twice-a"), QUICK).await;
+    let dir = temp_dir("cluster-twice-a2");
+    let mut command = common::serve_command(&dir, Some(&crate::cluster::node_config(&cluster, "a", QUICK)));
+    command.args(["--http", "127.0.0.1:0", "--cluster", &cluster.url_list()]);
+    let output =
+        tokio::time::timeout(Duration::from_secs(60), command.output()).await.expect("refused in time").unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("the node name \"a\" is in use"), "{stderr}");
+    let started = call(a.peer(), "bash", json!({"command": "true", "run_in_background": true})).await;
+    assert!(id_of(&started).starts_with("bash-"));
+    common::stop_with_sigterm(&mut a_child).await;
+}
