@@ -42,6 +42,16 @@ impl Bucket {
         Self { kv, js, name: name.to_string() }
     }
 
+    /// The bucket's name (`taskhost-<cluster>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The NATS client the bucket is read and written with.
+    pub fn client(&self) -> async_nats::Client {
+        self.js.client()
+    }
+
     /// The bucket's last sequence now, from the stream leader.
     pub async fn last_sequence(&self) -> Result<u64, String> {
         let stream = self.js.get_stream(format!("KV_{}", self.name)).await.map_err(|error| error.to_string())?;

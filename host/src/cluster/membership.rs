@@ -54,6 +54,8 @@ struct Lease {
 /// This node's membership. See the module invariants.
 pub struct Membership {
     pub(super) node: String,
+    /// The cluster's name (the `<name>` of `taskhost-<name>`).
+    pub(super) cluster: String,
     pub(super) timeout: Duration,
     labels: std::collections::BTreeMap<String, String>,
     pub(super) bucket: Bucket,
@@ -90,8 +92,10 @@ impl Membership {
         labels: std::collections::BTreeMap<String, String>,
     ) -> anyhow::Result<Arc<Self>> {
         let session = super::record::write_token();
+        let cluster = bucket.name().strip_prefix("taskhost-").unwrap_or(bucket.name()).to_string();
         let membership = Arc::new(Self {
             node: node.to_string(),
+            cluster,
             timeout,
             labels,
             bucket,
@@ -204,9 +208,12 @@ impl Membership {
     /// Hands the membership what it acts on once the host is built: the
     /// host whose registry it settles when fenced, and the durable trees'
     /// directory it kills trees in.
-    pub fn serve(&self, host: Host, trees_root: Option<PathBuf>) {
+    /// It also starts answering the calls other nodes forward to this one.
+    pub fn serve(self: &Arc<Self>, host: Host, trees_root: Option<PathBuf>) {
         let runtime = tokio::runtime::Handle::current();
-        let _ = self.serving.set(Serving { host, trees_root, runtime });
+        if self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok() {
+            self.answer_forwarded_calls(host, runtime);
+        }
     }
 
     /// Hands the host ended records another node's sweep settled for this

@@ -12,6 +12,7 @@
 //! - [`membership`]: this node's claim on its name, its heartbeat and lease,
 //!   and its rejoin after the others declared it gone.
 //! - [`watch`]: declaring a silent node gone; [`sweep`]: settling its tasks.
+//! - [`forward`]: control calls about another node's tasks, answered there.
 //!
 //! Invariants: `taskhost-core` knows nothing of NATS (the seam is
 //! [`TaskStore`]); the NATS secrets are read by the server only, never put
@@ -21,6 +22,7 @@
 pub mod bucket;
 pub mod config;
 pub mod connect;
+pub mod forward;
 pub mod ids;
 pub mod membership;
 pub mod record;

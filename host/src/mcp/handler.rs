@@ -163,6 +163,7 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
         let name = request.name.as_ref();
+        let mut forwarded_notices = Vec::new();
         let admitted = match self.confirm_membership().await {
             Err(refusal) => Err(refusal),
             Ok(()) => self.check_argument_size(name, request.arguments.as_ref()),
@@ -183,25 +184,36 @@ impl McpServer {
             }
             Ok(()) => {
                 let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
-                // The request's token is cancelled on notifications/cancelled,
-                // on a closed HTTP stream and when the connection ends.
-                let call = CallContext::for_agent(owner).with_cancel(context.ct.clone());
-                let progress = context.meta.get_progress_token().map(|token| (token, context.peer.clone()));
-                let interval = Duration::from_millis(self.settings().progress_interval_ms);
-                let started = Instant::now();
-                let outcome = with_progress(self.host().call_tool(name, args, &call), progress, interval, name).await;
-                match outcome {
-                    Ok(output) => {
-                        tracing::debug!(
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            is_error = output.is_error,
-                            "tool call answered"
-                        );
-                        (output.text, output.is_error, output.started)
-                    }
-                    Err(error) => {
-                        tracing::info!(%error, "tool call refused");
-                        (error.to_string(), true, None)
+                // On a cluster, a call about another node's task is answered there.
+                let forwarded = match self.membership() {
+                    Some(membership) => membership.route(owner, name, &args, self.host()).await,
+                    None => None,
+                };
+                if let Some(forwarded) = forwarded {
+                    forwarded_notices = forwarded.notices;
+                    (forwarded.output.text, forwarded.output.is_error, None)
+                } else {
+                    // The request's token is cancelled on notifications/cancelled,
+                    // on a closed HTTP stream and when the connection ends.
+                    let call = CallContext::for_agent(owner).with_cancel(context.ct.clone());
+                    let progress = context.meta.get_progress_token().map(|token| (token, context.peer.clone()));
+                    let interval = Duration::from_millis(self.settings().progress_interval_ms);
+                    let started = Instant::now();
+                    let outcome =
+                        with_progress(self.host().call_tool(name, args, &call), progress, interval, name).await;
+                    match outcome {
+                        Ok(output) => {
+                            tracing::debug!(
+                                elapsed_ms = started.elapsed().as_millis() as u64,
+                                is_error = output.is_error,
+                                "tool call answered"
+                            );
+                            (output.text, output.is_error, output.started)
+                        }
+                        Err(error) => {
+                            tracing::info!(%error, "tool call refused");
+                            (error.to_string(), true, None)
+                        }
                     }
                 }
             }
@@ -212,6 +224,7 @@ impl McpServer {
             tracing::debug!(count = notices.len(), "delivering notices with the result");
         }
         content.extend(notices.into_iter().map(|message| ContentBlock::text(message.text)));
+        content.extend(forwarded_notices.into_iter().map(ContentBlock::text));
         let mut result = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
         if let Some(id) = started {
             // The started task's id as data, so no client parses the text

@@ -96,6 +96,11 @@ impl McpServer {
         let _ = self.membership.set(membership);
     }
 
+    /// This node's cluster membership, on a cluster.
+    pub fn membership(&self) -> Option<&Arc<crate::cluster::membership::Membership>> {
+        self.membership.get()
+    }
+
     /// Ok when this server may answer a call now: always, off a cluster; on
     /// one, while the node holds its lease (renewed first when it lapsed, and
     /// its tasks settled first when the cluster declared it gone), so a node

@@ -114,7 +114,7 @@ async fn a_three_node_cluster_survives_the_loss_of_one_node() {
     panic!("reading k failed 40 times: {last}");
 }
 
-const ALICE: &str = "alice-secret-0123456789abcdef";
+pub(crate) const ALICE: &str = "alice-secret-0123456789abcdef";
 
 /// The configuration of taskhost node `node` on `cluster` (its URLs come
 /// from `--cluster`): alice's token, the cluster's user and password file.
@@ -150,10 +150,21 @@ pub(crate) async fn serve_node_with(
     dir: PathBuf,
     extra: &str,
 ) -> (Client, tokio::process::Child, PathBuf) {
-    let mut command = serve_command(&dir, Some(&node_config(cluster, node, extra)));
+    let (url, child) = serve_node_at(cluster, node, &dir, extra).await;
+    (common::connect_http(&url, ALICE).await, child, dir)
+}
+
+/// Starts node `node` in `dir` with `extra` keys in `[cluster]`; its MCP URL.
+pub(crate) async fn serve_node_at(
+    cluster: &NatsCluster,
+    node: &str,
+    dir: &std::path::Path,
+    extra: &str,
+) -> (String, tokio::process::Child) {
+    let mut command = serve_command(dir, Some(&node_config(cluster, node, extra)));
     command.args(["--http", "127.0.0.1:0", "--cluster", &cluster.url_list()]);
     let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
-    (common::connect_http(&url, ALICE).await, child, dir)
+    (url, child)
 }
 
 /// The task record `id` as the cluster's bucket holds it.

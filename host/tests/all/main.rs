@@ -7,6 +7,7 @@ mod cli_new;
 mod cli_plugin;
 mod cluster;
 mod cluster_failure;
+mod cluster_serving;
 mod cold_start;
 mod common;
 mod dashboard;

@@ -1,0 +1,330 @@
+//! Any node serves any owner: a control call about a task another node
+//! runs (`task_output`, `task_kill`, `task_wait`, `task_input`) is
+//! forwarded to that node over NATS request/reply and answered there as
+//! the same owner; `task_list` gathers the owner's listing from every live
+//! node. Each answer carries the completion notices that node holds unread
+//! for the owner, so an owner is told on whichever node it calls.
+//!
+//! Invariants:
+//! - Only a stable owner's calls are forwarded (an HTTP token, `serve
+//!   --owner`): its session is the same on every node, and the owner fence
+//!   is checked by the node that runs the task, as for a local call.
+//! - A forwarded call and its answer are each at most [`MAX_MESSAGE_BYTES`];
+//!   a node that does not answer within the call's own wait plus
+//!   [`ANSWER_WITHIN`] is reported with "cluster unavailable, retry".
+//! - The subjects (`taskhost.<cluster>.node.<node>.call`) are for taskhost
+//!   nodes only: NATS permissions must keep every other client off them
+//!   (docs/cluster.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use taskhost_core::agents::Agent;
+use taskhost_core::ids::TaskId;
+use taskhost_core::tasks::TaskError;
+use taskhost_core::tools::{CallContext, ToolOutput};
+
+use super::membership::Membership;
+use super::record::{Record, task_key};
+
+/// The largest forwarded call or answer (NATS's default payload limit).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// How long a node has to answer beyond the call's own wait.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+/// The longest wait a forwarded call may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// The control tools that name tasks by id.
+const BY_ID: [&str; 4] = ["task_output", "task_kill", "task_wait", "task_input"];
+
+#[derive(Serialize, Deserialize)]
+struct ForwardedCall {
+    session: String,
+    tool: String,
+    arguments: Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ForwardedAnswer {
+    text: String,
+    is_error: bool,
+    /// Completion notices the answering node held unread for the owner.
+    #[serde(default)]
+    notices: Vec<String>,
+}
+
+/// A forwarded call's answer, as the caller's node serves it.
+pub struct Forwarded {
+    pub output: ToolOutput,
+    pub notices: Vec<String>,
+}
+
+/// The subject node `node` answers forwarded calls on.
+fn call_subject(cluster: &str, node: &str) -> String {
+    format!("taskhost.{cluster}.node.{node}.call")
+}
+
+/// The ids a control call names.
+fn named_ids(tool: &str, arguments: &Value) -> Vec<String> {
+    match tool {
+        "task_wait" => arguments["task_ids"]
+            .as_array()
+            .map(|ids| ids.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default(),
+        _ => arguments["task_id"].as_str().map(str::to_string).into_iter().collect(),
+    }
+}
+
+impl Membership {
+    /// Answers `owner`'s call of `tool` elsewhere when it must be: a
+    /// control call whose tasks another node runs (forwarded there), or a
+    /// listing (this node's `local` listing joined by every other live
+    /// node's). `None`: serve it here as usual.
+    pub async fn route(
+        self: &Arc<Self>,
+        owner: &Agent,
+        tool: &str,
+        arguments: &Value,
+        host: &taskhost_core::Host,
+    ) -> Option<Forwarded> {
+        if !owner.is_durable() {
+            return None;
+        }
+        if tool == "task_list" {
+            return Some(self.list_everywhere(owner, host).await);
+        }
+        if !BY_ID.contains(&tool) {
+            return None;
+        }
+        let ids = named_ids(tool, arguments);
+        let unknown_here =
+            |id: &String| matches!(host.registry().get(&TaskId::new(id.clone()), None), Err(TaskError::UnknownTask(_)));
+        if ids.is_empty() || !ids.iter().all(unknown_here) {
+            return None;
+        }
+        let mut nodes = Vec::new();
+        for id in &ids {
+            match self.node_of(id).await {
+                Ok(Some(node)) if node != self.node => nodes.push(node),
+                // Unknown everywhere, or this node's: answered here.
+                Ok(_) => return None,
+                Err(error) => return Some(refusal(error)),
+            }
+        }
+        nodes.dedup();
+        if nodes.len() > 1 {
+            return Some(refusal(format!(
+                "the tasks {} run on different nodes ({}): wait for each node's tasks in a call of its own",
+                ids.join(", "),
+                nodes.join(", ")
+            )));
+        }
+        let wait = arguments["timeout_ms"].as_u64().map_or(Duration::ZERO, Duration::from_millis).min(MAX_WAIT);
+        Some(self.forward(&nodes[0], owner, tool, arguments.clone(), wait).await)
+    }
+
+    /// The node whose record names task `id`, if any.
+    async fn node_of(self: &Arc<Self>, id: &str) -> Result<Option<String>, String> {
+        let membership = self.clone();
+        let key = task_key(&TaskId::new(id.to_string()));
+        let read = self.on_client(async move { membership.bucket.read(&key).await }).await;
+        match read.map_err(|error| error.to_string()).and_then(|read| read) {
+            Ok(Some((value, _))) => Ok(Record::parse(id, &value).ok().map(|record| record.node)),
+            Ok(None) => Ok(None),
+            Err(error) => Err(format!("cluster unavailable, retry: reading the record of {id}: {error}")),
+        }
+    }
+
+    /// Forwards one call to `node` and waits for its answer.
+    async fn forward(
+        self: &Arc<Self>,
+        node: &str,
+        owner: &Agent,
+        tool: &str,
+        arguments: Value,
+        wait: Duration,
+    ) -> Forwarded {
+        let call = ForwardedCall { session: owner.session().as_str().to_string(), tool: tool.to_string(), arguments };
+        let payload = serde_json::to_vec(&call).expect("a call serializes");
+        if payload.len() > MAX_MESSAGE_BYTES {
+            return refusal(format!(
+                "the call is too large to forward to node {node} (over {MAX_MESSAGE_BYTES} bytes)"
+            ));
+        }
+        let subject = call_subject(&self.cluster, node);
+        let client = self.bucket.client();
+        let within = wait + ANSWER_WITHIN;
+        let span = tracing::debug_span!("forwarded call", node = %self.node, to = node, tool, owner = %owner.session());
+        let asked = self
+            .on_client(tracing::Instrument::instrument(
+                async move {
+                    let request = async_nats::Request::new().payload(payload.into()).timeout(Some(within));
+                    client.send_request(subject, request).await
+                },
+                span,
+            ))
+            .await;
+        let message = match asked {
+            Ok(Ok(message)) => message,
+            Ok(Err(error)) => {
+                return refusal(format!(
+                    "cluster unavailable, retry: node {node}, which runs the task, did not answer ({error})"
+                ));
+            }
+            Err(error) => return refusal(format!("cluster unavailable, retry: {error}")),
+        };
+        match serde_json::from_slice::<ForwardedAnswer>(&message.payload) {
+            Ok(answer) => Forwarded { output: tool_output(answer.text, answer.is_error), notices: answer.notices },
+            Err(error) => refusal(format!("node {node} answered with something unreadable ({error})")),
+        }
+    }
+
+    /// This node's listing for `owner`, then every other live node's.
+    async fn list_everywhere(self: &Arc<Self>, owner: &Agent, host: &taskhost_core::Host) -> Forwarded {
+        let local =
+            host.call_tool("task_list", Value::Object(Default::default()), &CallContext::for_agent(owner)).await;
+        let local = match local {
+            Ok(output) => output,
+            Err(error) => return refusal(error.to_string()),
+        };
+        let membership = self.clone();
+        let others: Vec<String> =
+            match self.on_client(async move { super::roster::read(&membership.bucket).await }).await {
+                Ok(Ok(roster)) => roster
+                    .nodes
+                    .into_iter()
+                    .filter(|(name, entry)| name != &self.node && entry.fenced_by.is_none())
+                    .map(|(name, _)| name)
+                    .collect(),
+                _ => return refusal("cluster unavailable, retry: the roster could not be read".into()),
+            };
+        let empty = "(no background tasks)";
+        let mut lines: Vec<String> = local.text.lines().filter(|line| *line != empty).map(str::to_string).collect();
+        let mut notices = Vec::new();
+        let asked = others
+            .iter()
+            .map(|node| self.forward(node, owner, "task_list", Value::Object(Default::default()), Duration::ZERO));
+        for (node, answer) in others.iter().zip(futures::future::join_all(asked).await) {
+            if answer.output.is_error {
+                lines.push(format!("(node {node} did not list its tasks: {})", answer.output.text));
+            } else {
+                lines.extend(answer.output.text.lines().filter(|line| *line != empty).map(str::to_string));
+            }
+            notices.extend(answer.notices);
+        }
+        if lines.is_empty() {
+            lines.push(empty.to_string());
+        }
+        Forwarded { output: ToolOutput::ok(lines.join("\n")), notices }
+    }
+
+    /// Answers the calls other nodes forward to this one, on the host's
+    /// runtime, until the client closes.
+    pub(super) fn answer_forwarded_calls(self: &Arc<Self>, host: taskhost_core::Host, runtime: tokio::runtime::Handle) {
+        let membership = self.clone();
+        let client = self.bucket.client();
+        let subject = call_subject(&self.cluster, &self.node);
+        self.client.spawn(async move {
+            let mut calls = match client.subscribe(subject.clone()).await {
+                Ok(calls) => calls,
+                Err(error) => {
+                    tracing::error!(node = %membership.node, %error, "cannot answer forwarded calls");
+                    return;
+                }
+            };
+            let owners = Arc::new(RemoteOwners::default());
+            while let Some(message) = calls.next().await {
+                let Some(reply) = message.reply.clone() else { continue };
+                let (host, client, owners) = (host.clone(), client.clone(), owners.clone());
+                runtime.spawn(async move {
+                    let answer = answer_call(&host, &owners, &message.payload).await;
+                    let mut bytes = serde_json::to_vec(&answer).expect("an answer serializes");
+                    if bytes.len() > MAX_MESSAGE_BYTES {
+                        let too_large = ForwardedAnswer {
+                            text: format!("the answer is too large to forward (over {MAX_MESSAGE_BYTES} bytes): ask for less (a view with fewer lines)"),
+                            is_error: true,
+                            notices: answer.notices,
+                        };
+                        bytes = serde_json::to_vec(&too_large).expect("an answer serializes");
+                    }
+                    if let Err(error) = client.publish(reply, bytes.into()).await {
+                        tracing::warn!(%error, "a forwarded call's answer could not be sent");
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// The agents this node made for owners whose calls arrive forwarded (one
+/// per session, kept for the server's life, like a token's).
+#[derive(Default)]
+struct RemoteOwners(std::sync::Mutex<std::collections::HashMap<String, Agent>>);
+
+impl RemoteOwners {
+    /// The owner `session` here: its live stable agent (a token's, an
+    /// `--owner` connection's), else one made for forwarded calls.
+    fn agent(&self, host: &taskhost_core::Host, session: &str) -> Result<(Agent, bool), String> {
+        let live = host.agents().list().into_iter().find(|a| a.is_durable() && a.session().as_str() == session);
+        if let Some(agent) = live {
+            return Ok((agent, false));
+        }
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(agent) = made.get(session).filter(|agent| agent.is_live()) {
+            return Ok((agent.clone(), true));
+        }
+        let agent = host
+            .create_durable_agent(format!("cluster:{session}").as_str(), session)
+            .map_err(|error| format!("the owner {session} cannot be served here: {error}"))?;
+        made.insert(session.to_string(), agent.clone());
+        Ok((agent, true))
+    }
+}
+
+async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, payload: &[u8]) -> ForwardedAnswer {
+    let call: ForwardedCall = match serde_json::from_slice(payload) {
+        Ok(call) => call,
+        Err(error) => {
+            return ForwardedAnswer {
+                text: format!("an unreadable forwarded call: {error}"),
+                is_error: true,
+                notices: Vec::new(),
+            };
+        }
+    };
+    if call.tool != "task_list" && !BY_ID.contains(&call.tool.as_str()) {
+        return ForwardedAnswer {
+            text: format!("{} is not a call another node forwards", call.tool),
+            is_error: true,
+            notices: Vec::new(),
+        };
+    }
+    let (agent, _made) = match owners.agent(host, &call.session) {
+        Ok(agent) => agent,
+        Err(text) => return ForwardedAnswer { text, is_error: true, notices: Vec::new() },
+    };
+    let span = tracing::info_span!("forwarded call", owner = %call.session, tool = %call.tool);
+    let output = tracing::Instrument::instrument(
+        host.call_tool(&call.tool, call.arguments, &CallContext::for_agent(&agent)),
+        span,
+    )
+    .await;
+    let notices = agent.take_unread().into_iter().map(|message| message.text).collect();
+    match output {
+        Ok(output) => ForwardedAnswer { text: output.text, is_error: output.is_error, notices },
+        Err(error) => ForwardedAnswer { text: error.to_string(), is_error: true, notices },
+    }
+}
+
+fn refusal(text: String) -> Forwarded {
+    Forwarded { output: tool_output(text, true), notices: Vec::new() }
+}
+
+fn tool_output(text: String, is_error: bool) -> ToolOutput {
+    let mut output = ToolOutput::ok(text);
+    output.is_error = is_error;
+    output
+}
