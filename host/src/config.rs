@@ -438,6 +438,13 @@ impl Config {
         self.state.validate().map_err(anyhow::Error::msg)?;
         if let Some(cluster) = &self.cluster {
             cluster.validate().map_err(anyhow::Error::msg)?;
+            // A consuming read answered through another node travels in one
+            // NATS message (1 MiB), JSON-escaped (at most 6 bytes a byte).
+            let most = crate::cluster::forward::MAX_FORWARDED_READ_BYTES;
+            anyhow::ensure!(
+                self.tasks.output_read_bytes <= most,
+                "[tasks] output_read_bytes must be at most {most} with [cluster] (a read of another node's task travels in one NATS message)"
+            );
         }
         let mut seen = std::collections::HashSet::new();
         for producer in &self.producers {

@@ -32,8 +32,18 @@ use super::record::{Record, task_key};
 
 /// The largest forwarded call or answer (NATS's default payload limit).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// The most a consuming read may take at once on a cluster (`[tasks]
+/// output_read_bytes`): its answer, JSON-escaped (at most 6 bytes a byte),
+/// fits in one message with room for the notices.
+pub const MAX_FORWARDED_READ_BYTES: usize = 128 * 1024;
 /// How long a node has to answer beyond the call's own wait.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+/// How long one try of a forwarded call waits beyond the call's own wait.
+const TRY_WITHIN: Duration = Duration::from_secs(2);
+/// The pause before a forwarded call is asked again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
+/// The answers a node keeps for calls asked again.
+const KEPT_ANSWERS: usize = 1_024;
 /// The longest wait a forwarded call may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
@@ -42,12 +52,16 @@ const BY_ID: [&str; 4] = ["task_output", "task_kill", "task_wait", "task_input"]
 
 #[derive(Serialize, Deserialize)]
 struct ForwardedCall {
+    /// The call's token: a call asked again (its answer was lost with a
+    /// NATS node) gets the first answer, never a second run.
+    #[serde(default)]
+    request: String,
     session: String,
     tool: String,
     arguments: Value,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct ForwardedAnswer {
     text: String,
     is_error: bool,
@@ -147,8 +161,13 @@ impl Membership {
         arguments: Value,
         wait: Duration,
     ) -> Forwarded {
-        let call = ForwardedCall { session: owner.session().as_str().to_string(), tool: tool.to_string(), arguments };
-        let payload = serde_json::to_vec(&call).expect("a call serializes");
+        let call = ForwardedCall {
+            request: super::record::write_token(),
+            session: owner.session().as_str().to_string(),
+            tool: tool.to_string(),
+            arguments,
+        };
+        let payload: bytes::Bytes = serde_json::to_vec(&call).expect("a call serializes").into();
         if payload.len() > MAX_MESSAGE_BYTES {
             return refusal(format!(
                 "the call is too large to forward to node {node} (over {MAX_MESSAGE_BYTES} bytes)"
@@ -158,11 +177,29 @@ impl Membership {
         let client = self.bucket.client();
         let within = wait + ANSWER_WITHIN;
         let span = tracing::debug_span!("forwarded call", node = %self.node, to = node, tool, owner = %owner.session());
+        // Asked again with the same token while NATS recovers (a node of it
+        // died, a reconnection): the answering node runs the call once.
         let asked = self
             .on_client(tracing::Instrument::instrument(
                 async move {
-                    let request = async_nats::Request::new().payload(payload.into()).timeout(Some(within));
-                    client.send_request(subject, request).await
+                    let deadline = tokio::time::Instant::now() + within + super::bucket::RETRY_WITHIN;
+                    loop {
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        // Short tries: a try whose request or answer was lost
+                        // with a NATS node is asked again soon (the token makes
+                        // that safe), not after the whole allowance.
+                        let request = async_nats::Request::new()
+                            .payload(payload.clone())
+                            .timeout(Some(left.min(wait + TRY_WITHIN)));
+                        match client.send_request(subject.clone(), request).await {
+                            Ok(message) => return Ok(message),
+                            Err(error) if left > ASK_AGAIN_AFTER => {
+                                tracing::debug!(%error, "a forwarded call is asked again");
+                                tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                            }
+                            Err(error) => return Err(error),
+                        }
+                    }
                 },
                 span,
             ))
@@ -236,11 +273,22 @@ impl Membership {
                 }
             };
             let owners = Arc::new(RemoteOwners::default());
+            let answers = Arc::new(Answers::default());
             while let Some(message) = calls.next().await {
                 let Some(reply) = message.reply.clone() else { continue };
-                let (host, client, owners) = (host.clone(), client.clone(), owners.clone());
+                let (host, client, owners, answers) = (host.clone(), client.clone(), owners.clone(), answers.clone());
                 runtime.spawn(async move {
-                    let answer = answer_call(&host, &owners, &message.payload).await;
+                    let answer = match serde_json::from_slice::<ForwardedCall>(&message.payload) {
+                        Err(error) => ForwardedAnswer {
+                            text: format!("an unreadable forwarded call: {error}"),
+                            is_error: true,
+                            notices: Vec::new(),
+                        },
+                        Ok(call) => {
+                            let once = answers.slot(&call.request);
+                            once.get_or_init(|| answer_call(&host, &owners, call)).await.clone()
+                        }
+                    };
                     let mut bytes = serde_json::to_vec(&answer).expect("an answer serializes");
                     if bytes.len() > MAX_MESSAGE_BYTES {
                         let too_large = ForwardedAnswer {
@@ -256,6 +304,36 @@ impl Membership {
                 });
             }
         });
+    }
+}
+
+/// The answers to the latest [`KEPT_ANSWERS`] forwarded calls, by token: a
+/// call asked again waits for, or gets, the first one's answer.
+#[derive(Default)]
+struct Answers(
+    std::sync::Mutex<(
+        std::collections::HashMap<String, Arc<tokio::sync::OnceCell<ForwardedAnswer>>>,
+        std::collections::VecDeque<String>,
+    )>,
+);
+
+impl Answers {
+    fn slot(&self, request: &str) -> Arc<tokio::sync::OnceCell<ForwardedAnswer>> {
+        if request.is_empty() {
+            return Arc::default();
+        }
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (slots, order) = &mut *kept;
+        if let Some(slot) = slots.get(request) {
+            return slot.clone();
+        }
+        if order.len() >= KEPT_ANSWERS
+            && let Some(oldest) = order.pop_front()
+        {
+            slots.remove(&oldest);
+        }
+        order.push_back(request.to_string());
+        slots.entry(request.to_string()).or_default().clone()
     }
 }
 
@@ -284,17 +362,7 @@ impl RemoteOwners {
     }
 }
 
-async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, payload: &[u8]) -> ForwardedAnswer {
-    let call: ForwardedCall = match serde_json::from_slice(payload) {
-        Ok(call) => call,
-        Err(error) => {
-            return ForwardedAnswer {
-                text: format!("an unreadable forwarded call: {error}"),
-                is_error: true,
-                notices: Vec::new(),
-            };
-        }
-    };
+async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: ForwardedCall) -> ForwardedAnswer {
     if call.tool != "task_list" && !BY_ID.contains(&call.tool.as_str()) {
         return ForwardedAnswer {
             text: format!("{} is not a call another node forwards", call.tool),

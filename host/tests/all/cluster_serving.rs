@@ -75,3 +75,108 @@ async fn a_task_on_one_node_is_served_from_the_others() {
         common::stop_with_sigterm(child).await;
     }
 }
+
+/// The NATS node a taskhost node joined first, from its log line
+/// `joined the cluster ... server=<name>`.
+fn joined_server(dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    let line = log.lines().find(|line| line.contains("joined the cluster")).expect("a joined line");
+    line.split_whitespace().find_map(|word| word.strip_prefix("server=")).expect("the server's name").to_string()
+}
+
+/// SIGKILL of the NATS node the reading node is connected to, while an
+/// owner reads a stream of another node's task through it: every line
+/// arrives once, in order (a read asked again while NATS recovers is
+/// answered from the first run, never consumed twice). The command prints
+/// 1 000 lines a second, so what piles up while NATS recovers stays within
+/// one read (a consuming read returns the latest `output_read_bytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_read_loses_and_repeats_no_line_when_a_nats_node_dies() {
+    const LINES: u64 = 10_000;
+    let mut cluster = NatsCluster::start("stream").await;
+    let a_dir = temp_dir("cluster-stream-a");
+    let b_dir = temp_dir("cluster-stream-b");
+    let (a_url, mut a_child) = serve_node_at(&cluster, "a", &a_dir, "").await;
+    let (b_url, mut b_child) = serve_node_at(&cluster, "b", &b_dir, "").await;
+    let a = common::connect_http(&a_url, ALICE).await;
+    let b = common::connect_http(&b_url, ALICE).await;
+    let id = id_of(
+        &call(
+            a.peer(),
+            "bash",
+            json!({
+                "command": format!("for i in $(seq 1 100 {LINES}); do seq $i $((i + 99)); sleep 0.1; done"),
+                "run_in_background": true
+            }),
+        )
+        .await,
+    );
+
+    let victim = cluster.index_of(&joined_server(&b_dir));
+    let mut next = 1u64;
+    let mut reads = 0;
+    let mut killed = false;
+    loop {
+        let read = texts(&call(b.peer(), "task_output", json!({"task_id": id})).await).remove(0);
+        if read.starts_with("cluster unavailable, retry") {
+            // Nothing was consumed: ask again.
+            continue;
+        }
+        let (body, status) = read.rsplit_once('\n').unwrap_or(("", &read));
+        if body != "(no new output)" {
+            for line in body.lines() {
+                assert_eq!(line, next.to_string(), "after {reads} reads");
+                next += 1;
+            }
+        }
+        reads += 1;
+        if reads == 20 && !killed {
+            cluster.kill(victim);
+            killed = true;
+        }
+        if status.starts_with("[status: completed") {
+            break;
+        }
+        assert!(status == "[status: running]", "{status}");
+    }
+    assert!(killed, "the stream ended before the NATS node was killed ({reads} reads)");
+    assert_eq!(next, LINES + 1, "every line once");
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
+}
+
+/// A forwarded call asked again with the same token (its answer was lost
+/// with a NATS node) gets the first answer: a consuming read is not
+/// consumed twice. Sent here as raw NATS requests to node a's subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_call_asked_again_is_answered_from_its_first_run() {
+    let cluster = NatsCluster::start("again").await;
+    let (a_url, mut a_child) = serve_node_at(&cluster, "a", &temp_dir("cluster-again-a"), "").await;
+    let a = common::connect_http(&a_url, ALICE).await;
+    let id =
+        id_of(&call(a.peer(), "bash", json!({"command": "echo once; sleep 600", "run_in_background": true})).await);
+    // The line is there before the reads (a view consumes nothing).
+    for _ in 0..300 {
+        let view = texts(&call(a.peer(), "task_output", json!({"task_id": id, "view": "all"})).await).remove(0);
+        if view.contains("once") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let nats = cluster.client().await;
+    let ask = |token: &str| {
+        let call =
+            json!({"request": token, "session": "http:alice", "tool": "task_output", "arguments": {"task_id": id}});
+        let nats = nats.clone();
+        async move {
+            let answer =
+                nats.request("taskhost.t.node.a.call", serde_json::to_vec(&call).unwrap().into()).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&answer.payload).unwrap()["text"].as_str().unwrap().to_string()
+        }
+    };
+    let first = ask("token-1").await;
+    assert_eq!(first, "once\n[status: running]");
+    assert_eq!(ask("token-1").await, first, "asked again: the same answer");
+    assert_eq!(ask("token-2").await, "(no new output)\n[status: running]", "a new call reads on");
+    common::stop_with_sigterm(&mut a_child).await;
+}
