@@ -309,21 +309,26 @@ impl Membership {
 
 /// The answers to the latest [`KEPT_ANSWERS`] forwarded calls, by token: a
 /// call asked again waits for, or gets, the first one's answer.
+/// One kept answer, filled by the call's first run.
+type AnswerSlot = Arc<tokio::sync::OnceCell<ForwardedAnswer>>;
+
 #[derive(Default)]
-struct Answers(
-    std::sync::Mutex<(
-        std::collections::HashMap<String, Arc<tokio::sync::OnceCell<ForwardedAnswer>>>,
-        std::collections::VecDeque<String>,
-    )>,
-);
+struct Answers(std::sync::Mutex<KeptAnswers>);
+
+/// The slots by token, and the tokens oldest first.
+#[derive(Default)]
+struct KeptAnswers {
+    slots: std::collections::HashMap<String, AnswerSlot>,
+    order: std::collections::VecDeque<String>,
+}
 
 impl Answers {
-    fn slot(&self, request: &str) -> Arc<tokio::sync::OnceCell<ForwardedAnswer>> {
+    fn slot(&self, request: &str) -> AnswerSlot {
         if request.is_empty() {
             return Arc::default();
         }
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (slots, order) = &mut *kept;
+        let KeptAnswers { slots, order } = &mut *kept;
         if let Some(slot) = slots.get(request) {
             return slot.clone();
         }
