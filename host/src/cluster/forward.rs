@@ -27,6 +27,7 @@ use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskError;
 use taskhost_core::tools::{CallContext, ToolOutput};
 
+use super::bucket::RETRY_WITHIN;
 use super::membership::Membership;
 use super::record::{Record, task_key};
 
@@ -38,6 +39,10 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 pub const MAX_FORWARDED_READ_BYTES: usize = 128 * 1024;
 /// How long a node has to answer beyond the call's own wait.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+/// How long a node has to list its tasks for another's `task_list` (a node
+/// that died and is not declared gone yet is left out of the listing, with
+/// a line saying so, rather than holding it).
+const LIST_WITHIN: Duration = Duration::from_secs(3);
 /// How long one try of a forwarded call waits beyond the call's own wait.
 const TRY_WITHIN: Duration = Duration::from_secs(2);
 /// The pause before a forwarded call is asked again.
@@ -137,7 +142,7 @@ impl Membership {
             )));
         }
         let wait = arguments["timeout_ms"].as_u64().map_or(Duration::ZERO, Duration::from_millis).min(MAX_WAIT);
-        Some(self.forward(&nodes[0], owner, tool, arguments.clone(), wait).await)
+        Some(self.forward(&nodes[0], owner, tool, arguments.clone(), wait, wait + ANSWER_WITHIN + RETRY_WITHIN).await)
     }
 
     /// The node whose record names task `id`, if any.
@@ -152,7 +157,8 @@ impl Membership {
         }
     }
 
-    /// Forwards one call to `node` and waits for its answer.
+    /// Forwards one call to `node` (which may wait `wait` itself) and waits
+    /// for its answer at most `within`, asking again meanwhile.
     async fn forward(
         self: &Arc<Self>,
         node: &str,
@@ -160,6 +166,7 @@ impl Membership {
         tool: &str,
         arguments: Value,
         wait: Duration,
+        within: Duration,
     ) -> Forwarded {
         let call = ForwardedCall {
             request: super::record::write_token(),
@@ -175,14 +182,14 @@ impl Membership {
         }
         let subject = call_subject(&self.cluster, node);
         let client = self.bucket.client();
-        let within = wait + ANSWER_WITHIN;
+
         let span = tracing::debug_span!("forwarded call", node = %self.node, to = node, tool, owner = %owner.session());
         // Asked again with the same token while NATS recovers (a node of it
         // died, a reconnection): the answering node runs the call once.
         let asked = self
             .on_client(tracing::Instrument::instrument(
                 async move {
-                    let deadline = tokio::time::Instant::now() + within + super::bucket::RETRY_WITHIN;
+                    let deadline = tokio::time::Instant::now() + within;
                     loop {
                         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                         // Short tries: a try whose request or answer was lost
@@ -241,9 +248,9 @@ impl Membership {
         let empty = "(no background tasks)";
         let mut lines: Vec<String> = local.text.lines().filter(|line| *line != empty).map(str::to_string).collect();
         let mut notices = Vec::new();
-        let asked = others
-            .iter()
-            .map(|node| self.forward(node, owner, "task_list", Value::Object(Default::default()), Duration::ZERO));
+        let asked = others.iter().map(|node| {
+            self.forward(node, owner, "task_list", Value::Object(Default::default()), Duration::ZERO, LIST_WITHIN)
+        });
         for (node, answer) in others.iter().zip(futures::future::join_all(asked).await) {
             if answer.output.is_error {
                 lines.push(format!("(node {node} did not list its tasks: {})", answer.output.text));

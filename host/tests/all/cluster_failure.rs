@@ -77,6 +77,11 @@ async fn wait_for_marker(path: &Path) {
     }
 }
 
+/// Whether a listing (or any answer) shows task `id` running.
+fn reports_running(text: &str, id: &str) -> bool {
+    text.lines().any(|line| line.starts_with(&format!("{id} ")) && line.contains("running"))
+}
+
 /// A command that appends to `marker` once per run, then runs long.
 fn marked_command() -> Value {
     json!({"command": "echo run >> marker; exec sleep 600", "run_in_background": true})
@@ -131,7 +136,8 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     let (a, mut a_child, a_dir) = serve_node_with(&cluster, "a", a_dir, QUICK).await;
     wait_gone(keeper, "the keeper of a's fenced tree").await;
     let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
-    assert!(!listed.contains("running"), "{listed}");
+    assert!(!reports_running(&listed, &on_a), "{listed}");
+    assert!(listed.contains(&format!("{on_a} [bash] lost")), "listed from a, kept by b: {listed}");
     assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
     let after = settled_record(&js, &on_a).await;
     assert_eq!((after["status"].as_str(), after["node"].as_str()), (Some("lost"), Some("b")), "{after}");
@@ -165,7 +171,7 @@ async fn a_paused_node_never_reports_a_fenced_task_running() {
     let listing = loop {
         let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
         answers.push(listed.clone());
-        assert!(!listed.contains("running"), "a resumed node reported a fenced task running: {answers:?}");
+        assert!(!reports_running(&listed, &on_a), "a resumed node reported a fenced task running: {answers:?}");
         if !listed.contains("cluster unavailable, retry") {
             break listed;
         }
