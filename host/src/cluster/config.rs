@@ -86,8 +86,8 @@ pub enum Placement {
     /// The node that took the call runs it.
     #[default]
     Local,
-    /// The node with the fewest live tasks that has the producer (not yet
-    /// served: refused at load, docs/cluster.md).
+    /// A stable owner's background start runs on the live node with the
+    /// fewest live tasks that serves the tool (ties taken in turn).
     Spread,
 }
 
@@ -230,9 +230,6 @@ impl ClusterSettings {
                 NODE_TIMEOUT_MS_RANGE.end()
             ));
         }
-        if self.placement == Placement::Spread {
-            return Err("[cluster] placement = \"spread\" is not served yet (docs/cluster.md): use \"local\"".into());
-        }
         Ok(())
     }
 }
@@ -277,7 +274,12 @@ mod tests {
                 .contains("one way")
         );
         assert!(error_of("nats = [\"nats://a:1\"]\nnode_timeout_ms = 5\n").contains("[cluster] node_timeout_ms = 5"));
-        assert!(error_of("nats = [\"nats://a:1\"]\nplacement = \"spread\"\n").contains("spread"));
+        let placement = toml::from_str::<ClusterSettings>("nats = [\"nats://a:1\"]\nplacement = \"everywhere\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(placement.contains("unknown variant `everywhere`"), "{placement}");
+        let spread: ClusterSettings = toml::from_str("nats = [\"nats://a:1\"]\nplacement = \"spread\"\n").unwrap();
+        assert!(spread.validate().is_ok());
         assert!(error_of("nats = [\"nats://a:1\"]\n[tls]\ncert_file = \"c\"\n").contains("key_file"));
         let unknown = toml::from_str::<ClusterSettings>("nats = []\nnodes = 1\n").unwrap_err().to_string();
         assert!(unknown.contains("unknown field `nodes`"), "{unknown}");

@@ -28,6 +28,7 @@ use taskhost_core::tasks::TaskError;
 use taskhost_core::tools::{CallContext, ToolOutput};
 
 use super::bucket::RETRY_WITHIN;
+use super::config::Placement;
 use super::membership::Membership;
 use super::record::{Record, task_key};
 
@@ -66,6 +67,12 @@ struct ForwardedCall {
     arguments: Value,
 }
 
+impl ForwardedAnswer {
+    fn error(text: String) -> Self {
+        Self { text, is_error: true, notices: Vec::new(), started: None }
+    }
+}
+
 #[derive(Clone, Serialize, Deserialize)]
 struct ForwardedAnswer {
     text: String,
@@ -73,6 +80,9 @@ struct ForwardedAnswer {
     /// Completion notices the answering node held unread for the owner.
     #[serde(default)]
     notices: Vec<String>,
+    /// The task a forwarded start registered.
+    #[serde(default)]
+    started: Option<String>,
 }
 
 /// A forwarded call's answer, as the caller's node serves it.
@@ -84,6 +94,11 @@ pub struct Forwarded {
 /// The subject node `node` answers forwarded calls on.
 fn call_subject(cluster: &str, node: &str) -> String {
     format!("taskhost.{cluster}.node.{node}.call")
+}
+
+/// A producer tool's background start (what `spread` places).
+fn is_background_start(tool: &str, arguments: &Value) -> bool {
+    !taskhost_core::tools::RESERVED_TOOL_NAMES.contains(&tool) && arguments["run_in_background"] == Value::Bool(true)
 }
 
 /// The ids a control call names.
@@ -114,6 +129,16 @@ impl Membership {
         }
         if tool == "task_list" {
             return Some(self.list_everywhere(owner, host).await);
+        }
+        if self.placement == Placement::Spread && is_background_start(tool, arguments) {
+            let node = self.place(tool).await;
+            if node == self.node {
+                return None;
+            }
+            // At most once: a start asked again is answered from its first run.
+            return Some(
+                self.forward(&node, owner, tool, arguments.clone(), Duration::ZERO, ANSWER_WITHIN + RETRY_WITHIN).await,
+            );
         }
         if !BY_ID.contains(&tool) {
             return None;
@@ -221,7 +246,11 @@ impl Membership {
             Err(error) => return refusal(format!("cluster unavailable, retry: {error}")),
         };
         match serde_json::from_slice::<ForwardedAnswer>(&message.payload) {
-            Ok(answer) => Forwarded { output: tool_output(answer.text, answer.is_error), notices: answer.notices },
+            Ok(answer) => {
+                let mut output = tool_output(answer.text, answer.is_error);
+                output.started = answer.started.map(TaskId::new);
+                Forwarded { output, notices: answer.notices }
+            }
             Err(error) => refusal(format!("node {node} answered with something unreadable ({error})")),
         }
     }
@@ -286,11 +315,7 @@ impl Membership {
                 let (host, client, owners, answers) = (host.clone(), client.clone(), owners.clone(), answers.clone());
                 runtime.spawn(async move {
                     let answer = match serde_json::from_slice::<ForwardedCall>(&message.payload) {
-                        Err(error) => ForwardedAnswer {
-                            text: format!("an unreadable forwarded call: {error}"),
-                            is_error: true,
-                            notices: Vec::new(),
-                        },
+                        Err(error) => ForwardedAnswer::error(format!("an unreadable forwarded call: {error}")),
                         Ok(call) => {
                             let once = answers.slot(&call.request);
                             once.get_or_init(|| answer_call(&host, &owners, call)).await.clone()
@@ -299,9 +324,11 @@ impl Membership {
                     let mut bytes = serde_json::to_vec(&answer).expect("an answer serializes");
                     if bytes.len() > MAX_MESSAGE_BYTES {
                         let too_large = ForwardedAnswer {
-                            text: format!("the answer is too large to forward (over {MAX_MESSAGE_BYTES} bytes): ask for less (a view with fewer lines)"),
-                            is_error: true,
                             notices: answer.notices,
+                            started: answer.started,
+                            ..ForwardedAnswer::error(format!(
+                                "the answer is too large to forward (over {MAX_MESSAGE_BYTES} bytes): ask for less (a view with fewer lines)"
+                            ))
                         };
                         bytes = serde_json::to_vec(&too_large).expect("an answer serializes");
                     }
@@ -375,16 +402,13 @@ impl RemoteOwners {
 }
 
 async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: ForwardedCall) -> ForwardedAnswer {
-    if call.tool != "task_list" && !BY_ID.contains(&call.tool.as_str()) {
-        return ForwardedAnswer {
-            text: format!("{} is not a call another node forwards", call.tool),
-            is_error: true,
-            notices: Vec::new(),
-        };
+    let answered = call.tool == "task_list" || BY_ID.contains(&call.tool.as_str());
+    if !answered && !is_background_start(&call.tool, &call.arguments) {
+        return ForwardedAnswer::error(format!("{} is not a call another node forwards", call.tool));
     }
-    let (agent, _made) = match owners.agent(host, &call.session) {
-        Ok(agent) => agent,
-        Err(text) => return ForwardedAnswer { text, is_error: true, notices: Vec::new() },
+    let agent = match owners.agent(host, &call.session) {
+        Ok((agent, _)) => agent,
+        Err(text) => return ForwardedAnswer::error(text),
     };
     let span = tracing::info_span!("forwarded call", owner = %call.session, tool = %call.tool);
     let output = tracing::Instrument::instrument(
@@ -394,8 +418,13 @@ async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: Fo
     .await;
     let notices = agent.take_unread().into_iter().map(|message| message.text).collect();
     match output {
-        Ok(output) => ForwardedAnswer { text: output.text, is_error: output.is_error, notices },
-        Err(error) => ForwardedAnswer { text: error.to_string(), is_error: true, notices },
+        Ok(output) => ForwardedAnswer {
+            text: output.text,
+            is_error: output.is_error,
+            notices,
+            started: output.started.map(|id| id.as_str().to_string()),
+        },
+        Err(error) => ForwardedAnswer { notices, ..ForwardedAnswer::error(error.to_string()) },
     }
 }
 

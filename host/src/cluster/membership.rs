@@ -57,6 +57,12 @@ pub struct Membership {
     /// The cluster's name (the `<name>` of `taskhost-<name>`).
     pub(super) cluster: String,
     pub(super) timeout: Duration,
+    pub(super) placement: super::config::Placement,
+    /// This node's live tasks and served tools, counted on the host's
+    /// runtime for the beats to carry.
+    load: Mutex<Option<(u64, Vec<String>)>>,
+    /// Starts this node placed on each node since it last saw that node beat.
+    pub(super) placed: Mutex<super::placement::Placed>,
     labels: std::collections::BTreeMap<String, String>,
     pub(super) bucket: Bucket,
     /// The cluster client's runtime (every NATS call runs there).
@@ -89,6 +95,7 @@ impl Membership {
         client: tokio::runtime::Handle,
         node: &str,
         timeout: Duration,
+        placement: super::config::Placement,
         labels: std::collections::BTreeMap<String, String>,
     ) -> anyhow::Result<Arc<Self>> {
         let session = super::record::write_token();
@@ -97,6 +104,9 @@ impl Membership {
             node: node.to_string(),
             cluster,
             timeout,
+            placement,
+            placed: Mutex::default(),
+            load: Mutex::default(),
             labels,
             bucket,
             client,
@@ -212,7 +222,38 @@ impl Membership {
     pub fn serve(self: &Arc<Self>, host: Host, trees_root: Option<PathBuf>) {
         let runtime = tokio::runtime::Handle::current();
         if self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok() {
-            self.answer_forwarded_calls(host, runtime);
+            self.answer_forwarded_calls(host.clone(), runtime.clone());
+            // The first count, carried by a beat at once: until then the
+            // others do not know which tools this node serves.
+            let tools: Vec<String> = host.tool_definitions().into_iter().map(|tool| tool.name).collect();
+            let live = u64::try_from(host.registry().live_count()).unwrap_or(u64::MAX);
+            *self.load.lock().unwrap_or_else(|e| e.into_inner()) = Some((live, tools));
+            let beating = self.clone();
+            self.client.spawn(async move {
+                if let Err(Missed::Unreachable(error)) = beating.beat().await {
+                    tracing::warn!(node = %beating.node, %error, "a heartbeat could not be written");
+                }
+            });
+            let membership = Arc::downgrade(self);
+            let interval = self.beat_interval();
+            runtime.spawn(async move {
+                let mut ticks = tokio::time::interval(interval);
+                loop {
+                    ticks.tick().await;
+                    let Some(membership) = membership.upgrade() else { return };
+                    let counting = host.clone();
+                    let counted = tokio::task::spawn_blocking(move || {
+                        let live = u64::try_from(counting.registry().live_count()).unwrap_or(u64::MAX);
+                        let tools: Vec<String> =
+                            counting.tool_definitions().into_iter().map(|tool| tool.name).collect();
+                        (live, tools)
+                    })
+                    .await;
+                    if let Ok(counted) = counted {
+                        *membership.load.lock().unwrap_or_else(|e| e.into_inner()) = Some(counted);
+                    }
+                }
+            });
         }
     }
 
@@ -239,9 +280,16 @@ impl Membership {
     async fn beat(&self) -> Result<(), Missed> {
         let session = self.session();
         let sent = Instant::now();
+        // What placement reads, as last counted on the host's runtime (never
+        // here: the registry holds its lock while it waits on this runtime).
+        let load = self.load.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let renewed = roster::update(&self.bucket, "beating", |roster| match roster.nodes.get_mut(&self.node) {
             Some(entry) if entry.session == session && entry.fenced_by.is_none() => {
                 entry.beat += 1;
+                if let Some((live, tools)) = &load {
+                    entry.live = *live;
+                    entry.tools.clone_from(tools);
+                }
                 Ok(Some(()))
             }
             _ => Ok(None),

@@ -12,7 +12,8 @@
 //! - [`membership`]: this node's claim on its name, its heartbeat and lease,
 //!   and its rejoin after the others declared it gone.
 //! - [`watch`]: declaring a silent node gone; [`sweep`]: settling its tasks.
-//! - [`forward`]: control calls about another node's tasks, answered there.
+//! - [`forward`]: control calls about another node's tasks, answered there;
+//!   [`placement`]: which node runs a start under `placement = "spread"`.
 //!
 //! Invariants: `taskhost-core` knows nothing of NATS (the seam is
 //! [`TaskStore`]); the NATS secrets are read by the server only, never put
@@ -25,6 +26,7 @@ pub mod connect;
 pub mod forward;
 pub mod ids;
 pub mod membership;
+pub mod placement;
 pub mod record;
 pub mod roster;
 pub mod store;
@@ -57,6 +59,7 @@ pub async fn join(
         store.client_runtime().clone(),
         &node,
         std::time::Duration::from_millis(settings.node_timeout_ms),
+        settings.placement,
         settings.labels.clone(),
     )
     .await?;

@@ -42,6 +42,12 @@ pub struct NodeEntry {
     /// The node's labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Its live tasks at its last beat.
+    #[serde(default)]
+    pub live: u64,
+    /// The tools it serves, at its last beat.
+    #[serde(default)]
+    pub tools: Vec<String>,
     /// The node that declared this one gone, when one did.
     #[serde(default)]
     pub fenced_by: Option<String>,
@@ -62,6 +68,8 @@ impl NodeEntry {
             pid_start: taskhost_process::durable::start_time(pid).unwrap_or(0),
             beat: 0,
             labels: labels.clone(),
+            live: 0,
+            tools: Vec::new(),
             fenced_by: None,
             swept: false,
         }

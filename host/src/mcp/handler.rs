@@ -191,7 +191,7 @@ impl McpServer {
                 };
                 if let Some(forwarded) = forwarded {
                     forwarded_notices = forwarded.notices;
-                    (forwarded.output.text, forwarded.output.is_error, None)
+                    (forwarded.output.text, forwarded.output.is_error, forwarded.output.started)
                 } else {
                     // The request's token is cancelled on notifications/cancelled,
                     // on a closed HTTP stream and when the connection ends.

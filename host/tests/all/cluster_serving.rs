@@ -180,3 +180,51 @@ async fn a_forwarded_call_asked_again_is_answered_from_its_first_run() {
     assert_eq!(ask("token-2").await, "(no new output)\n[status: running]", "a new call reads on");
     common::stop_with_sigterm(&mut a_child).await;
 }
+
+/// `placement = "spread"`: 300 background starts taken by one node run
+/// spread over the three (each node's share counted from the records),
+/// each command once (each appends a line to its node's marker file), and
+/// every id answered to the caller is the one its record holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_placement_runs_starts_on_every_node_once_each() {
+    const STARTS: usize = 300;
+    let cluster = NatsCluster::start("spread").await;
+    // Every record stays (a finished task leaves the history, and the
+    // bucket, beyond the per-owner cap).
+    let spread = "placement = \"spread\"\n[tasks]\nmax_finished_tasks_per_owner = 1000\n";
+    let dirs: Vec<_> = ["a", "b", "c"].iter().map(|node| temp_dir(&format!("cluster-spread-{node}"))).collect();
+    let mut children = Vec::new();
+    let mut urls = Vec::new();
+    for (node, dir) in ["a", "b", "c"].iter().zip(&dirs) {
+        let (url, child) = serve_node_at(&cluster, node, dir, spread).await;
+        urls.push(url);
+        children.push(child);
+    }
+    let b = common::connect_http(&urls[1], ALICE).await;
+    let mut ids = Vec::new();
+    for _ in 0..STARTS {
+        let started = call(b.peer(), "bash", json!({"command": "echo x >> marker", "run_in_background": true})).await;
+        ids.push(id_of(&started));
+    }
+    let js = async_nats::jetstream::new(cluster.client().await);
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
+    for id in &ids {
+        let record = crate::cluster::record(&js, id).await;
+        assert_eq!(record["id"], id.as_str());
+        *per_node.entry(record["node"].as_str().unwrap().to_string()).or_default() += 1;
+    }
+    assert_eq!(per_node.len(), 3, "{per_node:?}");
+    assert!(per_node.values().all(|&n| n >= STARTS / 3 - 20), "an even spread: {per_node:?}");
+    // Each command ran once: wait for every task's end, then count the lines.
+    for id in &ids {
+        let ended =
+            texts(&call(b.peer(), "task_wait", json!({"task_ids": [id], "timeout_ms": 30_000})).await).remove(0);
+        assert!(ended.contains("completed"), "{id}: {ended}");
+    }
+    let lines: usize =
+        dirs.iter().map(|dir| std::fs::read_to_string(dir.join("marker")).unwrap_or_default().lines().count()).sum();
+    assert_eq!(lines, STARTS, "{per_node:?}");
+    for child in &mut children {
+        common::stop_with_sigterm(child).await;
+    }
+}

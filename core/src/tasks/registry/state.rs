@@ -477,6 +477,11 @@ impl TaskRegistry {
         all.into_iter().map(Record::snapshot).collect()
     }
 
+    /// How many tasks are live (running or stopping) now.
+    pub fn live_count(&self) -> usize {
+        self.shared.lock().tasks.values().filter(|r| !r.status.is_terminal()).count()
+    }
+
     /// The caller-visible tasks (owned by the caller's session, or unowned),
     /// in start order.
     pub fn list(&self, caller: Option<&Agent>) -> Vec<TaskSnapshot> {

@@ -1,0 +1,58 @@
+//! `[cluster] placement = "spread"`: which node runs a stable owner's
+//! background start: the live node with the fewest live tasks that serves
+//! the tool, counting the starts this node sent each node since its last
+//! beat (beats carry a node's live count); ties are taken in turn.
+//!
+//! Invariants: a fenced node, or one that does not serve the tool, is never
+//! chosen; this node is chosen when no other qualifies (or the roster
+//! cannot be read: the start then runs here, as with `local`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::membership::Membership;
+use super::roster;
+
+/// The starts this node sent each node since it last saw that node beat.
+#[derive(Default)]
+pub struct Placed {
+    /// node → (the beat seen, starts sent since).
+    since_beat: HashMap<String, (u64, u64)>,
+    /// Turns through tied nodes.
+    turn: usize,
+}
+
+impl Membership {
+    /// The node that should run a background start of `tool`.
+    pub(super) async fn place(self: &Arc<Self>, tool: &str) -> String {
+        let membership = self.clone();
+        let roster = match self.on_client(async move { roster::read(&membership.bucket).await }).await {
+            Ok(Ok(roster)) => roster,
+            _ => return self.node.clone(),
+        };
+        let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut candidates: Vec<(u64, &String)> = Vec::new();
+        for (name, entry) in &roster.nodes {
+            let serves = name == &self.node || entry.tools.iter().any(|served| served == tool);
+            if entry.fenced_by.is_some() || !serves {
+                continue;
+            }
+            let sent = match placed.since_beat.get(name) {
+                Some((beat, sent)) if *beat == entry.beat => *sent,
+                _ => 0,
+            };
+            candidates.push((entry.live.saturating_add(sent), name));
+        }
+        let Some(fewest) = candidates.iter().map(|(load, _)| *load).min() else { return self.node.clone() };
+        let tied: Vec<&String> = candidates.iter().filter(|(load, _)| *load == fewest).map(|(_, name)| *name).collect();
+        let chosen = tied[placed.turn % tied.len()].clone();
+        placed.turn = placed.turn.wrapping_add(1);
+        let beat = roster.nodes.get(&chosen).map_or(0, |entry| entry.beat);
+        let slot = placed.since_beat.entry(chosen.clone()).or_insert((beat, 0));
+        if slot.0 != beat {
+            *slot = (beat, 0);
+        }
+        slot.1 += 1;
+        chosen
+    }
+}
