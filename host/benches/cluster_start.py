@@ -92,58 +92,71 @@ class Nats:
             p.wait()
 
 
-def run(store, nats, round_no):
-    d = tempfile.mkdtemp(prefix=f"cluster-bench-{store}-")
-    try:
-        cfg = d + "/t.toml"
-        text = f'[state]\ndir = "{d}/state"\nstore = "sqlite"\n[tasks]\nmax_live_tasks_per_owner = 10\n'
+class Server:
+    """`taskhost serve` over stdio MCP in a directory of its own."""
+
+    def __init__(self, store, nats, node, owner):
+        self.d = tempfile.mkdtemp(prefix=f"cluster-bench-{store}-")
+        cfg = self.d + "/t.toml"
+        text = f'[state]\ndir = "{self.d}/state"\nstore = "sqlite"\n[tasks]\nmax_live_tasks_per_owner = 10\n'
         args = []
         if store == "cluster":
-            text += (f'[cluster]\nname = "bench"\nnode = "bench-{round_no}"\nuser = "taskhost"\n'
+            text += (f'[cluster]\nname = "bench"\nnode = "{node}"\nuser = "taskhost"\n'
                      f'password_file = {json.dumps(nats.password_file)}\n')
             args = ["--cluster", nats.urls()]
         open(cfg, "w").write(text)
-        os.makedirs(d + "/work")
+        os.makedirs(self.d + "/work")
         env = dict(os.environ, RUST_LOG="warn")
-        p = subprocess.Popen([BIN, "serve", "--config", cfg] + OWNER + args, cwd=d + "/work", stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=open(d + "/err", "w"), env=env, text=True, bufsize=1)
-        n = 0
+        self.p = subprocess.Popen([BIN, "serve", "--config", cfg] + owner + args, cwd=self.d + "/work",
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.d + "/err", "w"),
+                                  env=env, text=True, bufsize=1)
+        self.n = 0
+        self.rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "b", "version": "0"}})
+        self.rpc("notifications/initialized", {}, notify=True)
 
-        def rpc(method, params, notify=False):
-            nonlocal n
-            msg = {"jsonrpc": "2.0", "method": method, "params": params}
-            if not notify:
-                n += 1
-                msg["id"] = n
-            p.stdin.write(json.dumps(msg) + "\n")
-            p.stdin.flush()
-            if notify:
-                return None
-            while True:
-                line = p.stdout.readline()
-                if not line:
-                    raise SystemExit(open(d + "/err").read())
-                r = json.loads(line)
-                if r.get("id") == n:
-                    return r
+    def rpc(self, method, params, notify=False):
+        msg = {"jsonrpc": "2.0", "method": method, "params": params}
+        if not notify:
+            self.n += 1
+            msg["id"] = self.n
+        self.p.stdin.write(json.dumps(msg) + "\n")
+        self.p.stdin.flush()
+        if notify:
+            return None
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                raise SystemExit(open(self.d + "/err").read())
+            r = json.loads(line)
+            if r.get("id") == self.n:
+                return r
 
-        rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "b", "version": "0"}})
-        rpc("notifications/initialized", {}, notify=True)
+    def call(self, tool, arguments):
+        return self.rpc("tools/call", {"name": tool, "arguments": arguments})
+
+    def stop(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+        shutil.rmtree(self.d, ignore_errors=True)
+
+
+def run(store, nats, round_no):
+    server = Server(store, nats, f"bench-{round_no}", OWNER)
+    p = server.p
+    try:
         times = []
         before = None
         for i in range(N):
             if i == 5:
                 before = (cpu_seconds(p.pid), nats.counters())
             t = time.perf_counter()
-            r = rpc("tools/call", {"name": "bash", "arguments": {"command": "true", "run_in_background": True}})
+            r = server.call("bash", {"command": "true", "run_in_background": True})
             times.append(time.perf_counter() - t)
             task_id = r["result"]["_meta"]["taskhost/started-task"]
-            rpc("tools/call", {"name": "task_output", "arguments": {"task_id": task_id, "wait": True}})
+            server.call("task_output", {"task_id": task_id, "wait": True})
         host_cpu = cpu_seconds(p.pid) - before[0]
         msgs, nats_cpu = nats.counters()
         counted = N - 5
-        p.stdin.close()
-        p.wait(timeout=30)
         return {
             "p50_ms": statistics.median(times[5:]) * 1e3,
             "host_cpu_ms": host_cpu / counted * 1e3,
@@ -151,7 +164,31 @@ def run(store, nats, round_no):
             "nats_msgs": (msgs - before[1][0]) / counted,
         }
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        server.stop()
+
+
+def reads(nats, rounds=3, count=200):
+    """p50 of a consuming task_output read of a task on node r-a, asked on
+    r-a itself (local) and on r-b (forwarded), alternating, same owner."""
+    a = Server("cluster", nats, "reads-a", ["--owner", "bench"])
+    b = Server("cluster", nats, "reads-b", ["--owner", "bench"])
+    try:
+        r = a.call("bash", {"command": "while :; do echo line; sleep 0.001; done", "run_in_background": True})
+        task_id = r["result"]["_meta"]["taskhost/started-task"]
+        local, remote = [], []
+        for _ in range(rounds):
+            for server, into in ((a, local), (b, remote)):
+                times = []
+                for _ in range(count):
+                    t = time.perf_counter()
+                    server.call("task_output", {"task_id": task_id})
+                    times.append(time.perf_counter() - t)
+                into.append(statistics.median(times[5:]) * 1e3)
+        a.call("task_kill", {"task_id": task_id})
+        return local, remote
+    finally:
+        a.stop()
+        b.stop()
 
 
 root = tempfile.mkdtemp(prefix="cluster-bench-nats-")
@@ -170,6 +207,10 @@ try:
     per_start = (med("cluster", "host_cpu_ms") + med("cluster", "nats_cpu_ms")) / 1e3
     print("cluster CPU per start (host + NATS): %.2f ms -> %.0f starts/s per core" % (per_start * 1e3, 1 / per_start))
     print("NATS messages in per start (3 servers, replication included): %.1f" % med("cluster", "nats_msgs"))
+    local, remote = reads(nats)
+    print("consuming read p50 ms, local  per round:", [round(x, 3) for x in local])
+    print("consuming read p50 ms, remote per round:", [round(x, 3) for x in remote])
+    print("reads per second, remote / local (median of rounds): %.3f" % (statistics.median(local) / statistics.median(remote)))
 finally:
     nats.stop()
     shutil.rmtree(root, ignore_errors=True)

@@ -84,10 +84,17 @@ impl Bucket {
         Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| (entry.value, entry.revision)))
     }
 
-    /// Writes `key = value` if the bucket's last sequence is still `last`.
-    pub async fn write(&self, key: &str, value: bytes::Bytes, last: u64) -> Result<u64, WriteError> {
+    /// Writes `key = value` if the key was never written: one round trip,
+    /// for a key only this node can make (a task's record under an id from
+    /// this node's own block), so the per-key check races with nobody.
+    /// `Conflict`: the key exists.
+    pub async fn create(&self, key: &str, value: bytes::Bytes) -> Result<u64, WriteError> {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Expected-Last-Sequence", last.to_string().as_str());
+        headers.insert("Nats-Expected-Last-Subject-Sequence", "0");
+        self.publish(key, headers, value).await
+    }
+
+    async fn publish(&self, key: &str, headers: async_nats::HeaderMap, value: bytes::Bytes) -> Result<u64, WriteError> {
         let subject = format!("$KV.{}.{key}", self.name);
         let ack = self
             .js
@@ -99,6 +106,13 @@ impl Bucket {
             Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Conflict),
             Err(error) => Err(WriteError::Failed(error.to_string())),
         }
+    }
+
+    /// Writes `key = value` if the bucket's last sequence is still `last`.
+    pub async fn write(&self, key: &str, value: bytes::Bytes, last: u64) -> Result<u64, WriteError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Expected-Last-Sequence", last.to_string().as_str());
+        self.publish(key, headers, value).await
     }
 }
 

@@ -46,6 +46,9 @@ pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 const LIST_WITHIN: Duration = Duration::from_secs(3);
 /// How long one try of a forwarded call waits beyond the call's own wait.
 const TRY_WITHIN: Duration = Duration::from_secs(2);
+/// The task locations a node keeps (task → the node running it); all are
+/// dropped when it is full.
+const MAX_LOCATED: usize = 65_536;
 /// The pause before a forwarded call is asked again.
 const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// The answers a node keeps for calls asked again.
@@ -149,25 +152,73 @@ impl Membership {
         if ids.is_empty() || !ids.iter().all(unknown_here) {
             return None;
         }
+        let answer = self.forward_by_id(owner, tool, arguments, &ids, true).await;
+        // The node a task was cached on no longer has it (the cluster
+        // settled it elsewhere): asked again where its record now says.
+        if answer.output.is_error && answer.output.text.starts_with("unknown task id") {
+            self.forget_located(&ids);
+            return Some(self.forward_by_id(owner, tool, arguments, &ids, false).await);
+        }
+        if answer.output.is_error {
+            self.forget_located(&ids);
+        }
+        Some(answer)
+    }
+
+    /// Forwards a call naming `ids` to the node that runs them (found in
+    /// the cache when `cached`, else in their records).
+    async fn forward_by_id(
+        self: &Arc<Self>,
+        owner: &Agent,
+        tool: &str,
+        arguments: &Value,
+        ids: &[String],
+        cached: bool,
+    ) -> Forwarded {
         let mut nodes = Vec::new();
-        for id in &ids {
-            match self.node_of(id).await {
-                Ok(Some(node)) if node != self.node => nodes.push(node),
-                // Unknown everywhere, or this node's: answered here.
-                Ok(_) => return None,
-                Err(error) => return Some(refusal(error)),
+        for id in ids {
+            let known =
+                cached.then(|| self.located.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()).flatten();
+            let found = match known {
+                Some(node) => Ok(Some(node)),
+                None => self.node_of(id).await,
+            };
+            match found {
+                Ok(Some(node)) if node != self.node => {
+                    self.remember_located(id, &node);
+                    nodes.push(node);
+                }
+                // Unknown everywhere, or this node's (it left this node's
+                // registry): nothing to forward.
+                Ok(_) => return refusal(TaskError::UnknownTask(TaskId::new(id.clone())).to_string()),
+                Err(error) => return refusal(error),
             }
         }
         nodes.dedup();
         if nodes.len() > 1 {
-            return Some(refusal(format!(
+            return refusal(format!(
                 "the tasks {} run on different nodes ({}): wait for each node's tasks in a call of its own",
                 ids.join(", "),
                 nodes.join(", ")
-            )));
+            ));
         }
         let wait = arguments["timeout_ms"].as_u64().map_or(Duration::ZERO, Duration::from_millis).min(MAX_WAIT);
-        Some(self.forward(&nodes[0], owner, tool, arguments.clone(), wait, wait + ANSWER_WITHIN + RETRY_WITHIN).await)
+        self.forward(&nodes[0], owner, tool, arguments.clone(), wait, wait + ANSWER_WITHIN + RETRY_WITHIN).await
+    }
+
+    fn remember_located(&self, id: &str, node: &str) {
+        let mut located = self.located.lock().unwrap_or_else(|e| e.into_inner());
+        if located.len() >= MAX_LOCATED {
+            located.clear();
+        }
+        located.insert(id.to_string(), node.to_string());
+    }
+
+    fn forget_located(&self, ids: &[String]) {
+        let mut located = self.located.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            located.remove(id);
+        }
     }
 
     /// The node whose record names task `id`, if any.

@@ -1,13 +1,27 @@
 //! Task id counters shared by every node: `counter.<kind>` holds the last
-//! number issued for a kind, raised only by compare-and-set on its revision.
+//! number any node took for a kind, raised only by compare-and-set. A node
+//! takes [`ID_BLOCK`] numbers at once and issues them itself, so most starts
+//! touch no counter; ids of different nodes interleave by blocks (node a
+//! issues bash-1 … bash-16 while node b issues bash-17 …).
 //!
 //! Invariants: a number is issued to one caller only (two nodes racing for
-//! the same revision: one update wins, the other reads again); a counter
-//! never goes down, and outlives every record, so an id is never reused.
+//! the same counter: one raise wins, the other reads again); a counter
+//! never goes down, and outlives every record, so an id is never reused
+//! (the numbers left in a block when its node stops are skipped).
 
 use taskhost_core::tasks::store::StoreError;
 
 use super::bucket::{Bucket, Change};
+
+/// Numbers a node takes from a kind's counter at once.
+pub const ID_BLOCK: u64 = 16;
+
+/// A node's block of numbers for a kind: `next` to `last`, not issued yet.
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    pub next: u64,
+    pub last: u64,
+}
 
 fn counter_key(kind: &str) -> String {
     format!("counter.{kind}")

@@ -58,6 +58,9 @@ pub struct Membership {
     pub(super) cluster: String,
     pub(super) timeout: Duration,
     pub(super) placement: super::config::Placement,
+    /// Where other nodes' tasks run, as their records said (see
+    /// [`super::forward`]).
+    pub(super) located: Mutex<std::collections::HashMap<String, String>>,
     /// This node's live tasks and served tools, counted on the host's
     /// runtime for the beats to carry.
     load: Mutex<Option<(u64, Vec<String>)>>,
@@ -107,6 +110,7 @@ impl Membership {
             placement,
             placed: Mutex::default(),
             load: Mutex::default(),
+            located: Mutex::default(),
             labels,
             bucket,
             client,

@@ -27,7 +27,7 @@ use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, TaskStore};
 
-use super::bucket::{Bucket, Change, Patience, failed};
+use super::bucket::{Bucket, Change, Patience, WriteError, failed};
 use super::ids;
 use super::record::{Record, nanos, task_key};
 
@@ -42,6 +42,9 @@ pub struct ClusterStore {
     bucket_name: String,
     bucket: Bucket,
     runtime: tokio::runtime::Handle,
+    /// The id numbers this node took from each kind's counter and has not
+    /// issued yet.
+    blocks: std::sync::Mutex<std::collections::HashMap<String, ids::Block>>,
     /// Dropped with the store: the client's runtime then ends on its thread.
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -80,7 +83,14 @@ impl ClusterStore {
             });
         })?;
         let (bucket, runtime) = ready_rx.await.map_err(|_| anyhow::anyhow!("the cluster client's thread ended"))??;
-        Ok(Self { node: node.to_string(), bucket_name: bucket_name.to_string(), bucket, runtime, _stop: stop })
+        Ok(Self {
+            node: node.to_string(),
+            bucket_name: bucket_name.to_string(),
+            bucket,
+            runtime,
+            blocks: std::sync::Mutex::default(),
+            _stop: stop,
+        })
     }
 
     pub fn node(&self) -> &str {
@@ -249,10 +259,27 @@ impl TaskStore for ClusterStore {
     }
 
     fn issue_number(&self, kind: &str, at_least: u64) -> Result<u64, StoreError> {
-        let kind = kind.to_string();
-        self.call("issuing an id", move |bucket| {
-            Box::pin(async move { ids::raise(&bucket, &kind, |last| (last + 1).max(at_least)).await })
-        })
+        if let Some(block) = self.blocks.lock().unwrap_or_else(|e| e.into_inner()).get_mut(kind) {
+            let number = block.next.max(at_least);
+            if number <= block.last {
+                block.next = number + 1;
+                return Ok(number);
+            }
+        }
+        // A new block: the counter raised by ID_BLOCK at once, its numbers
+        // this node's alone.
+        let owned = kind.to_string();
+        let last = self.call("issuing an id", move |bucket| {
+            Box::pin(async move {
+                ids::raise(&bucket, &owned, |last| last.max(at_least.saturating_sub(1)) + ids::ID_BLOCK).await
+            })
+        })?;
+        let first = last + 1 - ids::ID_BLOCK;
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind.to_string(), ids::Block { next: first + 1, last });
+        Ok(first)
     }
 
     fn record_start(&self, task: &StoredTask) -> Result<(), StoreError> {
@@ -260,26 +287,40 @@ impl TaskStore for ClusterStore {
         let key = task_key(&task.id);
         let number = task.number();
         let kind = task.kind.clone();
+        let issued_up_to =
+            self.blocks.lock().unwrap_or_else(|e| e.into_inner()).get(&kind).map_or(0, |block| block.last);
         let span = tracing::info_span!("cluster start", node = %self.node, task = %task.id, owner = ?record.owner);
         let _entered = span.enter();
         self.call("recording a start", move |bucket| {
             Box::pin(async move {
                 let doing = "recording a start";
                 let value: bytes::Bytes = serde_json::to_vec(&record).expect("a record serializes").into();
-                bucket
-                    .update(&key, doing, |stored| match stored {
-                        None => Ok(Change::Write(value.clone(), ())),
-                        // Ours, when an earlier try was applied but its
-                        // answer lost.
-                        Some(stored)
-                            if serde_json::from_slice::<Record>(stored).is_ok_and(|s| s.write == record.write) =>
-                        {
-                            Ok(Change::Keep(()))
+                let mut patience = Patience::starting_now();
+                loop {
+                    match bucket.create(&key, value.clone()).await {
+                        Ok(_) => break,
+                        Err(WriteError::Conflict) => {
+                            // Ours, when an earlier try was applied but its
+                            // answer lost; else the id is taken.
+                            let stored = loop {
+                                match bucket.read(&key).await {
+                                    Ok(stored) => break stored,
+                                    Err(error) => patience.again(doing, error).await?,
+                                }
+                            };
+                            let ours = stored.is_some_and(|(stored, _)| {
+                                serde_json::from_slice::<Record>(&stored).is_ok_and(|s| s.write == record.write)
+                            });
+                            if ours {
+                                break;
+                            }
+                            return Err(StoreError::new(format!("cluster: the id {} is already recorded", record.id)));
                         }
-                        Some(_) => Err(StoreError::new(format!("cluster: the id {} is already recorded", record.id))),
-                    })
-                    .await?;
-                if let Some(number) = number {
+                        Err(WriteError::Failed(error)) => patience.again(doing, error).await?,
+                    }
+                }
+                // A number from this node's block is below its counter already.
+                if let Some(number) = number.filter(|number| *number > issued_up_to) {
                     ids::raise(&bucket, &kind, |_| number).await?;
                 }
                 Ok(())

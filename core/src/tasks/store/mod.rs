@@ -263,9 +263,11 @@ pub trait TaskStore: Send + Sync + 'static {
     /// the same record).
     fn load(&self) -> Result<StoredState, StoreError>;
 
-    /// The number of the next id of `kind`: above every number the store
-    /// ever issued or recorded for it, and at least `at_least` (what the
-    /// registry would issue on its own). Committed when it returns.
+    /// The number of the next id of `kind`: one the store never issued or
+    /// recorded before for it, and at least `at_least` (what the registry
+    /// would issue on its own). Committed when it returns. A store shared
+    /// by several processes may hand each process blocks of numbers, so
+    /// numbers rise within a process, not necessarily across them.
     fn issue_number(&self, kind: &str, at_least: u64) -> Result<u64, StoreError>;
 
     /// Records a start (the task running, untold) and raises its kind's
