@@ -262,39 +262,39 @@ impl Membership {
         let span = tracing::debug_span!("forwarded call", node = %self.node, to = node, tool, owner = %owner.session());
         // Asked again with the same token while NATS recovers (a node of it
         // died, a reconnection): the answering node runs the call once.
-        let asked = self
-            .on_client(tracing::Instrument::instrument(
-                async move {
-                    let deadline = tokio::time::Instant::now() + within;
-                    loop {
-                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                        // Short tries: a try whose request or answer was lost
-                        // with a NATS node is asked again soon (the token makes
-                        // that safe), not after the whole allowance.
-                        let request = async_nats::Request::new()
-                            .payload(payload.clone())
-                            .timeout(Some(left.min(wait + TRY_WITHIN)));
-                        match client.send_request(subject.clone(), request).await {
-                            Ok(message) => return Ok(message),
-                            Err(error) if left > ASK_AGAIN_AFTER => {
-                                tracing::debug!(%error, "a forwarded call is asked again");
-                                tokio::time::sleep(ASK_AGAIN_AFTER).await;
-                            }
-                            Err(error) => return Err(error),
+        // Asked from the caller's runtime: a request only waits on the
+        // client's connection task (no store call blocks here), and the hop
+        // to the client's thread would cost two thread wake-ups a call.
+        let asked: Result<_, async_nats::RequestError> = tracing::Instrument::instrument(
+            async move {
+                let deadline = tokio::time::Instant::now() + within;
+                loop {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    // Short tries: a try whose request or answer was lost
+                    // with a NATS node is asked again soon (the token makes
+                    // that safe), not after the whole allowance.
+                    let request =
+                        async_nats::Request::new().payload(payload.clone()).timeout(Some(left.min(wait + TRY_WITHIN)));
+                    match client.send_request(subject.clone(), request).await {
+                        Ok(message) => return Ok(message),
+                        Err(error) if left > ASK_AGAIN_AFTER => {
+                            tracing::debug!(%error, "a forwarded call is asked again");
+                            tokio::time::sleep(ASK_AGAIN_AFTER).await;
                         }
+                        Err(error) => return Err(error),
                     }
-                },
-                span,
-            ))
-            .await;
+                }
+            },
+            span,
+        )
+        .await;
         let message = match asked {
-            Ok(Ok(message)) => message,
-            Ok(Err(error)) => {
+            Ok(message) => message,
+            Err(error) => {
                 return refusal(format!(
                     "cluster unavailable, retry: node {node}, which runs the task, did not answer ({error})"
                 ));
             }
-            Err(error) => return refusal(format!("cluster unavailable, retry: {error}")),
         };
         match serde_json::from_slice::<ForwardedAnswer>(&message.payload) {
             Ok(answer) => {
