@@ -2,7 +2,8 @@
 //! nodes on a real 3-node NATS JetStream cluster: a task started on node a
 //! is read, viewed, given input, waited for and killed from node b, and
 //! listed by its owner from node c; another owner is fenced off on every
-//! node.
+//! node; a read survives the death of a NATS node; a forwarded call asked
+//! again runs once; `spread` placement runs starts on every node.
 
 use std::time::Duration;
 
