@@ -256,6 +256,13 @@ async fn gate(State(server): State<Arc<McpServer>>, request: Request, next: Next
             return as_json_rpc(next.run(Request::from_parts(parts, Body::from(bytes))).await, Value::Null).await;
         }
     };
+    if let Err(mismatch) = super::standard_headers::check(&parts.headers, &method, &message) {
+        tracing::info!(%mismatch, "answered by the gate");
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &Rejection::new(id, super::standard_headers::HEADER_MISMATCH, mismatch),
+        );
+    }
     let header_version = parts.headers.get("mcp-protocol-version").and_then(|value| value.to_str().ok());
     let v1 = if method == "initialize" {
         message["params"]["protocolVersion"].as_str() == Some(tasks_v1::PROTOCOL)

@@ -31,6 +31,7 @@ pub mod handler;
 pub mod http;
 pub mod jsonrpc;
 pub mod settings;
+pub mod standard_headers;
 pub mod stdio;
 pub mod tasks;
 pub mod tasks_v1;

@@ -331,3 +331,32 @@ async fn http_judges_each_request_by_its_own_protocol() {
     tools_list_works(&http, &server, 5).await;
     server.stop().await;
 }
+
+/// The standard headers (SEP-2243): a request whose `Mcp-Method` or
+/// `Mcp-Name` disagrees with its body is refused with a 400 and a
+/// header-mismatch error (a balancer routed it on a name the server would
+/// not act on); matching headers, and none, are served.
+#[tokio::test]
+async fn standard_headers_that_disagree_with_the_body_are_refused() {
+    let server = HttpServer::start("http-std-headers").await;
+    let http = taskhost::http_client::client();
+    let v1 = ("mcp-protocol-version", "2025-11-25");
+    let (status, _) = post(&http, &server, &[v1], initialize_body(1, "2025-11-25")).await;
+    assert_eq!(status, 200);
+    let list =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "task_list", "arguments": {}}});
+    let (status, answer) =
+        post(&http, &server, &[v1, ("mcp-method", "tools/call"), ("mcp-name", "task_list")], list.to_string()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "(no background tasks)", "{answer}");
+    let (status, answer) = post(&http, &server, &[v1, ("mcp-name", "bash")], list.to_string()).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["code"], -32001, "{answer}");
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("Mcp-Name is \"bash\""), "{answer}");
+    let (status, answer) = post(&http, &server, &[v1, ("mcp-method", "tools/list")], list.to_string()).await;
+    assert_eq!((status, answer["error"]["code"].clone()), (400, json!(-32001)), "{answer}");
+    // Served on, without the headers.
+    tools_list_works(&http, &server, 3).await;
+    server.stop().await;
+}
