@@ -125,15 +125,19 @@ pub fn kill_every_tree(root: &Path) -> usize {
             continue;
         }
         let Some(kept) = launched_tree(&dir) else { continue };
-        let killing = DurableProcess::adopt(&kept.record)
-            .map_err(|error| error.to_string())
-            .and_then(|process| process.kill().map_err(|error| error.to_string()));
-        match killing {
+        match kill_tree(&kept) {
             Ok(()) => killed += 1,
             Err(error) => tracing::debug!(dir = %dir.display(), %error, "a durable tree cannot be reached to kill it"),
         }
     }
     killed
+}
+
+/// Kills the tree `kept` records, through its keeper.
+fn kill_tree(kept: &HandedOverTree) -> Result<(), String> {
+    DurableProcess::adopt(&kept.record)
+        .map_err(|error| error.to_string())
+        .and_then(|process| process.kill().map_err(|error| error.to_string()))
 }
 
 /// The record in a tree's launch fence, with its spawner's pid and start
@@ -199,10 +203,7 @@ impl DurableTreeAdopter {
                 continue;
             }
             let Some(orphan) = orphaned_launch(&dir) else { continue };
-            let killing = DurableProcess::adopt(&orphan.record)
-                .map_err(|error| error.to_string())
-                .and_then(|process| process.kill().map_err(|error| error.to_string()));
-            match killing {
+            match kill_tree(&orphan) {
                 Ok(()) => {
                     killed += 1;
                     tracing::warn!(

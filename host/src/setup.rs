@@ -564,7 +564,7 @@ pub async fn served_on_state(
     };
     let (host, plugins) = served_from_config_gated(config, base_dir, gate, trust, Some(store)).await?;
     if let Some(membership) = &membership {
-        membership.serve(host.clone(), state.trees_root().ok());
+        crate::cluster::serve(membership, host.clone(), state.trees_root().ok());
     }
     Ok(Served { host, plugins, membership })
 }

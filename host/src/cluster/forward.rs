@@ -347,7 +347,7 @@ impl Membership {
 
     /// Answers the calls other nodes forward to this one, on the host's
     /// runtime, until the client closes.
-    pub(super) fn answer_forwarded_calls(self: &Arc<Self>, host: taskhost_core::Host, runtime: tokio::runtime::Handle) {
+    pub fn answer_forwarded_calls(self: &Arc<Self>, host: taskhost_core::Host, runtime: tokio::runtime::Handle) {
         let membership = self.clone();
         let client = self.bucket.client();
         let subject = call_subject(&self.cluster, &self.node);

@@ -65,7 +65,7 @@ pub struct Membership {
     /// runtime for the beats to carry.
     load: Mutex<Option<(u64, Vec<String>)>>,
     /// Starts this node placed on each node since it last saw that node beat.
-    pub(super) placed: Mutex<super::placement::Placed>,
+    pub(super) placed: Mutex<Placed>,
     labels: std::collections::BTreeMap<String, String>,
     pub(super) bucket: Bucket,
     /// The cluster client's runtime (every NATS call runs there).
@@ -74,6 +74,15 @@ pub struct Membership {
     serving: OnceLock<Serving>,
     /// Held by the one rejoin in progress.
     rejoin: tokio::sync::Mutex<()>,
+}
+
+/// The starts this node sent each node since it last saw that node beat.
+#[derive(Default)]
+pub struct Placed {
+    /// node → (the beat seen, starts sent since).
+    pub(super) since_beat: std::collections::HashMap<String, (u64, u64)>,
+    /// Turns through tied nodes.
+    pub(super) turn: usize,
 }
 
 /// Why a beat did not renew the lease.
@@ -121,7 +130,6 @@ impl Membership {
         let claiming = membership.clone();
         membership.on_client(async move { claiming.claim_name(&session).await }).await??;
         membership.clone().start_beating();
-        super::watch::start(membership.clone());
         Ok(membership)
     }
 
@@ -221,12 +229,12 @@ impl Membership {
 
     /// Hands the membership what it acts on once the host is built: the
     /// host whose registry it settles when fenced, and the durable trees'
-    /// directory it kills trees in.
-    /// It also starts answering the calls other nodes forward to this one.
-    pub fn serve(self: &Arc<Self>, host: Host, trees_root: Option<PathBuf>) {
+    /// directory it kills trees in; and counts the host's load for the
+    /// beats. False when it serves a host already.
+    pub fn serve(self: &Arc<Self>, host: Host, trees_root: Option<PathBuf>) -> bool {
         let runtime = tokio::runtime::Handle::current();
-        if self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok() {
-            self.answer_forwarded_calls(host.clone(), runtime.clone());
+        let first = self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok();
+        if first {
             // The first count, carried by a beat at once: until then the
             // others do not know which tools this node serves.
             let tools: Vec<String> = host.tool_definitions().into_iter().map(|tool| tool.name).collect();
@@ -259,6 +267,7 @@ impl Membership {
                 }
             });
         }
+        first
     }
 
     /// Hands the host ended records another node's sweep settled for this

@@ -63,6 +63,21 @@ pub async fn join(
         settings.labels.clone(),
     )
     .await?;
+    watch::start(membership.clone());
     tracing::info!(store = %store.describe(), "the registry is the cluster's");
     Ok((store::shared(store), membership))
+}
+
+/// Makes the joined node serve `host`: its membership settles the host's
+/// tasks if the cluster declares the node gone (killing the trees under
+/// `trees_root`), its beats carry the host's load, and it answers the
+/// calls other nodes forward to it.
+pub fn serve(
+    membership: &Arc<membership::Membership>,
+    host: taskhost_core::Host,
+    trees_root: Option<std::path::PathBuf>,
+) {
+    if membership.serve(host.clone(), trees_root) {
+        membership.answer_forwarded_calls(host, tokio::runtime::Handle::current());
+    }
 }

@@ -3,24 +3,16 @@
 //! the tool, counting the starts this node sent each node since its last
 //! beat (beats carry a node's live count); ties are taken in turn.
 //!
+//! The tally ([`super::membership::Placed`]) lives with the membership.
+//!
 //! Invariants: a fenced node, or one that does not serve the tool, is never
 //! chosen; this node is chosen when no other qualifies (or the roster
 //! cannot be read: the start then runs here, as with `local`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::membership::Membership;
 use super::roster;
-
-/// The starts this node sent each node since it last saw that node beat.
-#[derive(Default)]
-pub struct Placed {
-    /// node → (the beat seen, starts sent since).
-    since_beat: HashMap<String, (u64, u64)>,
-    /// Turns through tied nodes.
-    turn: usize,
-}
 
 impl Membership {
     /// The node that should run a background start of `tool`.

@@ -289,34 +289,9 @@ impl TaskRegistry {
         {
             tracing::error!(task = %task.id, %error, "cannot record the task's end in the store");
         }
-        let Ok(kind_len) = u8::try_from(task.kind.len()) else { return };
-        task.status = status;
-        let mut state = self.shared.lock();
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.tasks.insert(Box::new(Record {
-            seq,
-            id: task.id,
-            kind_len,
-            label: task.label.into_boxed_str(),
-            owner: Some(owner),
-            status,
-            ended: Some(Box::new(Ended { finished_at: now, detail: Some(detail), output: None })),
-            started_at: unix_nanos(task.started_at),
-            reporting: match reporting {
-                ReportState::Noticed => Reporting::Noticed,
-                ReportState::Reported => Reporting::Reported,
-                _ => Reporting::Untold,
-            },
-            pending_reporters: 0,
-            producer_info: task.producer_info.map(String::into_boxed_str),
-            input: TaskInput::Unsupported,
-            control: Arc::new(NoProducer),
-            output_log: None,
-            watcher: None,
-            waits: None,
-            lifetime: None,
-        }));
+        (task.status, task.detail, task.finished_at, task.output, task.reporting) =
+            (status, Some(detail), Some(now), None, reporting);
+        insert_ended(&mut self.shared.lock(), task, owner, now);
     }
 
     /// Hands the records restored for `owner`'s session to `owner` (a
