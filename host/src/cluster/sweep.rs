@@ -7,8 +7,10 @@
 //!   the same gone node settle each record once between them, and a record
 //!   the node itself settled meanwhile is left as it is.
 //! - A settled record names its settler as its node, which keeps it and
-//!   tells its owner (a stable owner, at its next appearance there); a
-//!   plain owner's session died with the node, so its end counts as told.
+//!   tells its owner (a stable owner, at its next appearance there). A
+//!   plain owner's connection is on the gone node: it is told there if the
+//!   node comes back with it (a pause), else never (the record says the
+//!   end counts as told: nobody is left to tell).
 //! - The task is never run again anywhere.
 
 use taskhost_core::ids::TaskId;

@@ -6,9 +6,11 @@
 //! - Ends taken in are ended records of stable owners, kept for their
 //!   owner's next instance (or handed at once to one that is live) and
 //!   told once by a notice, as a restart's are ([`super::restore`]).
-//! - Losing the live tasks settles each one `lost` and kills its work; an
-//!   end the store already holds from another node is told to nobody here
-//!   (first wins, [`super::settle`]), so no end is told twice.
+//! - Losing the live tasks settles each one `lost` and kills its work. A
+//!   stable owner's end the store already holds from another node is told
+//!   to nobody here (that node keeps it and tells it, [`super::settle`]); a
+//!   plain owner's is told here, where its connection is: no end is told
+//!   twice.
 
 use super::restore::insert_ended;
 use super::settle::Settlement;

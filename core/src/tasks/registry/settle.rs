@@ -5,8 +5,9 @@
 //! Invariants:
 //! - Settlement is first-wins: the first outcome (or force-fail) is final;
 //!   later outcomes are logged and dropped. First-wins includes the store:
-//!   an end the store refuses because it already holds another (recorded
-//!   by another cluster node) is told to nobody here. Listeners hear each end once,
+//!   a stable owner's end the store refuses because it already holds
+//!   another (recorded by another cluster node, which tells it) is told to
+//!   nobody here. Listeners hear each end once,
 //!   with its final `reported`, outside the lock: at settlement, before
 //!   waiters and subscribers hear of it, or, for an end held for the waits
 //!   and kills pending at settlement, once one of them delivers it or the
@@ -222,15 +223,16 @@ impl TaskRegistry {
             let mut end = StoredEnd::new(status, ended.detail.clone(), ended.finished_at, record.reporting.stored());
             end.output = ended.output.clone();
             match self.shared.store.settle(id, &end) {
-                Ok(true) => {}
                 // The store holds an end recorded first by someone else (a
                 // cluster node that settled this node's tasks while it was
-                // silent): that end is the one its owner is told, so this
-                // one is told to nobody.
-                Ok(false) => {
+                // silent). A stable owner is told that end where it is kept,
+                // so this one is told to nobody; a plain owner's connection
+                // is here, and only here can it be told.
+                Ok(false) if durable => {
                     tracing::warn!(task = %id, store = %self.shared.store.describe(), "the store already holds another end of this task; this one is not told");
                     record.reporting = Reporting::Reported;
                 }
+                Ok(_) => {}
                 Err(error) => {
                     tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record the task's end in the store");
                 }
