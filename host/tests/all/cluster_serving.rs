@@ -229,3 +229,79 @@ async fn spread_placement_runs_starts_on_every_node_once_each() {
         common::stop_with_sigterm(child).await;
     }
 }
+
+/// The NATS permissions docs/cluster.md gives each node (its own user: the
+/// registry's subjects, every node's call subject to publish, only its own
+/// to subscribe) are enough for everything a node does: join, beat, start,
+/// forward a read and a kill, list across nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let users: String = ["a", "b"]
+        .iter()
+        .map(|node| {
+            format!(
+                ", {{ user: node-{node}, password: \"pw-{node}-0123456789abcdef\", permissions: {{ \
+                 publish: [\"$KV.taskhost-t.>\", \"$JS.API.>\", \"taskhost.t.node.*.call\", \"_INBOX.>\"], \
+                 subscribe: [\"_INBOX.>\", \"taskhost.t.node.{node}.call\"] }} }}"
+            )
+        })
+        .collect();
+    let cluster = NatsCluster::start_with_users("narrow", &users).await;
+    let mut children = Vec::new();
+    let mut clients = Vec::new();
+    for node in ["a", "b"] {
+        let dir = temp_dir(&format!("cluster-narrow-{node}"));
+        let secrets = temp_dir(&format!("cluster-narrow-{node}-secret"));
+        let password_file = secrets.join("password");
+        let mut file =
+            std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&password_file).unwrap();
+        std::io::Write::write_all(&mut file, format!("pw-{node}-0123456789abcdef").as_bytes()).unwrap();
+        let config = format!(
+            "[[serve.http.tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n\n\
+             [cluster]\nname = \"t\"\nnode = \"{node}\"\nuser = \"node-{node}\"\npassword_file = {password_file:?}\n"
+        );
+        let mut command = common::serve_command(&dir, Some(&config));
+        command.args(["--http", "127.0.0.1:0", "--cluster", &cluster.url_list()]);
+        let (child, url) = common::spawn_http_server(command, Some(dir.join("stderr.log"))).await;
+        children.push(child);
+        clients.push(common::connect_http(&url, ALICE).await);
+    }
+    let (a, b) = (&clients[0], &clients[1]);
+    let id =
+        id_of(&call(a.peer(), "bash", json!({"command": "echo narrow; sleep 600", "run_in_background": true})).await);
+    assert_eq!(common::read_until(b.peer(), &id, "narrow", Duration::from_secs(30)).await, "narrow\n");
+    let listing = texts(&call(b.peer(), "task_list", json!({})).await).remove(0);
+    assert!(listing.starts_with(&format!("{id} [bash] running")), "{listing}");
+    let killed = call(b.peer(), "task_kill", json!({"task_id": id})).await;
+    assert_eq!(texts(&killed)[0], format!("requested cancellation of task {id}"));
+    // Node b's user cannot listen on node a's call subject (it would see
+    // and answer calls meant for a): the server refuses the subscription.
+    let (events, mut refused) = tokio::sync::mpsc::unbounded_channel();
+    let spy = async_nats::ConnectOptions::with_user_and_password("node-b".into(), "pw-b-0123456789abcdef".into())
+        .event_callback(move |event| {
+            let events = events.clone();
+            async move {
+                let _ = events.send(event.to_string());
+            }
+        })
+        .connect(cluster.urls())
+        .await
+        .unwrap();
+    let _subscription = spy.subscribe("taskhost.t.node.a.call").await.unwrap();
+    spy.flush().await.unwrap();
+    let refusal = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let event = refused.recv().await.expect("events");
+            if event.to_lowercase().contains("permissions violation") {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the server refuses node b a subscription to node a's calls");
+    assert!(refusal.contains("taskhost.t.node.a.call"), "{refusal}");
+    for child in &mut children {
+        common::stop_with_sigterm(child).await;
+    }
+}

@@ -160,16 +160,23 @@ impl NatsCluster {
 
     /// Starts `count` nodes (1: a JetStream server without a cluster).
     pub async fn start_nodes(tag: &str, count: usize) -> Self {
-        Self::start_with(tag, count, false).await
+        Self::start_with(tag, count, false, "").await
+    }
+
+    /// 3 nodes whose users are the test's own and `users`: more entries of
+    /// the `authorization { users = [...] }` list (each taskhost node's own
+    /// user, with its permissions).
+    pub async fn start_with_users(tag: &str, users: &str) -> Self {
+        Self::start_with(tag, 3, false, users).await
     }
 
     /// One JetStream server that takes anonymous clients (what a node must
     /// refuse to join).
     pub async fn start_anonymous(tag: &str) -> Self {
-        Self::start_with(tag, 1, true).await
+        Self::start_with(tag, 1, true, "").await
     }
 
-    async fn start_with(tag: &str, count: usize, anonymous: bool) -> Self {
+    async fn start_with(tag: &str, count: usize, anonymous: bool, users: &str) -> Self {
         use std::os::unix::fs::OpenOptionsExt as _;
         let binary = nats_server_binary();
         let dir = crate::common::temp_dir(&format!("nats-{tag}"));
@@ -202,7 +209,7 @@ impl NatsCluster {
             let authorization = if anonymous {
                 String::new()
             } else {
-                format!("authorization {{ users = [ {{ user: {USER}, password: \"{password}\" }} ] }}")
+                format!("authorization {{ users = [ {{ user: {USER}, password: \"{password}\" }} {users} ] }}")
             };
             std::fs::write(
                 &config,
