@@ -215,7 +215,7 @@ impl PluginEngine {
             runs: AtomicU64::new(0),
         };
         // Signatures can only be checked against an instance: make one.
-        let deadline = self.config().call_deadline();
+        let deadline = self.config().instantiation_deadline();
         let mut retries = 0;
         let (mut store, instantiated) = loop {
             let mut store = version.new_store("validate");

@@ -31,6 +31,10 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::cache::CompileCache;
 
+/// The least deadline an instantiation gets (see
+/// [`PluginRuntimeConfig::instantiation_deadline`]).
+pub const INSTANTIATION_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
+
 /// Tunables of the plugin runtime. Every field has a default
 /// (`#[serde(default)]`), so a host configuration may name only what it changes.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -118,6 +122,16 @@ impl PluginRuntimeConfig {
     /// The per-call deadline as a duration.
     pub fn call_deadline(&self) -> Duration {
         Duration::from_millis(self.call_deadline_ms)
+    }
+
+    /// The deadline of an instantiation: the call deadline, but at least
+    /// [`INSTANTIATION_DEADLINE_FLOOR`]. An instantiation is mostly the
+    /// host's own work (linking, memory set-up) with no epoch check inside,
+    /// so a core taken away from it by the OS on a saturated machine shows
+    /// as the guest's time; a guest's initialization that never ends is
+    /// still stopped.
+    pub fn instantiation_deadline(&self) -> Duration {
+        self.call_deadline().max(INSTANTIATION_DEADLINE_FLOOR)
     }
 
     /// The cache directory in effect, or `None` when caching is off.

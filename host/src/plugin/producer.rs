@@ -334,7 +334,7 @@ fn preview(text: &str) -> String {
 
 /// A fresh store and instance of `version`.
 async fn instantiate(version: &PluginVersion, purpose: Arc<str>) -> anyhow::Result<(Store<StoreState>, Guest)> {
-    let deadline = version.engine().config().call_deadline();
+    let deadline = version.engine().config().instantiation_deadline();
     let mut retries = 0;
     let (store, instantiated) = loop {
         let mut store = version.new_store(purpose.clone());
