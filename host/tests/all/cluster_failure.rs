@@ -13,7 +13,7 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use crate::cluster::{id_of, serve_node_with};
-use crate::common::{self, Client, call, temp_dir, texts};
+use crate::common::{self, call, temp_dir, texts};
 use crate::nats::NatsCluster;
 
 /// A short timeout (the least is 1 s; this one leaves a loaded 2-core
@@ -68,13 +68,9 @@ async fn wait_gone(pid: i32, what: &str) {
 }
 
 /// Waits until the command wrote its marker line (it runs in the node's
-/// directory); the file system is the only signal a sandboxed command gives.
+/// directory): each change in the directory is a signal.
 async fn wait_for_marker(path: &Path) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n')) {
-        assert!(tokio::time::Instant::now() < deadline, "{} was never written", path.display());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until_file(path, Duration::from_secs(30), |text| text.ends_with('\n')).await;
 }
 
 /// Whether a listing (or any answer) shows task `id` running.
@@ -87,19 +83,11 @@ fn marked_command() -> Value {
     json!({"command": "echo run >> marker; exec sleep 600", "run_in_background": true})
 }
 
-/// Calls `task_list` on `client` until `id` shows, gathering every text
-/// the calls returned (notices ride on results).
-async fn list_until(client: &Client, id: &str, seen: &mut Vec<String>) -> String {
-    for _ in 0..300 {
-        let listed = texts(&call(client.peer(), "task_list", json!({})).await);
-        let listing = listed.first().cloned().unwrap_or_default();
-        seen.extend(listed);
-        if listing.lines().any(|line| line.starts_with(&format!("{id} "))) {
-            return listing;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{id} never listed; saw {seen:?}");
+/// Waits until node `dir`'s log says it took in the end of `id` (the
+/// survivor's registry keeps it from then on).
+async fn taken_in(dir: &Path, id: &str) {
+    let needle = format!("an end recorded by another node is taken in task={id}");
+    common::until_file(&dir.join("stderr.log"), Duration::from_secs(60), move |log| log.contains(&needle)).await;
 }
 
 /// SIGKILL of a taskhost node mid-task: a survivor declares it gone and
@@ -110,7 +98,7 @@ async fn list_until(client: &Client, id: &str, seen: &mut Vec<String>) -> String
 async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it_returns() {
     let cluster = NatsCluster::start("gone").await;
     let (a, a_child, a_dir) = serve_node_with(&cluster, "a", temp_dir("cluster-gone-a"), QUICK).await;
-    let (b, mut b_child, _) = serve_node_with(&cluster, "b", temp_dir("cluster-gone-b"), QUICK).await;
+    let (b, mut b_child, b_dir) = serve_node_with(&cluster, "b", temp_dir("cluster-gone-b"), QUICK).await;
     let on_a = id_of(&call(a.peer(), "bash", marked_command()).await);
     let on_b = id_of(&call(b.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await);
     wait_for_marker(&a_dir.join("marker")).await;
@@ -124,8 +112,9 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     assert!(settled["detail"].as_str().is_some_and(|d| d.contains("node a was silent")), "{settled}");
 
     // Alice, connected to b, sees it lost there, told once.
-    let mut seen = Vec::new();
-    let listing = list_until(&b, &on_a, &mut seen).await;
+    taken_in(&b_dir, &on_a).await;
+    let mut seen = texts(&call(b.peer(), "task_list", json!({})).await);
+    let listing = seen[0].clone();
     assert!(listing.contains(&format!("{on_a} [bash] lost")), "{listing}");
     assert!(listing.contains(&format!("{on_b} [bash] running")), "b's own task runs on: {listing}");
     seen.extend(texts(&call(b.peer(), "task_list", json!({})).await));
@@ -167,17 +156,17 @@ async fn a_paused_node_never_reports_a_fenced_task_running() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
 
-    let mut answers = Vec::new();
-    let listing = loop {
-        let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
-        answers.push(listed.clone());
-        assert!(!reports_running(&listed, &on_a), "a resumed node reported a fenced task running: {answers:?}");
-        if !listed.contains("cluster unavailable, retry") {
-            break listed;
-        }
-        assert!(answers.len() < 300, "a never served again: {answers:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // The first answer after the resume ("retry" while it settles, or the
+    // task lost) and every one after it rejoined never say "running".
+    let first = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
+    assert!(!reports_running(&first, &on_a), "a resumed node reported a fenced task running: {first}");
+    common::until_file(&a_dir.join("stderr.log"), Duration::from_secs(60), |log| {
+        log.contains("this node rejoined the cluster")
+    })
+    .await;
+    let listing = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
+    let answers = [first, listing.clone()];
+    assert!(!reports_running(&listing, &on_a), "{answers:?}");
     assert!(listing.contains(&format!("{on_a} [bash] lost")), "{answers:?}");
     wait_gone(keeper, "the keeper of the paused node's fenced tree").await;
     assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");

@@ -156,7 +156,9 @@ async fn a_forwarded_call_asked_again_is_answered_from_its_first_run() {
     let a = common::connect_http(&a_url, ALICE).await;
     let id =
         id_of(&call(a.peer(), "bash", json!({"command": "echo once; sleep 600", "run_in_background": true})).await);
-    // The line is there before the reads (a view consumes nothing).
+    // The line is there before the reads (a view consumes nothing). An MCP
+    // client gets no event for new output (as `common::read_until`), so the
+    // views are paced; the loop ends on the line.
     for _ in 0..300 {
         let view = texts(&call(a.peer(), "task_output", json!({"task_id": id, "view": "all"})).await).remove(0);
         if view.contains("once") {

@@ -390,3 +390,36 @@ pub fn rebuilt(component: &[u8], tag: &str) -> Vec<u8> {
     out.extend_from_slice(&payload);
     out
 }
+
+/// Waits until the file at `path` holds text for which `check` is true:
+/// looks again at each change inotify reports in its directory (armed
+/// before the first look), at most `within`. Returns the text.
+pub async fn until_file(
+    path: &std::path::Path,
+    within: Duration,
+    check: impl Fn(&str) -> bool + Send + 'static,
+) -> String {
+    use notify::Watcher as _;
+    let (changed, changes) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(changed).expect("an inotify watcher");
+    let dir = path.parent().expect("a file in a directory").to_path_buf();
+    watcher.watch(&dir, notify::RecursiveMode::NonRecursive).expect("watch the file's directory");
+    let file = path.to_path_buf();
+    let found = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            if check(&text) {
+                return Ok(text);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if changes.recv_timeout(left).is_err() {
+                return Err(text);
+            }
+        }
+    })
+    .await
+    .unwrap();
+    drop(watcher);
+    found.unwrap_or_else(|text| panic!("{} never held what was waited for within {within:?}: {text:?}", path.display()))
+}
