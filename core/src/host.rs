@@ -83,7 +83,10 @@ impl Host {
     /// host to keep ([`TaskRegistry::take_in_ended`]): a stable owner whose
     /// session is live here is handed them at once, each told once by a
     /// completion notice; others are handed them when they next appear.
-    pub fn take_in_ended(&self, tasks: Vec<crate::tasks::store::StoredTask>) {
+    pub fn take_in_ended(
+        &self,
+        tasks: Vec<(crate::tasks::store::StoredTask, Option<crate::tasks::replica::ReplayedOutput>)>,
+    ) {
         let sessions = self.registry.take_in_ended(tasks);
         if sessions.is_empty() {
             return;

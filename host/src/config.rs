@@ -94,6 +94,11 @@ pub struct ProducerConfig {
     /// plugin has no ambient authority.
     #[serde(default)]
     pub grants: Grants,
+    /// On a cluster, the node labels (`[cluster.labels]`) a node must have
+    /// to serve this tool: a node without them leaves it out (its spread
+    /// starts go to a node that has them). Needs `[cluster]`.
+    #[serde(default)]
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The producers written in Rust that a configuration can name.
@@ -249,6 +254,12 @@ fn default_promote_after_ms() -> u64 {
 
 impl ProducerConfig {
     /// How the host serves this entry's tool.
+    /// Whether a node labelled `labels` serves this entry (see
+    /// [`Self::node_labels`]): it has every one of them.
+    pub fn served_with_labels(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        self.node_labels.iter().all(|(name, value)| labels.get(name) == Some(value))
+    }
+
     pub fn tool_options(&self) -> taskhost_core::tools::producer_tool::ProducerToolOptions {
         taskhost_core::tools::producer_tool::ProducerToolOptions::new(&self.tool)
             .with_background(self.background)
@@ -410,6 +421,7 @@ impl Config {
             foreground_timeout_ms: default_foreground_timeout_ms(),
             promote_after_ms: default_promote_after_ms(),
             grants,
+            node_labels: Default::default(),
         };
         // bash may start only bash, in the server's working directory and
         // below, with credentials scrubbed from its environment, no network,
@@ -428,6 +440,22 @@ impl Config {
     /// The configured producers, or the defaults when none are configured.
     pub fn effective_producers(&self) -> Vec<ProducerConfig> {
         if self.producers.is_empty() { Self::default_producers() } else { self.producers.clone() }
+    }
+
+    /// The producers this node serves: those whose `node_labels` its
+    /// `[cluster.labels]` has (a machine without `[cluster]` has none).
+    pub fn producers_served_here(&self) -> Vec<ProducerConfig> {
+        let no_labels = std::collections::BTreeMap::new();
+        let labels = self.cluster.as_ref().map_or(&no_labels, |cluster| &cluster.labels);
+        let mut producers = self.effective_producers();
+        producers.retain(|producer| {
+            let served = producer.served_with_labels(labels);
+            if !served {
+                tracing::info!(tool = %producer.tool, required = ?producer.node_labels, ?labels, "a [[producer]] is not served on this node: it lacks the node labels the producer requires");
+            }
+            served
+        });
+        producers
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -464,6 +492,12 @@ impl Config {
                 producer.foreground_timeout_ms > 0,
                 "[[producer]] {:?}: foreground_timeout_ms must be positive",
                 producer.tool
+            );
+            anyhow::ensure!(
+                producer.node_labels.len() <= crate::cluster::config::MAX_LABELS,
+                "[[producer]] {:?}: node_labels: at most {}",
+                producer.tool,
+                crate::cluster::config::MAX_LABELS
             );
         }
         Ok(())

@@ -5,11 +5,13 @@
 //! [`output`] the output it keeps of each stream task (reads, views and
 //! peeks are served from it); [`peek`] what a viewer's peek returns;
 //! [`store`] where the registry records what outlives the process;
+//! [`replica`] where it copies output a cluster keeps beyond it;
 //! [`stop_cause`] who asked a task to stop.
 
 mod output;
 mod peek;
 mod registry;
+pub mod replica;
 mod stop_cause;
 pub mod store;
 mod types;

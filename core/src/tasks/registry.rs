@@ -37,7 +37,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::output::{FileTarget, OutputFiles, OutputLimits, OutputLog};
+use super::output::{OutputFiles, OutputLimits};
 use super::store::{MemoryStore, StoreError, TaskStore};
 use super::types::*;
 use crate::agents::{Agent, AgentRegistry, CleanupKey, WeakAgent};
@@ -58,8 +58,8 @@ mod ttl;
 pub use control::AbortedWait;
 use guards::ListenerSlot;
 pub use guards::{ListenerGuard, SurfaceGuard};
+use output_ops::StreamOutput;
 pub use output_ops::{NOTICE_LINE_LIMIT, seconds};
-use output_ops::{StreamOutput, TaskOutput};
 use state::State;
 pub use ttl::{TTL_MS_RANGE, warning_lead};
 
@@ -169,6 +169,9 @@ struct Shared {
     output_limits: Arc<OutputLimits>,
     /// Where stream tasks' log files are made, once set.
     output_files: std::sync::OnceLock<Arc<dyn OutputFiles>>,
+    /// Where stable owners' output is copied as it is logged (see
+    /// [`TaskRegistry::replicate_output`]).
+    output_replica: std::sync::OnceLock<Arc<dyn crate::tasks::replica::OutputReplica>>,
     /// The registry's private directory of log files, when that is where
     /// they are made (see [`TaskRegistry::set_output_spill_dir`]).
     output_dir: std::sync::OnceLock<std::path::PathBuf>,
@@ -242,6 +245,7 @@ impl TaskRegistry {
             shared: Arc::new(Shared {
                 output_limits: Arc::new(config.output.clone()),
                 output_files: std::sync::OnceLock::new(),
+                output_replica: std::sync::OnceLock::new(),
                 output_dir: std::sync::OnceLock::new(),
                 output_memory: memory::OutputMemory::new(config.output.memory_total_bytes),
                 agents,
@@ -292,6 +296,13 @@ impl TaskRegistry {
     /// nothing changes) when log files already have a place.
     pub fn set_output_files(&self, files: Arc<dyn OutputFiles>) -> bool {
         self.shared.output_files.set(files).is_ok()
+    }
+
+    /// Copies every stable owner's stream output started from now on to
+    /// `replica` as it is logged (a cluster's output stream: see
+    /// [`crate::tasks::replica`]). False when one was set already.
+    pub fn replicate_output(&self, replica: Arc<dyn crate::tasks::replica::OutputReplica>) -> bool {
+        self.shared.output_replica.set(replica).is_ok()
     }
 
     /// Bytes of output every stream task holds in memory now (bounded by

@@ -106,6 +106,7 @@ impl PluginTarget {
             foreground_timeout_ms: taskhost_core::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
             promote_after_ms: taskhost_core::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS,
             grants: Grants { process, ..Default::default() },
+            node_labels: Default::default(),
         };
         Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))
     }

@@ -47,6 +47,11 @@ impl Bucket {
         &self.name
     }
 
+    /// The JetStream context the bucket is read and written with.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
     /// The NATS client the bucket is read and written with.
     pub fn client(&self) -> async_nats::Client {
         self.js.client()

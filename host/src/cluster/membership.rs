@@ -63,7 +63,7 @@ pub struct Membership {
     pub(super) located: Mutex<std::collections::HashMap<String, String>>,
     /// This node's live tasks and served tools, counted on the host's
     /// runtime for the beats to carry.
-    load: Mutex<Option<(u64, Vec<String>)>>,
+    pub(super) load: Mutex<Option<(u64, Vec<String>)>>,
     /// Starts this node placed on each node since it last saw that node beat.
     pub(super) placed: Mutex<Placed>,
     labels: std::collections::BTreeMap<String, String>,
@@ -235,6 +235,10 @@ impl Membership {
         let runtime = tokio::runtime::Handle::current();
         let first = self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok();
         if first {
+            // Stable owners' output is copied to the cluster's output stream.
+            let replica =
+                super::output::StreamReplica::start(self.bucket.jetstream().clone(), &self.cluster, &self.client);
+            host.registry().replicate_output(replica);
             // The first count, carried by a beat at once: until then the
             // others do not know which tools this node serves.
             let tools: Vec<String> = host.tool_definitions().into_iter().map(|tool| tool.name).collect();
@@ -273,7 +277,10 @@ impl Membership {
     /// Hands the host ended records another node's sweep settled for this
     /// one (run on the host's runtime, never the client's: the registry
     /// calls the store, which waits on the client).
-    pub(super) fn take_in(&self, tasks: Vec<taskhost_core::tasks::store::StoredTask>) {
+    pub(super) fn take_in(
+        &self,
+        tasks: Vec<(taskhost_core::tasks::store::StoredTask, Option<taskhost_core::tasks::replica::ReplayedOutput>)>,
+    ) {
         if tasks.is_empty() {
             return;
         }

@@ -12,6 +12,8 @@
 //! - [`membership`]: this node's claim on its name, its heartbeat and lease,
 //!   and its rejoin after the others declared it gone.
 //! - [`watch`]: declaring a silent node gone; [`sweep`]: settling its tasks.
+//! - [`output`]: stable owners' output in a JetStream stream, replayed by
+//!   the node that takes a gone node's task in.
 //! - [`forward`]: control calls about another node's tasks, answered there;
 //!   [`placement`]: which node runs a start under `placement = "spread"`.
 //!
@@ -26,6 +28,7 @@ pub mod connect;
 pub mod forward;
 pub mod ids;
 pub mod membership;
+pub mod output;
 pub mod placement;
 pub mod record;
 pub mod roster;
@@ -54,6 +57,12 @@ pub async fn join(
         &node,
     )
     .await?;
+    let (js, cluster, bucket) = (store.bucket().jetstream().clone(), settings.name.clone(), settings.bucket());
+    store
+        .client_runtime()
+        .spawn(async move { output::open_stream(&js, &cluster, &bucket).await })
+        .await
+        .map_err(|error| anyhow::anyhow!("opening the output stream: {error}"))??;
     let membership = membership::Membership::claim(
         store.bucket().clone(),
         store.client_runtime().clone(),

@@ -5,9 +5,11 @@
 //!
 //! The tally ([`super::membership::Placed`]) lives with the membership.
 //!
-//! Invariants: a fenced node, or one that does not serve the tool, is never
-//! chosen; this node is chosen when no other qualifies (or the roster
-//! cannot be read: the start then runs here, as with `local`).
+//! Invariants: a fenced node, or one that does not serve the tool (a
+//! `[[producer]]` whose `node_labels` it lacks), is never chosen; this node
+//! is chosen when no other qualifies (or the roster cannot be read: the
+//! start then runs here, as with `local`, and a tool it does not serve is
+//! refused as unknown).
 
 use std::sync::Arc;
 
@@ -22,10 +24,17 @@ impl Membership {
             Ok(Ok(roster)) => roster,
             _ => return self.node.clone(),
         };
+        // This node's tools as last counted (none counted yet: it serves it).
+        let served_here = self
+            .load
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_none_or(|(_, tools)| tools.iter().any(|served| served == tool));
         let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
         let mut candidates: Vec<(u64, &String)> = Vec::new();
         for (name, entry) in &roster.nodes {
-            let serves = name == &self.node || entry.tools.iter().any(|served| served == tool);
+            let serves = if name == &self.node { served_here } else { entry.tools.iter().any(|served| served == tool) };
             if entry.fenced_by.is_some() || !serves {
                 continue;
             }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::membership::Membership;
 use super::roster::{self, NodeEntry};
-use super::sweep;
+use super::{output, sweep};
 
 /// Starts watching on the cluster client's runtime.
 pub fn start(membership: Arc<Membership>) {
@@ -127,7 +127,19 @@ async fn settle_gone(membership: &Membership, name: &str) {
     match sweep::sweep(&membership.bucket, name, &me, membership.timeout_ms()).await {
         Ok(settled) => {
             tracing::warn!(node = %me, gone = name, settled = settled.len(), "a gone node's live tasks are settled");
-            membership.take_in(settled);
+            let mut taken = Vec::with_capacity(settled.len());
+            for task in settled {
+                let js = membership.bucket.jetstream();
+                let output = match output::replay(js, &membership.cluster, membership.bucket.name(), &task.id).await {
+                    Ok(output) => output,
+                    Err(error) => {
+                        tracing::warn!(node = %me, gone = name, task = %task.id, %error, "a gone node's task is taken in without its output");
+                        None
+                    }
+                };
+                taken.push((task, output));
+            }
+            membership.take_in(taken);
         }
         Err(error) => {
             tracing::warn!(node = %me, gone = name, %error, "a gone node's tasks could not all be settled; trying again");

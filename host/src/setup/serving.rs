@@ -50,7 +50,7 @@ pub async fn served_from_config_gated(
         let root = StateDir::open_configured(&config.state)?.trees_root()?;
         runtime.durable_trees = Some(DurableTrees { root });
     }
-    let producers = config.effective_producers();
+    let producers = config.producers_served_here();
     let subagents = Subagents::for_host(&host, &config.subagents)?;
     let mut plugins = Vec::new();
     for producer in producers {

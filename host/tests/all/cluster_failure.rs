@@ -195,3 +195,67 @@ async fn a_node_name_is_served_by_one_process_at_a_time() {
     assert!(id_of(&started).starts_with("bash-"));
     common::stop_with_sigterm(&mut a_child).await;
 }
+
+/// Waits until the cluster's output stream holds a piece of `id`'s output
+/// that contains `text` (an ordered consumer on the task's subject: each
+/// message is an event).
+async fn stream_holds(js: &jetstream::Context, id: &str, text: &str) {
+    let stream = js.get_stream("OUTPUT_taskhost-t").await.unwrap();
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("taskhost.t.output.{id}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(message) = messages.next().await {
+            if String::from_utf8_lossy(&message.unwrap().payload).contains(text) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the output stream has no piece of {id} with {text:?} within 30 s"));
+}
+
+/// A killed node's task keeps its output: the survivor that settles it
+/// replays it from the cluster's output stream, so its owner's next read
+/// (on any node) goes on exactly where the last one ended, and views show
+/// all of it, stderr's label included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_output_is_read_on_where_its_owner_left_off() {
+    let cluster = NatsCluster::start("output").await;
+    let (a, a_child, a_dir) = serve_node_with(&cluster, "a", temp_dir("cluster-output-a"), QUICK).await;
+    let (b, mut b_child, b_dir) = serve_node_with(&cluster, "b", temp_dir("cluster-output-b"), QUICK).await;
+    let command = "echo one; echo two; while [ ! -e go ]; do sleep 0.05; done; echo three; echo four >&2; echo run >> marker; exec sleep 600";
+    let id = id_of(&call(a.peer(), "bash", json!({"command": command, "run_in_background": true})).await);
+
+    // The owner reads the first lines through b (the read is a's).
+    let mut read = String::new();
+    while !read.contains("two") {
+        read.push_str(&texts(&call(b.peer(), "task_output", json!({"task_id": id})).await).join("\n"));
+        tokio::time::sleep(Duration::from_millis(50)).await; // new output over MCP has no event
+    }
+    assert!(read.contains("one\ntwo"), "{read}");
+    std::fs::write(a_dir.join("go"), "").unwrap();
+    wait_for_marker(&a_dir.join("marker")).await;
+    let js = jetstream::new(cluster.client().await);
+    stream_holds(&js, &id, "four").await;
+
+    crate::durable::sigkill(a_child, a).await;
+    taken_in(&b_dir, &id).await;
+    let next = texts(&call(b.peer(), "task_output", json!({"task_id": id})).await).join("\n");
+    assert!(next.contains("three") && next.contains("four"), "the rest, from the stream: {next}");
+    assert!(!next.contains("one") && !next.contains("two"), "read once only: {next}");
+    assert!(next.contains("lost"), "{next}");
+    let again = texts(&call(b.peer(), "task_output", json!({"task_id": id})).await).join("\n");
+    assert!(!again.contains("three") && !again.contains("four"), "nothing new: {again}");
+    let view = texts(&call(b.peer(), "task_output", json!({"task_id": id, "view": "all"})).await).remove(0);
+    for line in ["one", "two", "three", "[stderr]", "four"] {
+        assert!(view.contains(line), "{line} in the view: {view}");
+    }
+    assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
+    common::stop_with_sigterm(&mut b_child).await;
+}

@@ -244,7 +244,7 @@ async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
         .map(|node| {
             format!(
                 ", {{ user: node-{node}, password: \"pw-{node}-0123456789abcdef\", permissions: {{ \
-                 publish: [\"$KV.taskhost-t.>\", \"$JS.API.>\", \"taskhost.t.node.*.call\", \"_INBOX.>\"], \
+                 publish: [\"$KV.taskhost-t.>\", \"$JS.API.>\", \"taskhost.t.node.*.call\", \"taskhost.t.output.>\", \"_INBOX.>\"], \
                  subscribe: [\"_INBOX.>\", \"taskhost.t.node.{node}.call\"] }} }}"
             )
         })
@@ -306,4 +306,44 @@ async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
     for child in &mut children {
         common::stop_with_sigterm(child).await;
     }
+}
+
+/// A `[[producer]]` that requires node labels is served only by nodes that
+/// have them: a node without them leaves the tool out of its listing, and a
+/// spread start of it asked there runs on a node that has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_that_requires_labels_runs_only_on_nodes_that_have_them() {
+    let cluster = NatsCluster::start("labels").await;
+    let producers = "\n[[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\n\n\
+                     [[producer]]\ntool = \"gpu_bash\"\nplugin = \"builtin:bash\"\nnode_labels = { gpu = \"a100\" }\n\
+                     grants = { process = { programs = [\"bash\"] } }\n";
+    let labelled = format!("placement = \"spread\"\n[cluster.labels]\ngpu = \"a100\"\n{producers}");
+    let plain = format!("placement = \"spread\"\n{producers}");
+    let (a_dir, b_dir) = (temp_dir("cluster-labels-a"), temp_dir("cluster-labels-b"));
+    let (a_url, mut a_child) = serve_node_at(&cluster, "a", &a_dir, &labelled).await;
+    let (b_url, mut b_child) = serve_node_at(&cluster, "b", &b_dir, &plain).await;
+    let (a, b) = (common::connect_http(&a_url, ALICE).await, common::connect_http(&b_url, ALICE).await);
+    let names = |tools: Vec<rmcp::model::Tool>| tools.into_iter().map(|tool| tool.name.to_string()).collect::<Vec<_>>();
+    assert!(names(a.peer().list_all_tools().await.unwrap()).contains(&"gpu_bash".to_string()));
+    let on_b = names(b.peer().list_all_tools().await.unwrap());
+    assert!(on_b.contains(&"bash".to_string()) && !on_b.contains(&"gpu_bash".to_string()), "{on_b:?}");
+    // b's log says why.
+    common::until_file(&b_dir.join("stderr.log"), Duration::from_secs(30), |log| {
+        log.contains("lacks the node labels the producer requires tool=gpu_bash")
+    })
+    .await;
+
+    let js = async_nats::jetstream::new(cluster.client().await);
+    for round in 0..4 {
+        let started =
+            call(b.peer(), "gpu_bash", json!({"command": format!("echo {round} >> runs"), "run_in_background": true}))
+                .await;
+        let id = id_of(&started);
+        let record = crate::cluster::record(&js, &id).await;
+        assert_eq!(record["node"], "a", "{id} runs where the label is: {record}");
+    }
+    common::until_file(&a_dir.join("runs"), Duration::from_secs(30), |text| text.lines().count() == 4).await;
+    assert!(!b_dir.join("runs").exists(), "nothing ran on b");
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
 }

@@ -107,6 +107,13 @@ impl OutputLog {
             .then(|| self.newlines - bytecount_bytes(&text.as_bytes()[(at - text_start) as usize..]))
     }
 
+    /// Moves the consuming cursor to the end, as a read that took
+    /// everything would (a log rebuilt from a replica, read that far).
+    pub(crate) fn mark_read(&mut self) {
+        self.cursor = self.total;
+        self.cursor_newlines = self.newlines;
+    }
+
     /// The owner's consuming read: everything since the previous one, at
     /// most `read_bytes` of it (the latest). What it skips, it names: the
     /// bytes, their lines, the `lines` view that shows them and the file

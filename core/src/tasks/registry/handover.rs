@@ -15,6 +15,7 @@
 use super::restore::insert_ended;
 use super::settle::Settlement;
 use super::*;
+use crate::tasks::replica::ReplayedOutput;
 use crate::tasks::store::StoredTask;
 
 impl TaskRegistry {
@@ -23,11 +24,15 @@ impl TaskRegistry {
     /// each stable owner's joins the registry, owned by the session's next
     /// instance until one is handed them ([`Self::attach_owner`]); others
     /// are skipped (their connection is gone, nobody is left to tell).
+    /// A task's output comes with it when its old registry's replica kept
+    /// it ([`crate::tasks::replica`]): reads go on where its owner's last
+    /// read ended, and views see it all.
     /// Returns the sessions that got records.
-    pub fn take_in_ended(&self, tasks: Vec<StoredTask>) -> Vec<SessionId> {
+    pub fn take_in_ended(&self, tasks: Vec<(StoredTask, Option<ReplayedOutput>)>) -> Vec<SessionId> {
         let now = SystemTime::now();
         let mut sessions: Vec<SessionId> = Vec::new();
-        for mut task in tasks {
+        let mut replayed_any = false;
+        for (mut task, replayed) in tasks {
             if !task.status.is_terminal() || self.shared.lock().tasks.get(&task.id).is_some() {
                 continue;
             }
@@ -38,10 +43,23 @@ impl TaskRegistry {
                 let counter = state.next_id_by_kind.entry(task.kind.clone()).or_default();
                 *counter = (*counter).max(number);
             }
-            tracing::info!(task = %task.id, owner = %stored_owner.session, status = %task.status, "an end recorded by another node is taken in");
-            if insert_ended(&mut state, task, owner, now) && !sessions.contains(&stored_owner.session) {
+            tracing::info!(task = %task.id, owner = %stored_owner.session, status = %task.status, output = replayed.is_some(), "an end recorded by another node is taken in");
+            let id = task.id.clone();
+            if !insert_ended(&mut state, task, owner.clone(), now) {
+                continue;
+            }
+            if let Some(replayed) = replayed
+                && let Some(record) = state.tasks.get_mut(&id)
+            {
+                record.output_log = Some(self.replayed_stream_output(&id, &owner, replayed));
+                replayed_any = true;
+            }
+            if !sessions.contains(&stored_owner.session) {
                 sessions.push(stored_owner.session);
             }
+        }
+        if replayed_any {
+            self.enforce_output_memory();
         }
         sessions
     }

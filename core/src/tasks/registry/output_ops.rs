@@ -29,10 +29,11 @@ use tokio::time::Instant;
 
 use super::guards::HeldEnd;
 use super::settle::prune_history;
-use super::state::{fenced, fenced_mut};
+use super::state::{Owner, fenced, fenced_mut};
 use super::*;
-use crate::tasks::output::{OutputLog, SectionLabel, ViewRequest};
+use crate::tasks::output::{FileTarget, OutputLog, SectionLabel, ViewRequest};
 use crate::tasks::peek::{OutputPeek, TAIL_LIMIT};
+use crate::tasks::replica::{ReplayedOutput, ReplicaPosition, new_epoch};
 
 /// The bytes of an output line a pattern notice quotes at most.
 pub const NOTICE_LINE_LIMIT: usize = 200;
@@ -41,6 +42,10 @@ pub const NOTICE_LINE_LIMIT: usize = 200;
 pub(super) struct TaskOutput {
     pub(super) log: OutputLog,
     pub(super) milestones: Option<Milestones>,
+    /// The log's incarnation when it is copied to the registry's replica as
+    /// it grows (a stable owner's task; the replica may be set after the
+    /// log was made, at a server's start).
+    pub(super) replica_epoch: Option<u64>,
 }
 
 /// `notify_on` state of one task.
@@ -65,7 +70,7 @@ impl TaskOutput {
             stall_notified: false,
             interactive: options.input == TaskInput::Open,
         });
-        Self { log, milestones }
+        Self { log, milestones, replica_epoch: None }
     }
 
     /// The owner looked at the task: a pattern may notify again.
@@ -186,6 +191,7 @@ impl TaskRegistry {
         match self.pull(id, &*control, &mut output).await? {
             None => {
                 let text = output.log.take_new();
+                let kept = if text.is_empty() { None } else { self.replicate_read(id, &output) };
                 // Everything taken is read now: a handed-over tree's output
                 // resumes after it on a later process.
                 if let Some(cursor) = control.tree_cursor()
@@ -193,13 +199,21 @@ impl TaskRegistry {
                 {
                     tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record where the task's output was read to");
                 }
+                drop(output);
+                if let Some(kept) = kept {
+                    kept.await;
+                }
                 Ok(TaskRead { text, snapshot })
             }
             // The read itself ended the task (a fault in it): settle with
             // that outcome, and answer with it.
             Some(outcome) => {
                 let text = output.log.take_new();
+                let kept = if text.is_empty() { None } else { self.replicate_read(id, &output) };
                 drop(output);
+                if let Some(kept) = kept {
+                    kept.await;
+                }
                 Ok(self.settle_by_read(id, ReadEndedTask { text, outcome }, snapshot))
             }
         }
@@ -310,7 +324,8 @@ impl TaskRegistry {
         if text.is_empty() {
             return;
         }
-        let TaskOutput { log, milestones } = output;
+        self.replicate_append(id, output, text, label);
+        let TaskOutput { log, milestones, .. } = output;
         let Some(milestones) = milestones.as_mut() else {
             log.append(text, label, None);
             return;
@@ -467,4 +482,87 @@ fn quoted(line: &str) -> String {
         }
     }
     text
+}
+
+impl TaskRegistry {
+    /// A new, empty log for stream task `id`, its file (when it needs one)
+    /// in the directory of `session`.
+    fn new_output_log(&self, id: &TaskId, session: Option<SessionId>) -> OutputLog {
+        let target = self.shared.output_files.get().map(|files| FileTarget {
+            files: files.clone(),
+            owner: session,
+            task: id.clone(),
+        });
+        OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target)
+    }
+
+    /// Hands the replica `text` (of the part `label`), about to be logged
+    /// at the log's end: its part within the bound (the log file's).
+    fn replicate_append(&self, id: &TaskId, output: &TaskOutput, text: &str, label: SectionLabel) {
+        let (Some(epoch), Some(replica)) = (output.replica_epoch, self.shared.output_replica.get()) else { return };
+        let limits = &self.shared.output_limits;
+        let bound = limits.spill_bytes.max(limits.memory_bytes as u64);
+        let offset = output.log.total();
+        let Some(room) = bound.checked_sub(offset).filter(|room| *room > 0) else { return };
+        let mut end = text.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end > 0 {
+            replica.appended(ReplicaPosition { task: id, epoch, offset }, &text[..end], label);
+        }
+    }
+
+    /// Hands the replica the cursor a consuming read left; the returned
+    /// future resolves once the replica kept it (answer the read after it).
+    fn replicate_read(
+        &self,
+        id: &TaskId,
+        output: &TaskOutput,
+    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        let (Some(epoch), Some(replica)) = (output.replica_epoch, self.shared.output_replica.get()) else {
+            return None;
+        };
+        replica.consumed(ReplicaPosition { task: id, epoch, offset: output.log.total() });
+        Some(replica.flushed())
+    }
+
+    /// The output of a new stream task `id` owned by `owner`, served as
+    /// `options` ask; copied to the replica when the owner is stable.
+    pub(super) fn new_stream_output(
+        &self,
+        id: &TaskId,
+        owner: Option<&Owner>,
+        options: &TaskOptions,
+    ) -> Arc<StreamOutput> {
+        let mut output = TaskOutput::new(self.new_output_log(id, owner.map(|o| o.session.clone())), options);
+        if owner.is_some_and(|o| o.durable) {
+            output.replica_epoch = Some(new_epoch());
+        }
+        Arc::new(StreamOutput::new(output))
+    }
+
+    /// The output of a task taken in from another registry, rebuilt from
+    /// what its replica kept: read as far as its owner's reads took it,
+    /// and copied on (its later reads) under the same incarnation.
+    pub(super) fn replayed_stream_output(
+        &self,
+        id: &TaskId,
+        owner: &Owner,
+        replayed: ReplayedOutput,
+    ) -> Arc<StreamOutput> {
+        let mut log = self.new_output_log(id, Some(owner.session.clone()));
+        for (text, label) in &replayed.pieces {
+            log.append(text, *label, None);
+            if log.total() == replayed.read_to {
+                log.mark_read();
+            }
+        }
+        if replayed.read_to > log.total() {
+            log.mark_read();
+        }
+        let mut output = TaskOutput::new(log, &TaskOptions::default());
+        output.replica_epoch = Some(replayed.epoch);
+        Arc::new(StreamOutput::new(output))
+    }
 }

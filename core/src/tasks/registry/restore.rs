@@ -206,14 +206,9 @@ impl TaskRegistry {
         let session = {
             let mut state = self.shared.lock();
             let Some(record) = state.tasks.get_mut(id).filter(|r| r.output_log.is_none()) else { return };
-            let Some(session) = record.owner.as_ref().map(|o| o.session.clone()) else { return };
-            let target = self.shared.output_files.get().map(|files| FileTarget {
-                files: files.clone(),
-                owner: Some(session.clone()),
-                task: id.clone(),
-            });
-            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
-            record.output_log = Some(Arc::new(StreamOutput::new(TaskOutput::new(log, &TaskOptions::default()))));
+            let Some(owner) = record.owner.clone() else { return };
+            let session = owner.session.clone();
+            record.output_log = Some(self.new_stream_output(id, Some(&owner), &TaskOptions::default()));
             record.control = control.clone();
             session
         };
@@ -228,15 +223,7 @@ impl TaskRegistry {
         let session = owner.session.clone();
         // Served as its start asked: its input, milestones and time to live.
         let options = task.options.to_options();
-        let output_log = control.streams_output().then(|| {
-            let target = self.shared.output_files.get().map(|files| FileTarget {
-                files: files.clone(),
-                owner: Some(session.clone()),
-                task: id.clone(),
-            });
-            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
-            Arc::new(StreamOutput::new(TaskOutput::new(log, &options)))
-        });
+        let output_log = control.streams_output().then(|| self.new_stream_output(&id, Some(&owner), &options));
         if let Some(log) = &output_log {
             self.watch_stalls(&id, log);
         }

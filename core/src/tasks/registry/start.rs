@@ -264,15 +264,7 @@ impl TaskRegistry {
         // watcher's first settle simply waits for this commit to finish.
         let task = Box::new(WatchedTask { registry: Arc::downgrade(&self.shared), id: id.clone() });
         let watcher = Some(tokio::spawn(Watcher { done, task }).abort_handle());
-        let output_log = streams_output.then(|| {
-            let target = self.shared.output_files.get().map(|files| FileTarget {
-                files: files.clone(),
-                owner: owner.as_ref().map(|o| o.session.clone()),
-                task: id.clone(),
-            });
-            let log = OutputLog::new(self.shared.output_limits.clone(), self.shared.output_memory.meter(), target);
-            Arc::new(StreamOutput::new(TaskOutput::new(log, &options)))
-        });
+        let output_log = streams_output.then(|| self.new_stream_output(&id, owner.as_deref(), &options));
         if let Some(log) = &output_log {
             self.watch_stalls(&id, log);
         }
