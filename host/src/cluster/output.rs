@@ -21,7 +21,8 @@
 //! - A replay uses the latest incarnation only, from byte 0 up to its first
 //!   gap; offsets, not arrival order, place each piece.
 //! - Bounds: per task the log file's ([`taskhost_core::tasks::OutputLimits::spill_bytes`]);
-//!   per cluster [`MAX_STREAM_BYTES`], the oldest output dropped first.
+//!   per cluster [`MAX_STREAM_BYTES`], the oldest output dropped first; a
+//!   task's output is deleted with its record ([`forget`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -264,6 +265,24 @@ impl Publisher {
             }
         }
         self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// Deletes the output the stream holds of `tasks` (their records were
+/// deleted). A failure is logged: the stream's bound drops it in time.
+pub async fn forget(js: &jetstream::Context, bucket: &str, tasks: &[TaskId]) {
+    let stream = match js.get_stream(stream_name(bucket)).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(%error, "the output stream is not there to delete output from");
+            return;
+        }
+    };
+    for task in tasks {
+        // The stream holds one cluster's subjects: the cluster token may be a wildcard.
+        if let Err(error) = stream.purge().filter(format!("taskhost.*.output.{task}")).await {
+            tracing::debug!(%task, %error, "a deleted task's output stays in the stream until its bound drops it");
+        }
     }
 }
 

@@ -412,6 +412,7 @@ impl TaskStore for ClusterStore {
 
     fn forget(&self, ids: &[TaskId]) -> Result<(), StoreError> {
         let keys: Vec<String> = ids.iter().map(task_key).collect();
+        let ids = ids.to_vec();
         self.call("deleting records", move |bucket| {
             Box::pin(async move {
                 let mut patience = Patience::starting_now();
@@ -420,6 +421,9 @@ impl TaskStore for ClusterStore {
                         patience.again("deleting records", error).await?;
                     }
                 }
+                // Their output goes with them (else the stream's own bound
+                // drops it in time).
+                super::output::forget(bucket.jetstream(), bucket.name(), &ids).await;
                 Ok(())
             })
         })
