@@ -66,7 +66,7 @@ class Nats:
             conf = os.path.join(self.root, f"{name}.conf")
             open(conf, "w").write(
                 f"server_name: {name}\nlisten: 127.0.0.1:{self.client_ports[i]}\nhttp: 127.0.0.1:{self.monitor_ports[i]}\n"
-                f"jetstream {{ store_dir: {json.dumps(os.path.join(self.root, name + '-store'))}, max_memory_store: 64MB, max_file_store: 2GB }}\n"
+                f"jetstream {{ store_dir: {json.dumps(os.path.join(self.root, name + '-store'))}, max_memory_store: 64MB, max_file_store: 4GB }}\n"
                 f"authorization {{ users = [ {{ user: taskhost, password: \"{self.password}\" }} ] }}\n"
                 f"cluster {{ name: bench, listen: 127.0.0.1:{self.route_ports[i]}, routes: [{routes}] }}\n")
             self.procs.append(subprocess.Popen([nats_binary(), "-c", conf], stdout=subprocess.DEVNULL,
