@@ -83,11 +83,17 @@ impl Host {
     /// host to keep ([`TaskRegistry::take_in_ended`]): a stable owner whose
     /// session is live here is handed them at once, each told once by a
     /// completion notice; others are handed them when they next appear.
-    pub fn take_in_ended(
+    pub fn take_in_ended(&self, tasks: Vec<crate::tasks::store::StoredTask>) {
+        self.take_in_ended_with_output(tasks.into_iter().map(|task| (task, None)).collect());
+    }
+
+    /// As [`Self::take_in_ended`], each task with the output its old
+    /// registry's replica kept ([`crate::tasks::replica`]), when it kept any.
+    pub fn take_in_ended_with_output(
         &self,
         tasks: Vec<(crate::tasks::store::StoredTask, Option<crate::tasks::replica::ReplayedOutput>)>,
     ) {
-        let sessions = self.registry.take_in_ended(tasks);
+        let sessions = self.registry.take_in_ended_with_output(tasks);
         if sessions.is_empty() {
             return;
         }

@@ -287,7 +287,7 @@ impl Membership {
         match self.serving.get() {
             Some(serving) => {
                 let host = serving.host.clone();
-                serving.runtime.spawn_blocking(move || host.take_in_ended(tasks));
+                serving.runtime.spawn_blocking(move || host.take_in_ended_with_output(tasks));
             }
             None => tracing::warn!(
                 tasks = tasks.len(),

@@ -28,7 +28,13 @@ impl TaskRegistry {
     /// it ([`crate::tasks::replica`]): reads go on where its owner's last
     /// read ended, and views see it all.
     /// Returns the sessions that got records.
-    pub fn take_in_ended(&self, tasks: Vec<(StoredTask, Option<ReplayedOutput>)>) -> Vec<SessionId> {
+    pub fn take_in_ended(&self, tasks: Vec<StoredTask>) -> Vec<SessionId> {
+        self.take_in_ended_with_output(tasks.into_iter().map(|task| (task, None)).collect())
+    }
+
+    /// As [`Self::take_in_ended`], each task with the output its old
+    /// registry's replica kept, when it kept any.
+    pub fn take_in_ended_with_output(&self, tasks: Vec<(StoredTask, Option<ReplayedOutput>)>) -> Vec<SessionId> {
         let now = SystemTime::now();
         let mut sessions: Vec<SessionId> = Vec::new();
         let mut replayed_any = false;
