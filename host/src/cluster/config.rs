@@ -22,6 +22,11 @@ pub const MAX_URLS: usize = 64;
 pub const MAX_LABELS: usize = 64;
 /// The longest cluster or node name (a key-value bucket name and key part).
 pub const MAX_NAME_LEN: usize = 64;
+/// The default `output_stream_bytes`: what the cluster's output stream
+/// holds before it drops its oldest output.
+pub const DEFAULT_OUTPUT_STREAM_BYTES: u64 = 1 << 30;
+/// The bounds of a nonzero `output_stream_bytes` (0 turns the stream off).
+pub const OUTPUT_STREAM_BYTES_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(1 << 40);
 
 /// `[cluster]`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -58,6 +63,12 @@ pub struct ClusterSettings {
     /// Which node runs a start.
     #[serde(default)]
     pub placement: Placement,
+    /// The most the cluster's output stream holds (JetStream file store on
+    /// each of its replicas), the oldest output dropped first; 0: stable
+    /// owners' output is not copied, and a gone node's tasks are taken in
+    /// without it.
+    #[serde(default = "default_output_stream_bytes")]
+    pub output_stream_bytes: u64,
 }
 
 /// `[cluster.tls]`.
@@ -99,6 +110,10 @@ fn default_node_timeout_ms() -> u64 {
     DEFAULT_NODE_TIMEOUT_MS
 }
 
+fn default_output_stream_bytes() -> u64 {
+    DEFAULT_OUTPUT_STREAM_BYTES
+}
+
 /// A name usable as a bucket name and a key part: ASCII letters, digits,
 /// `-` and `_`, at most [`MAX_NAME_LEN`].
 pub fn is_plain_name(name: &str) -> bool {
@@ -123,6 +138,7 @@ impl ClusterSettings {
             insecure: false,
             node_timeout_ms: DEFAULT_NODE_TIMEOUT_MS,
             placement: Placement::Local,
+            output_stream_bytes: DEFAULT_OUTPUT_STREAM_BYTES,
         }
     }
 
@@ -230,6 +246,14 @@ impl ClusterSettings {
                 NODE_TIMEOUT_MS_RANGE.end()
             ));
         }
+        if self.output_stream_bytes != 0 && !OUTPUT_STREAM_BYTES_RANGE.contains(&self.output_stream_bytes) {
+            return Err(format!(
+                "[cluster] output_stream_bytes = {}: use 0 (no output stream) or {} to {}",
+                self.output_stream_bytes,
+                OUTPUT_STREAM_BYTES_RANGE.start(),
+                OUTPUT_STREAM_BYTES_RANGE.end()
+            ));
+        }
         Ok(())
     }
 }
@@ -274,6 +298,13 @@ mod tests {
                 .contains("one way")
         );
         assert!(error_of("nats = [\"nats://a:1\"]\nnode_timeout_ms = 5\n").contains("[cluster] node_timeout_ms = 5"));
+        assert!(
+            error_of("nats = [\"nats://a:1\"]\noutput_stream_bytes = 1000\n")
+                .contains("[cluster] output_stream_bytes = 1000: use 0")
+        );
+        assert_eq!(ok.output_stream_bytes, DEFAULT_OUTPUT_STREAM_BYTES);
+        let off: ClusterSettings = toml::from_str("nats = [\"nats://a:1\"]\noutput_stream_bytes = 0\n").unwrap();
+        assert!(off.validate().is_ok());
         let placement = toml::from_str::<ClusterSettings>("nats = [\"nats://a:1\"]\nplacement = \"everywhere\"\n")
             .unwrap_err()
             .to_string();

@@ -235,7 +235,7 @@ impl Membership {
 
     /// Forwards one call to `node` (which may wait `wait` itself) and waits
     /// for its answer at most `within`, asking again meanwhile.
-    async fn forward(
+    pub(super) async fn forward(
         self: &Arc<Self>,
         node: &str,
         owner: &Agent,
@@ -453,7 +453,8 @@ impl RemoteOwners {
 }
 
 async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: ForwardedCall) -> ForwardedAnswer {
-    let answered = call.tool == "task_list" || BY_ID.contains(&call.tool.as_str());
+    let take_notices = call.tool == super::notices::TAKE_NOTICES;
+    let answered = take_notices || call.tool == "task_list" || BY_ID.contains(&call.tool.as_str());
     if !answered && !is_background_start(&call.tool, &call.arguments) {
         return ForwardedAnswer::error(format!("{} is not a call another node forwards", call.tool));
     }
@@ -461,6 +462,11 @@ async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: Fo
         Ok((agent, _)) => agent,
         Err(text) => return ForwardedAnswer::error(text),
     };
+    if take_notices {
+        let notices: Vec<String> = agent.take_unread().into_iter().map(|message| message.text).collect();
+        tracing::debug!(owner = %call.session, count = notices.len(), "notices handed to the owner's node");
+        return ForwardedAnswer { text: String::new(), is_error: false, notices, started: None };
+    }
     let span = tracing::info_span!("forwarded call", owner = %call.session, tool = %call.tool);
     let output = tracing::Instrument::instrument(
         host.call_tool(&call.tool, call.arguments, &CallContext::for_agent(&agent)),

@@ -67,6 +67,9 @@ pub struct Membership {
     /// Starts this node placed on each node since it last saw that node beat.
     pub(super) placed: Mutex<Placed>,
     labels: std::collections::BTreeMap<String, String>,
+    /// Whether stable owners' output is copied to the output stream
+    /// (`[cluster] output_stream_bytes` > 0).
+    pub(super) copy_output: bool,
     pub(super) bucket: Bucket,
     /// The cluster client's runtime (every NATS call runs there).
     pub(super) client: tokio::runtime::Handle,
@@ -74,6 +77,11 @@ pub struct Membership {
     serving: OnceLock<Serving>,
     /// Held by the one rejoin in progress.
     rejoin: tokio::sync::Mutex<()>,
+    /// Which other nodes hold unread notices for which owners
+    /// ([`super::notices`]).
+    pub(super) hints: super::notices::Hints,
+    /// Hints at the ends of this node's tasks while it serves.
+    hinting: OnceLock<taskhost_core::tasks::ListenerGuard>,
 }
 
 /// The starts this node sent each node since it last saw that node beat.
@@ -109,6 +117,7 @@ impl Membership {
         timeout: Duration,
         placement: super::config::Placement,
         labels: std::collections::BTreeMap<String, String>,
+        copy_output: bool,
     ) -> anyhow::Result<Arc<Self>> {
         let session = super::record::write_token();
         let cluster = bucket.name().strip_prefix("taskhost-").unwrap_or(bucket.name()).to_string();
@@ -121,11 +130,14 @@ impl Membership {
             load: Mutex::default(),
             located: Mutex::default(),
             labels,
+            copy_output,
             bucket,
             client,
             lease: Mutex::new(Lease { session: session.clone(), until: Instant::now(), rejoining: false }),
             serving: OnceLock::new(),
             rejoin: tokio::sync::Mutex::new(()),
+            hints: Default::default(),
+            hinting: OnceLock::new(),
         });
         let claiming = membership.clone();
         membership.on_client(async move { claiming.claim_name(&session).await }).await??;
@@ -236,9 +248,14 @@ impl Membership {
         let first = self.serving.set(Serving { host: host.clone(), trees_root, runtime: runtime.clone() }).is_ok();
         if first {
             // Stable owners' output is copied to the cluster's output stream.
-            let replica =
-                super::output::StreamReplica::start(self.bucket.jetstream().clone(), &self.cluster, &self.client);
-            host.registry().replicate_output(replica);
+            if self.copy_output {
+                let replica =
+                    super::output::StreamReplica::start(self.bucket.jetstream().clone(), &self.cluster, &self.client);
+                host.registry().replicate_output(replica);
+            }
+            // Owners connected elsewhere hear of the notices held here.
+            let _ = self.hinting.set(self.hint_at_task_ends(&host));
+            self.listen_for_hints();
             // The first count, carried by a beat at once: until then the
             // others do not know which tools this node serves.
             let tools: Vec<String> = host.tool_definitions().into_iter().map(|tool| tool.name).collect();
@@ -287,7 +304,22 @@ impl Membership {
         match self.serving.get() {
             Some(serving) => {
                 let host = serving.host.clone();
-                serving.runtime.spawn_blocking(move || host.take_in_ended_with_output(tasks));
+                let sessions: std::collections::BTreeSet<String> = tasks
+                    .iter()
+                    .filter_map(|(task, _)| task.owner.as_ref().filter(|owner| owner.durable))
+                    .map(|owner| owner.session.as_str().to_string())
+                    .collect();
+                let taking = serving.runtime.spawn_blocking(move || host.take_in_ended_with_output(tasks));
+                // Their owners, wherever connected, hear that this node
+                // now holds their notices (once they are held).
+                let hinting = self.hinter();
+                serving.runtime.spawn(async move {
+                    if taking.await.is_ok() {
+                        for session in sessions {
+                            hinting.hint(&session);
+                        }
+                    }
+                });
             }
             None => tracing::warn!(
                 tasks = tasks.len(),

@@ -15,7 +15,8 @@
 //! - [`output`]: stable owners' output in a JetStream stream, replayed by
 //!   the node that takes a gone node's task in.
 //! - [`forward`]: control calls about another node's tasks, answered there;
-//!   [`placement`]: which node runs a start under `placement = "spread"`.
+//!   [`placement`]: which node runs a start under `placement = "spread"`;
+//!   [`notices`]: an owner told on the node it calls of ends settled on others.
 //!
 //! Invariants: `taskhost-core` knows nothing of NATS (the seam is
 //! [`TaskStore`]); the NATS secrets are read by the server only, never put
@@ -28,6 +29,7 @@ pub mod connect;
 pub mod forward;
 pub mod ids;
 pub mod membership;
+pub mod notices;
 pub mod output;
 pub mod placement;
 pub mod record;
@@ -57,12 +59,18 @@ pub async fn join(
         &node,
     )
     .await?;
-    let (js, cluster, bucket) = (store.bucket().jetstream().clone(), settings.name.clone(), settings.bucket());
-    store
-        .client_runtime()
-        .spawn(async move { output::open_stream(&js, &cluster, &bucket).await })
-        .await
-        .map_err(|error| anyhow::anyhow!("opening the output stream: {error}"))??;
+    let copy_output = settings.output_stream_bytes > 0;
+    if copy_output {
+        let (js, cluster, bucket) = (store.bucket().jetstream().clone(), settings.name.clone(), settings.bucket());
+        let max_bytes = i64::try_from(settings.output_stream_bytes).unwrap_or(i64::MAX);
+        store
+            .client_runtime()
+            .spawn(async move { output::open_stream(&js, &cluster, &bucket, max_bytes).await })
+            .await
+            .map_err(|error| anyhow::anyhow!("opening the output stream: {error}"))??;
+    } else {
+        tracing::info!("[cluster] output_stream_bytes = 0: stable owners' output stays on its node");
+    }
     let membership = membership::Membership::claim(
         store.bucket().clone(),
         store.client_runtime().clone(),
@@ -70,6 +78,7 @@ pub async fn join(
         std::time::Duration::from_millis(settings.node_timeout_ms),
         settings.placement,
         settings.labels.clone(),
+        copy_output,
     )
     .await?;
     watch::start(membership.clone());

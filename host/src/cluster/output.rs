@@ -21,7 +21,8 @@
 //! - A replay uses the latest incarnation only, from byte 0 up to its first
 //!   gap; offsets, not arrival order, place each piece.
 //! - Bounds: per task the log file's ([`taskhost_core::tasks::OutputLimits::spill_bytes`]);
-//!   per cluster [`MAX_STREAM_BYTES`], the oldest output dropped first; a
+//!   per cluster `[cluster] output_stream_bytes` (1 GiB by default), the
+//!   oldest output dropped first; a
 //!   task's output is deleted with its record ([`forget`]).
 
 use std::collections::VecDeque;
@@ -44,8 +45,6 @@ pub const MAX_IN_FLIGHT: usize = 64;
 pub const PUBLISH_PATIENCE: Duration = Duration::from_secs(10);
 /// The longest a consuming read waits for its mark to be kept.
 pub const FLUSH_WITHIN: Duration = Duration::from_secs(2);
-/// The most the output stream holds for the whole cluster.
-pub const MAX_STREAM_BYTES: i64 = 1 << 30;
 /// The largest piece in one message.
 const PIECE_BYTES: usize = 256 * 1024;
 /// The longest a replay reads a task's subject.
@@ -67,10 +66,18 @@ pub fn subject(cluster: &str, task: &TaskId) -> String {
 }
 
 /// Creates the cluster's output stream when it is missing, with as many
-/// replicas as the bucket's stream has.
-pub async fn open_stream(js: &jetstream::Context, cluster: &str, bucket: &str) -> anyhow::Result<()> {
+/// replicas as the bucket's stream has and `max_bytes` (`[cluster]
+/// output_stream_bytes`); an existing stream of another size is resized
+/// (the latest node to join sets it: nodes should agree).
+pub async fn open_stream(js: &jetstream::Context, cluster: &str, bucket: &str, max_bytes: i64) -> anyhow::Result<()> {
     let name = stream_name(bucket);
-    if js.get_stream(&name).await.is_ok() {
+    if let Ok(stream) = js.get_stream(&name).await {
+        let mut config = stream.cached_info().config.clone();
+        if config.max_bytes != max_bytes {
+            tracing::info!(stream = %name, from = config.max_bytes, to = max_bytes, "the output stream is resized ([cluster] output_stream_bytes)");
+            config.max_bytes = max_bytes;
+            js.update_stream(config).await.map_err(|error| anyhow::anyhow!("resizing the stream {name}: {error}"))?;
+        }
         return Ok(());
     }
     let replicas = js.get_stream(format!("KV_{bucket}")).await?.cached_info().config.num_replicas;
@@ -79,7 +86,7 @@ pub async fn open_stream(js: &jetstream::Context, cluster: &str, bucket: &str) -
             name: name.clone(),
             description: Some("taskhost: stable owners' task output, kept beyond its node".into()),
             subjects: vec![format!("taskhost.{cluster}.output.>")],
-            max_bytes: MAX_STREAM_BYTES,
+            max_bytes,
             max_message_size: (PIECE_BYTES + 4096) as i32,
             storage: jetstream::stream::StorageType::File,
             num_replicas: replicas,

@@ -129,6 +129,10 @@ async fn settle_gone(membership: &Membership, name: &str) {
             tracing::warn!(node = %me, gone = name, settled = settled.len(), "a gone node's live tasks are settled");
             let mut taken = Vec::with_capacity(settled.len());
             for task in settled {
+                if !membership.copy_output {
+                    taken.push((task, None));
+                    continue;
+                }
                 let js = membership.bucket.jetstream();
                 let output = match output::replay(js, &membership.cluster, membership.bucket.name(), &task.id).await {
                     Ok(output) => output,

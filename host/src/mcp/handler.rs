@@ -168,6 +168,7 @@ impl McpServer {
             Err(refusal) => Err(refusal),
             Ok(()) => self.check_argument_size(name, request.arguments.as_ref()),
         };
+        let serving = admitted.is_ok();
         let (text, is_error, started) = match admitted {
             Err(refusal) => (refusal, true, None),
             Ok(()) if self.answers_as_task(name, request.arguments.as_ref(), context) => {
@@ -218,6 +219,10 @@ impl McpServer {
                 }
             }
         };
+        // Notices other nodes hold for this owner (a cluster's hints).
+        if let Some(membership) = self.membership().filter(|_| serving) {
+            forwarded_notices.extend(membership.notices_held_elsewhere(owner).await);
+        }
         let mut content = vec![ContentBlock::text(text)];
         let notices = owner.take_unread();
         if !notices.is_empty() {

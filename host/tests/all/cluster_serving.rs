@@ -347,3 +347,49 @@ async fn a_producer_that_requires_labels_runs_only_on_nodes_that_have_them() {
     common::stop_with_sigterm(&mut a_child).await;
     common::stop_with_sigterm(&mut b_child).await;
 }
+
+/// An owner connected to node b is told of the end of its task on node a
+/// with the answer to its next call on b, whatever the call (here a
+/// foreground command of b's own), and once: not again on b, nor on a, nor
+/// in a listing from either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_is_told_on_the_node_it_calls_of_an_end_on_another() {
+    let cluster = NatsCluster::start("notices").await;
+    let (a_dir, b_dir) = (temp_dir("cluster-notices-a"), temp_dir("cluster-notices-b"));
+    let (a_url, mut a_child) = serve_node_at(&cluster, "a", &a_dir, "").await;
+    let (b_url, mut b_child) = serve_node_at(&cluster, "b", &b_dir, "").await;
+    let (a, b) = (common::connect_http(&a_url, ALICE).await, common::connect_http(&b_url, ALICE).await);
+
+    let command = "read line; echo \"finished $line\"";
+    let id = id_of(
+        &call(a.peer(), "bash", json!({"command": command, "run_in_background": true, "interactive": true})).await,
+    );
+    // The task ends on a after the input given from b; nothing of alice's
+    // calls a afterwards.
+    let sent = call(b.peer(), "task_input", json!({"task_id": id, "text": "now\n"})).await;
+    assert_eq!(texts(&sent), vec![format!("sent 4 bytes to task {id}")]);
+    common::until_file(&b_dir.join("stderr.log"), Duration::from_secs(30), |log| {
+        log.contains("another node holds notices for an owner") && log.contains("holder=a owner=http:alice")
+    })
+    .await;
+
+    let answer = texts(&call(b.peer(), "bash", json!({"command": "echo here"})).await);
+    assert!(answer[0].starts_with("here\n"), "{answer:?}");
+    let told: Vec<&String> =
+        answer[1..].iter().filter(|text| text.contains(&format!("background task {id} "))).collect();
+    assert_eq!(told.len(), 1, "told once, with b's answer: {answer:?}");
+    assert!(told[0].contains("finished") && told[0].contains("exit code: 0"), "{answer:?}");
+
+    // Never again: on b, on a, in a listing from either.
+    let again = texts(&call(b.peer(), "bash", json!({"command": "echo again"})).await);
+    assert_eq!(again.len(), 1, "{again:?}");
+    for (node, client) in [("b", &b), ("a", &a)] {
+        let listing = texts(&call(client.peer(), "task_list", json!({})).await);
+        assert!(listing[0].contains(&format!("{id} [bash] completed")), "{node}: {listing:?}");
+        assert_eq!(listing.len(), 1, "no notice again from {node}: {listing:?}");
+    }
+    // The output is still a's to serve, read from b.
+    assert!(common::read_until(b.peer(), &id, "finished now", Duration::from_secs(30)).await.contains("finished now"));
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
+}

@@ -241,13 +241,25 @@ pub fn args(value: Value) -> JsonObject {
 
 /// Calls a tool; the result must be a tool result (not a protocol error).
 pub async fn call(client: &rmcp::service::Peer<RoleClient>, tool: &str, arguments: Value) -> CallToolResult {
+    call_within(client, tool, arguments, Duration::from_secs(30)).await
+}
+
+/// [`call`] for a call whose own work is long (a compiler run in the
+/// foreground): the test's patience is the call's own `timeout_ms`, not
+/// the 30 s meant to catch a hung server.
+pub async fn call_within(
+    client: &rmcp::service::Peer<RoleClient>,
+    tool: &str,
+    arguments: Value,
+    patience: Duration,
+) -> CallToolResult {
     let mut params = CallToolRequestParams::new(tool.to_string());
     if !arguments.is_null() {
         params = params.with_arguments(args(arguments));
     }
-    tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+    tokio::time::timeout(patience, client.call_tool(params))
         .await
-        .unwrap_or_else(|_| panic!("{tool} did not answer within 30 s"))
+        .unwrap_or_else(|_| panic!("{tool} did not answer within {patience:?}"))
         .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
 }
 
