@@ -30,9 +30,11 @@ pub trait OutputReplica: Send + Sync {
     fn appended(&self, at: ReplicaPosition<'_>, text: &str, label: SectionLabel);
     /// A consuming read took everything before `at`.
     fn consumed(&self, at: ReplicaPosition<'_>);
-    /// Resolves once everything handed so far is kept (or the replica gave
-    /// up waiting: it says so in its logs). The default is at once.
-    fn flushed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    /// Resolves once everything handed so far about `task` is kept (or the
+    /// replica gave up waiting: it says so in its logs). The default is at
+    /// once.
+    fn flushed(&self, task: &TaskId) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let _ = task;
         Box::pin(std::future::ready(()))
     }
 }

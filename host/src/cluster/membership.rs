@@ -328,6 +328,30 @@ impl Membership {
         }
     }
 
+    /// Lets go of the ended tasks whose records the node that declared
+    /// this one gone took over: their owners' calls go there (forwarded),
+    /// so no task is served from two nodes with two read cursors.
+    async fn release_taken_over(&self, host: &Host) {
+        let ended: Vec<taskhost_core::ids::TaskId> = host
+            .registry()
+            .list_all()
+            .into_iter()
+            .filter(|task| task.status.is_terminal())
+            .map(|task| task.id)
+            .collect();
+        let (bucket, node) = (self.bucket.clone(), self.node.clone());
+        let found = self.on_client(async move { sweep::taken_over(&bucket, &node, ended).await }).await;
+        match found.map_err(|error| error.to_string()).and_then(|found| found.map_err(|error| error.to_string())) {
+            Ok(taken) => {
+                let released = host.registry().release_ended(&taken);
+                tracing::info!(node = %self.node, released, "tasks another node took over are let go");
+            }
+            Err(error) => {
+                tracing::warn!(node = %self.node, %error, "the tasks another node took over could not be found; they stay")
+            }
+        }
+    }
+
     /// One beat: renews this session's entry unless it was fenced.
     async fn beat(&self) -> Result<(), Missed> {
         let session = self.session();
@@ -460,6 +484,7 @@ impl Membership {
             let lost = serving.host.registry().lose_live_tasks(&detail).await;
             let killed = serving.trees_root.as_deref().map_or(0, crate::durable_tasks::kill_every_tree);
             tracing::warn!(node = %self.node, lost, killed, "this node's tasks are settled lost");
+            self.release_taken_over(&serving.host).await;
         }
         let session = super::record::write_token();
         loop {

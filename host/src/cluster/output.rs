@@ -15,7 +15,8 @@
 //!   the gap) and one task on the client's runtime publishes them in order,
 //!   [`MAX_IN_FLIGHT`] at a time, each tried again with its message id for
 //!   up to [`PUBLISH_PATIENCE`] (the stream drops a repeat).
-//! - A consuming read is answered once its mark is kept, or after
+//! - A consuming read is answered once its mark (and its task's pieces
+//!   before it) is kept, or after
 //!   [`FLUSH_WITHIN`] (then the node's death within that time could give the
 //!   same lines again on another node: logged).
 //! - A replay uses the latest incarnation only, from byte 0 up to its first
@@ -106,9 +107,23 @@ pub async fn open_stream(js: &jetstream::Context, cluster: &str, bucket: &str, m
 
 /// One thing to publish.
 enum Queued {
-    Piece { task: TaskId, epoch: u64, offset: u64, text: String, label: SectionLabel },
-    ReadTo { task: TaskId, epoch: u64, offset: u64 },
-    Flush(oneshot::Sender<()>),
+    Piece {
+        task: TaskId,
+        epoch: u64,
+        offset: u64,
+        text: String,
+        label: SectionLabel,
+    },
+    ReadTo {
+        task: TaskId,
+        epoch: u64,
+        offset: u64,
+    },
+    /// Resolves once everything queued for `task` before it is kept.
+    Flush {
+        task: TaskId,
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// The registry's [`OutputReplica`] on the output stream.
@@ -152,9 +167,9 @@ impl OutputReplica for StreamReplica {
         let _ = self.queue.send(Queued::ReadTo { task: at.task.clone(), epoch: at.epoch, offset: at.offset });
     }
 
-    fn flushed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    fn flushed(&self, task: &TaskId) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         let (done, kept) = oneshot::channel();
-        let sent = self.queue.send(Queued::Flush(done)).is_ok();
+        let sent = self.queue.send(Queued::Flush { task: task.clone(), done }).is_ok();
         Box::pin(async move {
             if sent && tokio::time::timeout(FLUSH_WITHIN, kept).await.is_err() {
                 tracing::warn!(
@@ -168,6 +183,7 @@ impl OutputReplica for StreamReplica {
 
 /// One message, kept to be published again while its ack fails.
 struct Sent {
+    task: TaskId,
     subject: String,
     message: PublishMessage,
     bytes: usize,
@@ -200,7 +216,7 @@ impl Publisher {
                         if let Some(label) = label {
                             message = message.header(LABEL, label);
                         }
-                        self.send(subject(&self.cluster, &task), message, end - at).await;
+                        self.send(&task, message, end - at).await;
                         at = end;
                     }
                 }
@@ -209,11 +225,15 @@ impl Publisher {
                         .header(EPOCH, epoch.to_string().as_str())
                         .header(READ_TO, offset.to_string().as_str())
                         .message_id(format!("{task}.{epoch}.read.{offset}"));
-                    self.send(subject(&self.cluster, &task), message, 0).await;
+                    self.send(&task, message, 0).await;
                 }
-                Queued::Flush(done) => {
-                    while !self.in_flight.is_empty() {
-                        self.settle_oldest().await;
+                Queued::Flush { task, done } => {
+                    // Only this task's publishes: a read is not held up by
+                    // another task's output (each publish is acknowledged
+                    // on its own; a later one may be acknowledged first).
+                    while let Some(at) = self.in_flight.iter().position(|sent| sent.task == task) {
+                        let sent = self.in_flight.remove(at).expect("a position in the queue");
+                        self.settle(sent).await;
                     }
                     let _ = done.send(());
                 }
@@ -221,15 +241,18 @@ impl Publisher {
         }
     }
 
-    async fn send(&mut self, subject: String, message: PublishMessage, bytes: usize) {
-        if self.in_flight.len() >= MAX_IN_FLIGHT {
-            self.settle_oldest().await;
+    async fn send(&mut self, task: &TaskId, message: PublishMessage, bytes: usize) {
+        if self.in_flight.len() >= MAX_IN_FLIGHT
+            && let Some(oldest) = self.in_flight.pop_front()
+        {
+            self.settle(oldest).await;
         }
+        let subject = subject(&self.cluster, task);
         let started = Instant::now();
         loop {
             match self.js.send_publish(subject.clone(), message.clone()).await {
                 Ok(ack) => {
-                    self.in_flight.push_back(Sent { subject, message, bytes, ack });
+                    self.in_flight.push_back(Sent { task: task.clone(), subject, message, bytes, ack });
                     return;
                 }
                 Err(error) if started.elapsed() < PUBLISH_PATIENCE => {
@@ -245,10 +268,10 @@ impl Publisher {
         }
     }
 
-    /// Waits for the oldest publish's ack, publishing it again (same
-    /// message id) while that fails, for up to [`PUBLISH_PATIENCE`].
-    async fn settle_oldest(&mut self) {
-        let Some(Sent { subject, message, bytes, mut ack }) = self.in_flight.pop_front() else { return };
+    /// Waits for one publish's ack, publishing it again (same message id)
+    /// while that fails, for up to [`PUBLISH_PATIENCE`].
+    async fn settle(&mut self, sent: Sent) {
+        let Sent { subject, message, bytes, mut ack, .. } = sent;
         let started = Instant::now();
         'acked: loop {
             let error = match ack.await {

@@ -1,6 +1,7 @@
 //! Settling a gone node's live tasks: each record naming the node that is
 //! still running (or stopping) is settled `lost` (`killed`, for a stop
-//! that was requested) and handed to the node that settled it.
+//! that was requested) and handed to the node that settled it, with its
+//! stable owners' ended records as they stand.
 //!
 //! Invariants:
 //! - Each record is settled by one compare-and-set: several nodes sweeping
@@ -34,16 +35,22 @@ pub fn killed_detail(gone: &str) -> String {
     format!("its stop was requested, and its node {gone} went silent before it was carried out")
 }
 
-/// Settles every live record naming `gone` (see the module invariants) and
-/// returns the records this call settled, as they now stand.
+/// Settles every live record naming `gone` and takes over its stable
+/// owners' ended ones (see the module invariants); returns the records
+/// this call settled or took over, as they now stand.
 pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -> Result<Vec<StoredTask>, StoreError> {
     let doing = "settling a gone node's tasks";
-    let mut live = Vec::new();
+    let (mut live, mut ended) = (Vec::new(), Vec::new());
     for key in bucket.keys_under("task.").await.map_err(|error| failed(doing, error))? {
         let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else { continue };
         let record = Record::parse(&key, &value)?;
-        if record.node == gone && matches!(record.status(), TaskStatus::Running | TaskStatus::Stopping) {
+        if record.node != gone {
+            continue;
+        }
+        if matches!(record.status(), TaskStatus::Running | TaskStatus::Stopping) {
             live.push(TaskId::new(record.id));
+        } else if record.owner_durable {
+            ended.push(TaskId::new(record.id));
         }
     }
     let now = std::time::SystemTime::now();
@@ -73,5 +80,40 @@ pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -
             settled.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
         }
     }
+    // Its stable owners' ended records change hands as they are (told or
+    // not): their owners read and list them from the settler.
+    for id in ended {
+        let written = std::sync::Mutex::new(None);
+        let won = transition(bucket, &id, doing, gone, |record| {
+            if !record.status().is_terminal() {
+                return false;
+            }
+            record.node = settler.to_string();
+            *written.lock().unwrap_or_else(|e| e.into_inner()) = Some(record.to_task());
+            true
+        })
+        .await?;
+        if won {
+            tracing::info!(task = %id, gone, settler, "a gone node's ended task is taken over");
+            settled.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
     Ok(settled)
+}
+
+/// Of `ids` (tasks a node declared gone still holds), the stable owners'
+/// whose records another node holds now: the node lets them go when it
+/// rejoins, so calls about them go where the record is.
+pub async fn taken_over(bucket: &Bucket, node: &str, ids: Vec<TaskId>) -> Result<Vec<TaskId>, StoreError> {
+    let doing = "finding the tasks another node took over";
+    let mut taken = Vec::new();
+    for id in ids {
+        let key = super::record::task_key(&id);
+        let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else { continue };
+        let record = Record::parse(&key, &value)?;
+        if record.node != node && record.owner_durable {
+            taken.push(id);
+        }
+    }
+    Ok(taken)
 }

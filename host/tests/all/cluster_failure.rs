@@ -101,8 +101,11 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     let (b, mut b_child, b_dir) = serve_node_with(&cluster, "b", temp_dir("cluster-gone-b"), QUICK).await;
     let on_a = id_of(&call(a.peer(), "bash", marked_command()).await);
     let on_b = id_of(&call(b.peer(), "bash", json!({"command": "sleep 600", "run_in_background": true})).await);
+    // A task of a's that ended before a died.
+    let ended = id_of(&call(a.peer(), "bash", json!({"command": "echo early", "run_in_background": true})).await);
     wait_for_marker(&a_dir.join("marker")).await;
     let js = jetstream::new(cluster.client().await);
+    assert_eq!(settled_record(&js, &ended).await["status"], "completed");
     let keeper = keeper_pid(&js, &on_a).await;
 
     crate::durable::sigkill(a_child, a).await;
@@ -111,11 +114,15 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     assert_eq!(settled["node"], "b", "the survivor keeps the record: {settled}");
     assert!(settled["detail"].as_str().is_some_and(|d| d.contains("node a was silent")), "{settled}");
 
-    // Alice, connected to b, sees it lost there, told once.
+    // Alice, connected to b, sees it lost there, told once; the task that
+    // had ended on a is b's now too.
     taken_in(&b_dir, &on_a).await;
+    taken_in(&b_dir, &ended).await;
+    assert_eq!(crate::cluster::record(&js, &ended).await["node"], "b");
     let mut seen = texts(&call(b.peer(), "task_list", json!({})).await);
     let listing = seen[0].clone();
     assert!(listing.contains(&format!("{on_a} [bash] lost")), "{listing}");
+    assert!(listing.contains(&format!("{ended} [bash] completed")), "{listing}");
     assert!(listing.contains(&format!("{on_b} [bash] running")), "b's own task runs on: {listing}");
     seen.extend(texts(&call(b.peer(), "task_list", json!({})).await));
     let notices = seen.iter().filter(|text| text.starts_with(&format!("background task {on_a} "))).count();
@@ -142,10 +149,14 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
 async fn a_paused_node_never_reports_a_fenced_task_running() {
     let cluster = NatsCluster::start("paused").await;
     let (a, mut a_child, a_dir) = serve_node_with(&cluster, "a", temp_dir("cluster-paused-a"), QUICK).await;
-    let (_b, mut b_child, _) = serve_node_with(&cluster, "b", temp_dir("cluster-paused-b"), QUICK).await;
+    let (b, mut b_child, b_dir) = serve_node_with(&cluster, "b", temp_dir("cluster-paused-b"), QUICK).await;
     let on_a = id_of(&call(a.peer(), "bash", marked_command()).await);
+    // A task of a's that ended before the pause, its output unread.
+    let ended = id_of(&call(a.peer(), "bash", json!({"command": "echo early", "run_in_background": true})).await);
     wait_for_marker(&a_dir.join("marker")).await;
     let js = jetstream::new(cluster.client().await);
+    assert_eq!(settled_record(&js, &ended).await["status"], "completed");
+    stream_holds(&js, &ended, "early").await;
     let keeper = keeper_pid(&js, &on_a).await;
 
     let pid = a_child.id().expect("a runs") as i32;
@@ -153,6 +164,7 @@ async fn a_paused_node_never_reports_a_fenced_task_running() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let settled = settled_record(&js, &on_a).await;
     assert_eq!((settled["status"].as_str(), settled["node"].as_str()), (Some("lost"), Some("b")), "{settled}");
+    taken_in(&b_dir, &ended).await;
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
 
@@ -170,9 +182,21 @@ async fn a_paused_node_never_reports_a_fenced_task_running() {
     assert!(listing.contains(&format!("{on_a} [bash] lost")), "{answers:?}");
     wait_gone(keeper, "the keeper of the paused node's fenced tree").await;
     assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
+    // The ended task is b's alone now: read through a (forwarded to b),
+    // then through b, its output comes once; its end is told once.
+    let via_a = texts(&call(a.peer(), "task_output", json!({"task_id": ended})).await);
+    assert!(via_a[0].contains("early"), "{via_a:?}");
+    let via_b = texts(&call(b.peer(), "task_output", json!({"task_id": ended})).await);
+    assert!(!via_b[0].contains("early"), "read once, not served by two nodes: {via_b:?}");
     // It serves again: a new start runs on a.
-    let next = id_of(&call(a.peer(), "bash", json!({"command": "true", "run_in_background": true})).await);
+    let started = call(a.peer(), "bash", json!({"command": "true", "run_in_background": true})).await;
+    let next = id_of(&started);
     assert_eq!(crate::cluster::record(&js, &next).await["node"], "a");
+    let on_b_again = texts(&call(b.peer(), "task_list", json!({})).await);
+    let every_answer = [answers.to_vec(), via_a, via_b, texts(&started), on_b_again].concat();
+    let notice = format!("background task {ended} ");
+    let told: usize = every_answer.iter().map(|text| text.matches(&notice).count()).sum();
+    assert_eq!(told, 1, "{every_answer:?}");
     common::stop_with_sigterm(&mut a_child).await;
     common::stop_with_sigterm(&mut b_child).await;
 }

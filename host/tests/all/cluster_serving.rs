@@ -235,7 +235,8 @@ async fn spread_placement_runs_starts_on_every_node_once_each() {
 /// The NATS permissions docs/cluster.md gives each node (its own user: the
 /// registry's subjects, every node's call subject to publish, only its own
 /// to subscribe) are enough for everything a node does: join, beat, start,
-/// forward a read and a kill, list across nodes.
+/// forward a read and a kill, list across nodes, tell a notice held on
+/// another node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -244,16 +245,18 @@ async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
         .map(|node| {
             format!(
                 ", {{ user: node-{node}, password: \"pw-{node}-0123456789abcdef\", permissions: {{ \
-                 publish: [\"$KV.taskhost-t.>\", \"$JS.API.>\", \"taskhost.t.node.*.call\", \"taskhost.t.output.>\", \"_INBOX.>\"], \
-                 subscribe: [\"_INBOX.>\", \"taskhost.t.node.{node}.call\"] }} }}"
+                 publish: [\"$KV.taskhost-t.>\", \"$JS.API.>\", \"taskhost.t.node.*.call\", \"taskhost.t.output.>\", \"taskhost.t.unread\", \"_INBOX.>\"], \
+                 subscribe: [\"_INBOX.>\", \"taskhost.t.node.{node}.call\", \"taskhost.t.unread\"] }} }}"
             )
         })
         .collect();
     let cluster = NatsCluster::start_with_users("narrow", &users).await;
     let mut children = Vec::new();
     let mut clients = Vec::new();
+    let mut dirs = Vec::new();
     for node in ["a", "b"] {
         let dir = temp_dir(&format!("cluster-narrow-{node}"));
+        dirs.push(dir.clone());
         let secrets = temp_dir(&format!("cluster-narrow-{node}-secret"));
         let password_file = secrets.join("password");
         let mut file =
@@ -277,6 +280,18 @@ async fn nodes_with_the_documented_narrow_permissions_serve_each_other() {
     assert!(listing.starts_with(&format!("{id} [bash] running")), "{listing}");
     let killed = call(b.peer(), "task_kill", json!({"task_id": id})).await;
     assert_eq!(texts(&killed)[0], format!("requested cancellation of task {id}"));
+    // A notice held on a reaches alice on b.
+    let quick = id_of(&call(a.peer(), "bash", json!({"command": "true", "run_in_background": true})).await);
+    common::until_file(&dirs[1].join("stderr.log"), Duration::from_secs(30), |log| {
+        log.contains("another node holds notices for an owner")
+    })
+    .await;
+    let told = texts(&call(b.peer(), "bash", json!({"command": "true"})).await);
+    assert_eq!(
+        told.iter().filter(|text| text.starts_with(&format!("background task {quick} "))).count(),
+        1,
+        "{told:?}"
+    );
     // Node b's user cannot listen on node a's call subject (it would see
     // and answer calls meant for a): the server refuses the subscription.
     let (events, mut refused) = tokio::sync::mpsc::unbounded_channel();

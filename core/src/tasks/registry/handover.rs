@@ -1,6 +1,7 @@
 //! Tasks that change hands between registries sharing one store (the
 //! nodes of a cluster): the ends another node recorded for this one's
-//! tasks, and the tasks this one lost when the others declared it gone.
+//! tasks, the tasks this one lost when the others declared it gone, and
+//! the ended ones it lets go because another node holds them now.
 //!
 //! Invariants:
 //! - Ends taken in are ended records of stable owners, kept for their
@@ -14,6 +15,7 @@
 
 use super::restore::insert_ended;
 use super::settle::Settlement;
+use super::state::{Record, State};
 use super::*;
 use crate::tasks::replica::ReplayedOutput;
 use crate::tasks::store::StoredTask;
@@ -68,6 +70,38 @@ impl TaskRegistry {
             self.enforce_output_memory();
         }
         sessions
+    }
+
+    /// Drops the ended tasks among `ids` from this registry, leaving the
+    /// store as it is: another registry holds their records now (a cluster
+    /// node took them over while this one was declared gone), and calls
+    /// about them belong there. Live tasks are left. Returns how many were
+    /// dropped.
+    pub fn release_ended(&self, ids: &[TaskId]) -> usize {
+        let records: Vec<Record> = {
+            let mut state = self.shared.lock();
+            let State { tasks, owner_scopes, unowned, .. } = &mut *state;
+            let mut taken = Vec::new();
+            for id in ids {
+                let Some(key) = tasks.get(id).filter(|r| r.status.is_terminal()).map(|r| r.bucket_key()) else {
+                    continue;
+                };
+                match key {
+                    Some(key) => {
+                        if let Some(scope) = owner_scopes.get_mut(&key) {
+                            scope.tasks.retain(|t| t != id);
+                            scope.bucket.finished.retain(|t| t != id);
+                        }
+                    }
+                    None => unowned.finished.retain(|t| t != id),
+                }
+                taken.extend(tasks.remove(id));
+            }
+            taken
+        };
+        let released = records.len();
+        self.release_records(records);
+        released
     }
 
     /// Settles every live task `lost` with `detail` and kills its work (the

@@ -524,7 +524,7 @@ impl TaskRegistry {
             return None;
         };
         replica.consumed(ReplicaPosition { task: id, epoch, offset: output.log.total() });
-        Some(replica.flushed())
+        Some(replica.flushed(id))
     }
 
     /// The output of a new stream task `id` owned by `owner`, served as
