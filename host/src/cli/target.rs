@@ -98,16 +98,12 @@ impl PluginTarget {
         };
         let process = (!self.programs.is_empty())
             .then(|| ProcessGrant { programs: self.programs.clone(), ..ProcessGrant::default() });
-        let entry = ProducerConfig {
-            tool: self.tool.clone().unwrap_or_default(),
-            plugin: crate::config::ProducerSource::File(self.target.clone()),
-            config: table,
-            background: true,
-            foreground_timeout_ms: taskhost_core::tools::producer_tool::DEFAULT_FOREGROUND_TIMEOUT_MS,
-            promote_after_ms: taskhost_core::tools::producer_tool::DEFAULT_PROMOTE_AFTER_MS,
-            grants: Grants { process, ..Default::default() },
-            node_labels: Default::default(),
-        };
+        let mut entry = ProducerConfig::new(
+            self.tool.clone().unwrap_or_default(),
+            crate::config::ProducerSource::File(self.target.clone()),
+        );
+        entry.config = table;
+        entry.grants = Grants { process, ..Default::default() };
         Ok((Config { producers: vec![entry], ..Config::default() }, PathBuf::from(".")))
     }
 }
