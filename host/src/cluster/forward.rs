@@ -364,9 +364,15 @@ impl Membership {
             while let Some(message) = calls.next().await {
                 let Some(reply) = message.reply.clone() else { continue };
                 let (host, client, owners, answers) = (host.clone(), client.clone(), owners.clone(), answers.clone());
+                let membership = membership.clone();
                 runtime.spawn(async move {
                     let answer = match serde_json::from_slice::<ForwardedCall>(&message.payload) {
                         Err(error) => ForwardedAnswer::error(format!("an unreadable forwarded call: {error}")),
+                        // As for a call of its own: a node that cannot
+                        // confirm its membership reports nothing (nor
+                        // hands over notices the cluster may have given
+                        // another node to tell).
+                        Ok(_) if let Err(refusal) = membership.confirm().await => ForwardedAnswer::error(refusal),
                         Ok(call) => {
                             let once = answers.slot(&call.request);
                             once.get_or_init(|| answer_call(&host, &owners, call)).await.clone()

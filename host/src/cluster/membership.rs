@@ -343,8 +343,20 @@ impl Membership {
         let found = self.on_client(async move { sweep::taken_over(&bucket, &node, ended).await }).await;
         match found.map_err(|error| error.to_string()).and_then(|found| found.map_err(|error| error.to_string())) {
             Ok(taken) => {
-                let released = host.registry().release_ended(&taken);
-                tracing::info!(node = %self.node, released, "tasks another node took over are let go");
+                let ids: Vec<_> = taken.iter().map(|task| task.id.clone()).collect();
+                let released = host.registry().release_ended(&ids);
+                // An end noticed here but recorded untold (the node was
+                // fenced before the store heard): the node that took it
+                // over tells it, so the notice waiting here is taken back.
+                let agents = host.agents().list();
+                let mut retracted = 0;
+                for task in taken.iter().filter(|task| task.untold) {
+                    let session = task.session.as_deref();
+                    for agent in agents.iter().filter(|a| a.is_durable() && Some(a.session().as_str()) == session) {
+                        retracted += agent.retract_unread_about(&task.id);
+                    }
+                }
+                tracing::info!(node = %self.node, released, retracted, "tasks another node took over are let go");
             }
             Err(error) => {
                 tracing::warn!(node = %self.node, %error, "the tasks another node took over could not be found; they stay")

@@ -101,10 +101,20 @@ pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -
     Ok(settled)
 }
 
+/// A task another node took over from this one, as its record says.
+pub struct TakenOver {
+    pub id: TaskId,
+    /// Its owner's session.
+    pub session: Option<String>,
+    /// The record says nobody was told of its end yet: the node that took
+    /// it over tells it (so this one must not).
+    pub untold: bool,
+}
+
 /// Of `ids` (tasks a node declared gone still holds), the stable owners'
 /// whose records another node holds now: the node lets them go when it
 /// rejoins, so calls about them go where the record is.
-pub async fn taken_over(bucket: &Bucket, node: &str, ids: Vec<TaskId>) -> Result<Vec<TaskId>, StoreError> {
+pub async fn taken_over(bucket: &Bucket, node: &str, ids: Vec<TaskId>) -> Result<Vec<TakenOver>, StoreError> {
     let doing = "finding the tasks another node took over";
     let mut taken = Vec::new();
     for id in ids {
@@ -112,7 +122,8 @@ pub async fn taken_over(bucket: &Bucket, node: &str, ids: Vec<TaskId>) -> Result
         let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else { continue };
         let record = Record::parse(&key, &value)?;
         if record.node != node && record.owner_durable {
-            taken.push(id);
+            let untold = record.reporting == ReportState::Untold.as_str();
+            taken.push(TakenOver { id, session: record.owner, untold });
         }
     }
     Ok(taken)

@@ -164,10 +164,13 @@ impl McpServer {
     ) -> CallToolResponse {
         let name = request.name.as_ref();
         let mut forwarded_notices = Vec::new();
-        let admitted = match self.confirm_membership().await {
-            Err(refusal) => Err(refusal),
-            Ok(()) => self.check_argument_size(name, request.arguments.as_ref()),
-        };
+        // A node that cannot confirm it is still a member of its cluster
+        // reports nothing, notices included: the cluster may have handed
+        // their tasks to another node, which tells them.
+        if let Err(refusal) = self.confirm_membership().await {
+            return CallToolResult::error(vec![ContentBlock::text(refusal)]).into();
+        }
+        let admitted = self.check_argument_size(name, request.arguments.as_ref());
         let serving = admitted.is_ok();
         let (text, is_error, started) = match admitted {
             Err(refusal) => (refusal, true, None),

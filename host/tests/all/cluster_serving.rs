@@ -146,6 +146,85 @@ async fn a_remote_read_loses_and_repeats_no_line_when_a_nats_node_dies() {
     common::stop_with_sigterm(&mut b_child).await;
 }
 
+/// The acceptance's size: 1 GiB of numbered lines from a task on node a,
+/// read (consuming) through node b while the NATS node b is connected to
+/// is SIGKILLed a quarter of the way: every line arrives once, in order.
+/// The command prints its lines in chunks of 100 000, each after a line of
+/// input from the reader, so the reader is never more than a chunk behind
+/// (a consuming read returns the latest `output_read_bytes`: a reader
+/// that falls further behind is shown the skip, by design). Each line ends
+/// with `;`, so a line a read cut in two is recognised and joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "1 GiB through a 3-node NATS cluster: minutes of both cores and 3 GiB of disk; run it with --ignored \
+            (CI runs the 10 000-line test above, the same path)"]
+async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
+    const CHUNK: u64 = 100_000;
+    const CHUNKS: u64 = 1_100;
+    let mut cluster = NatsCluster::start("gib").await;
+    let (a_dir, b_dir) = (temp_dir("cluster-gib-a"), temp_dir("cluster-gib-b"));
+    let reads_at_once = "\n[tasks]\noutput_read_bytes = 131072\n";
+    let (a_url, mut a_child) = serve_node_at(&cluster, "a", &a_dir, reads_at_once).await;
+    let (b_url, mut b_child) = serve_node_at(&cluster, "b", &b_dir, reads_at_once).await;
+    let (a, b) = (common::connect_http(&a_url, ALICE).await, common::connect_http(&b_url, ALICE).await);
+    let command = format!(
+        "for c in $(seq 0 {}); do read go || exit 1; seq -f '%.0f;' $((c * {CHUNK} + 1)) $(((c + 1) * {CHUNK})); done",
+        CHUNKS - 1
+    );
+    let id = id_of(
+        &call(a.peer(), "bash", json!({"command": command, "run_in_background": true, "interactive": true})).await,
+    );
+    let victim = cluster.index_of(&joined_server(&b_dir));
+    let (mut next, mut sent, mut bytes, mut reads) = (1u64, 0u64, 0u64, 0u64);
+    let mut carry = String::new();
+    let mut killed = false;
+    loop {
+        if next > sent * CHUNK && sent < CHUNKS {
+            let given = call(b.peer(), "task_input", json!({"task_id": id, "text": "go\n"})).await;
+            if common::is_error(&given) {
+                assert!(texts(&given)[0].starts_with("cluster unavailable, retry"), "{:?}", texts(&given));
+                continue;
+            }
+            sent += 1;
+        }
+        let read = texts(&call(b.peer(), "task_output", json!({"task_id": id})).await).remove(0);
+        if read.starts_with("cluster unavailable, retry") {
+            continue; // nothing was consumed: ask again
+        }
+        let (body, status) = read.rsplit_once('\n').unwrap_or(("", &read));
+        if body != "(no new output)" {
+            bytes += body.len() as u64;
+            let text = std::mem::take(&mut carry) + body;
+            let mut lines = text.split('\n').peekable();
+            while let Some(line) = lines.next() {
+                match line.strip_suffix(';') {
+                    Some(number) => {
+                        assert_eq!(number, next.to_string(), "after {reads} reads");
+                        next += 1;
+                    }
+                    // Cut by the read: the rest comes first in the next one.
+                    None if lines.peek().is_none() => carry = line.to_string(),
+                    None => panic!("a broken line {line:?} after {reads} reads (expecting {next})"),
+                }
+            }
+        }
+        reads += 1;
+        if !killed && next > CHUNKS * CHUNK / 4 {
+            cluster.kill(victim);
+            killed = true;
+        }
+        if status.starts_with("[status: completed") {
+            break;
+        }
+        assert_eq!(status, "[status: running]", "after {reads} reads");
+    }
+    assert!(killed && carry.is_empty(), "{carry:?}");
+    assert_eq!(next, CHUNKS * CHUNK + 1, "every line once");
+    assert!(bytes >= 1 << 30, "{bytes} bytes read");
+    eprintln!("{bytes} bytes in {reads} reads through node b");
+    common::stop_with_sigterm(&mut a_child).await;
+    common::stop_with_sigterm(&mut b_child).await;
+}
+
 /// A forwarded call asked again with the same token (its answer was lost
 /// with a NATS node) gets the first answer: a consuming read is not
 /// consumed twice. Sent here as raw NATS requests to node a's subject.
