@@ -149,17 +149,18 @@ async fn a_remote_read_loses_and_repeats_no_line_when_a_nats_node_dies() {
 /// The acceptance's size: 1 GiB of numbered lines from a task on node a,
 /// read (consuming) through node b while the NATS node b is connected to
 /// is SIGKILLed a quarter of the way: every line arrives once, in order.
-/// The command prints its lines in chunks of 100 000, each after a line of
+/// The command prints its lines in chunks of 10 000, each after a line of
 /// input from the reader, so the reader is never more than a chunk behind
 /// (a consuming read returns the latest `output_read_bytes`: a reader
 /// that falls further behind is shown the skip, by design). Each line ends
 /// with `;`, so a line a read cut in two is recognised and joined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "1 GiB through a 3-node NATS cluster: minutes of both cores and 3 GiB of disk; run it with --ignored \
-            (CI runs the 10 000-line test above, the same path)"]
+#[ignore = "1 GiB through a 3-node NATS cluster: run it with --ignored (CI runs the 10 000-line test above, the \
+            same path). On 2026-12-05 it had not finished after 10 minutes on a 2-core machine: docs/cluster.md"]
 async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
-    const CHUNK: u64 = 100_000;
-    const CHUNKS: u64 = 1_100;
+    // A chunk is at most 10 000 × 11 bytes: within one read (128 KiB).
+    const CHUNK: u64 = 10_000;
+    const CHUNKS: u64 = 11_000;
     let mut cluster = NatsCluster::start("gib").await;
     let (a_dir, b_dir) = (temp_dir("cluster-gib-a"), temp_dir("cluster-gib-b"));
     let reads_at_once = "\n[tasks]\noutput_read_bytes = 131072\n";
@@ -197,6 +198,9 @@ async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
             let mut lines = text.split('\n').peekable();
             while let Some(line) = lines.next() {
                 match line.strip_suffix(';') {
+                    // A read that ended right after a `;` left the newline
+                    // for the next read to start with.
+                    None if line.is_empty() => {}
                     Some(number) => {
                         assert_eq!(number, next.to_string(), "after {reads} reads");
                         next += 1;
