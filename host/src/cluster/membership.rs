@@ -77,11 +77,35 @@ pub struct Membership {
     serving: OnceLock<Serving>,
     /// Held by the one rejoin in progress.
     rejoin: tokio::sync::Mutex<()>,
-    /// Which other nodes hold unread notices for which owners
-    /// ([`super::notices`]).
-    pub(super) hints: super::notices::Hints,
+    /// Which other nodes hold unread notices for which owners (the
+    /// cluster's notice hints).
+    pub(super) hints: Hints,
     /// Hints at the ends of this node's tasks while it serves.
-    hinting: OnceLock<taskhost_core::tasks::ListenerGuard>,
+    pub(super) hinting: OnceLock<taskhost_core::tasks::ListenerGuard>,
+}
+
+/// The sessions whose notice hints a node keeps.
+pub const MAX_HINTED_SESSIONS: usize = 4_096;
+
+/// The notice hints this node heard: session → the nodes that hold unread
+/// notices for it.
+#[derive(Default)]
+pub struct Hints(Mutex<std::collections::HashMap<String, std::collections::BTreeSet<String>>>);
+
+impl Hints {
+    /// `node` holds notices for `session` (all hints dropped when full).
+    pub fn add(&self, session: String, node: String) {
+        let mut hints = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if hints.len() >= MAX_HINTED_SESSIONS && !hints.contains_key(&session) {
+            hints.clear();
+        }
+        hints.entry(session).or_default().insert(node);
+    }
+
+    /// The nodes hinted for `session`, forgotten here.
+    pub fn take(&self, session: &str) -> std::collections::BTreeSet<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(session).unwrap_or_default()
+    }
 }
 
 /// The starts this node sent each node since it last saw that node beat.
@@ -253,9 +277,6 @@ impl Membership {
                     super::output::StreamReplica::start(self.bucket.jetstream().clone(), &self.cluster, &self.client);
                 host.registry().replicate_output(replica);
             }
-            // Owners connected elsewhere hear of the notices held here.
-            let _ = self.hinting.set(self.hint_at_task_ends(&host));
-            self.listen_for_hints();
             // The first count, carried by a beat at once: until then the
             // others do not know which tools this node serves.
             let tools: Vec<String> = host.tool_definitions().into_iter().map(|tool| tool.name).collect();

@@ -96,6 +96,8 @@ pub fn serve(
     trees_root: Option<std::path::PathBuf>,
 ) {
     if membership.serve(host.clone(), trees_root) {
+        // Owners connected elsewhere hear of the notices held here.
+        membership.start_hinting(&host);
         membership.answer_forwarded_calls(host, tokio::runtime::Handle::current());
     }
 }

@@ -18,11 +18,10 @@
 //! - A hint is only a pointer (core NATS, at most once): a lost one leaves
 //!   the notice where it is, told by that node's next answer to the owner
 //!   or by the owner's next listing, which asks every node.
-//! - Bounds: [`MAX_HINTED_SESSIONS`] sessions' hints (all dropped when
-//!   full, as above), a hint at most [`MAX_HINT_BYTES`].
+//! - Bounds: `membership::MAX_HINTED_SESSIONS` sessions' hints (all
+//!   dropped when full, as above), a hint at most [`MAX_HINT_BYTES`].
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -34,8 +33,6 @@ use super::membership::Membership;
 
 /// The forwarded call that takes the owner's unread notices on a node.
 pub(super) const TAKE_NOTICES: &str = "taskhost/take-notices";
-/// The sessions whose hints a node keeps.
-const MAX_HINTED_SESSIONS: usize = 4_096;
 /// The largest hint a node reads.
 const MAX_HINT_BYTES: usize = 4_096;
 /// How long a node that holds notices has to hand them over.
@@ -46,24 +43,6 @@ const TAKE_WITHIN: Duration = Duration::from_secs(3);
 struct Hint {
     node: String,
     session: String,
-}
-
-/// The hints this node heard: session → the nodes that hold its notices.
-#[derive(Default)]
-pub(super) struct Hints(Mutex<HashMap<String, BTreeSet<String>>>);
-
-impl Hints {
-    fn add(&self, session: String, node: String) {
-        let mut hints = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if hints.len() >= MAX_HINTED_SESSIONS && !hints.contains_key(&session) {
-            hints.clear();
-        }
-        hints.entry(session).or_default().insert(node);
-    }
-
-    fn take(&self, session: &str) -> BTreeSet<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(session).unwrap_or_default()
-    }
 }
 
 fn hint_subject(cluster: &str) -> String {
@@ -104,21 +83,25 @@ impl Membership {
         }
     }
 
-    /// Hints, while the guard lives, at every end of a stable owner's task
-    /// here that its owner was not told of otherwise (its notice waits in
-    /// the owner's unread messages on this node).
-    pub(super) fn hint_at_task_ends(&self, host: &taskhost_core::Host) -> ListenerGuard {
+    /// Starts hinting, for as long as the node lives, at every end of a
+    /// stable owner's task on `host` that its owner was not told of
+    /// otherwise (its notice waits in the owner's unread messages here),
+    /// and keeping the hints other nodes publish.
+    pub(super) fn start_hinting(self: &Arc<Self>, host: &taskhost_core::Host) {
         let hinter = self.hinter();
-        host.registry().on_task_done(Arc::new(move |done: &TaskDone| {
+        let guard: ListenerGuard = host.registry().on_task_done(Arc::new(move |done: &TaskDone| {
             let Some(owner) = done.owner.as_ref().filter(|owner| owner.is_durable()) else { return };
             if !done.snapshot.reported {
                 hinter.hint(owner.session().as_str());
             }
-        }))
+        }));
+        if self.hinting.set(guard).is_ok() {
+            self.listen_for_hints();
+        }
     }
 
     /// Keeps the hints other nodes publish, until the client closes.
-    pub(super) fn listen_for_hints(self: &Arc<Self>) {
+    fn listen_for_hints(self: &Arc<Self>) {
         let membership = self.clone();
         let client = self.bucket.client();
         self.client.spawn(async move {
