@@ -38,7 +38,8 @@ use std::time::Duration;
 
 use taskhost_core::tasks::{OutputSignal, SectionLabel, TaskControl, TaskHooks, TaskOutcome, TreeAdopter};
 use taskhost_process::{
-    DurableProcess, DurableRecord, ExitStatus, FollowedTree, OutputSink, Stream, TreeCursor, TreeEnd, signal_name,
+    DurableProcess, DurableRecord, ExitStatus, FollowedTree, LogRelease, OutputSink, Stream, TreeCursor, TreeEnd,
+    signal_name,
 };
 
 /// The bytes of a re-adopted tree's output waiting for the registry at most
@@ -154,22 +155,35 @@ fn launched_tree(dir: &Path) -> Option<HandedOverTree> {
     read_launch(dir).map(|(_, _, kept)| kept)
 }
 
-/// Removes a handed-over tree's directory once it ended, when dropped:
-/// held by the task's control, which the record holds until it leaves the
-/// history, long after its end was recorded.
+/// A handed-over tree's directory, as its task's control holds it: lets go
+/// of the log bytes the owner read for good ([`LogRelease`]), and removes
+/// the directory once the tree ended, when dropped (the record holds the
+/// control until it leaves the history, long after its end was recorded).
 #[derive(Debug)]
-pub struct TreeDir(pub DurableRecord);
+pub struct TreeDir {
+    record: DurableRecord,
+    release: LogRelease,
+}
 
 impl TreeDir {
-    /// The guard of the tree a store keeps as `text`.
+    /// The directory of the tree a store keeps as `text`.
     pub fn of(text: &str) -> Option<Self> {
-        HandedOverTree::parse(text).ok().map(|kept| Self(kept.record))
+        HandedOverTree::parse(text).ok().map(|kept| Self::new(kept.record))
+    }
+
+    fn new(record: DurableRecord) -> Self {
+        Self { release: LogRelease::new(&record), record }
+    }
+
+    /// The store holds `cursor`: the logs let go of what lies before it.
+    pub fn cursor_stored(&self, cursor: &str) {
+        self.release.release_before(cursor);
     }
 }
 
 impl Drop for TreeDir {
     fn drop(&mut self) {
-        taskhost_process::durable_follow::remove_ended(&self.0);
+        taskhost_process::durable_follow::remove_ended(&self.record);
     }
 }
 
@@ -237,8 +251,8 @@ impl TreeAdopter for DurableTreeAdopter {
         let sink = OutputSink::new(WAITING_BYTES);
         let tree = Arc::new(FollowedTree::follow(process, sink.clone(), cursor, Duration::from_millis(kept.grace_ms)));
         let cancelled = Arc::new(AtomicBool::new(kill));
-        let dir = TreeDir(kept.record.clone());
-        let control = Arc::new(AdoptedTree { tree: tree.clone(), sink, cancelled: cancelled.clone(), _dir: dir });
+        let dir = TreeDir::new(kept.record.clone());
+        let control = Arc::new(AdoptedTree { tree: tree.clone(), sink, cancelled: cancelled.clone(), dir });
         let done = Box::pin(async move {
             tree.ended().await;
             let end = tree.end().expect("ended");
@@ -254,7 +268,7 @@ struct AdoptedTree {
     sink: Arc<OutputSink>,
     /// A kill was asked for (the end is then `killed`).
     cancelled: Arc<AtomicBool>,
-    _dir: TreeDir,
+    dir: TreeDir,
 }
 
 #[async_trait::async_trait]
@@ -304,5 +318,9 @@ impl TaskControl for AdoptedTree {
 
     fn tree_cursor(&self) -> Option<Arc<str>> {
         self.sink.taken_mark()
+    }
+
+    fn tree_cursor_stored(&self, cursor: &str) {
+        self.dir.cursor_stored(cursor);
     }
 }

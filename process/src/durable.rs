@@ -437,9 +437,11 @@ pub(crate) fn open(spawn: &DurableSpawn) -> std::io::Result<Opened> {
         .open(&spawn.dir)?
         .into();
     // Written by K alone, from offset 0 on (not O_APPEND: a splice into an
-    // append-only descriptor is refused).
+    // append-only descriptor is refused); read by K only for a log's last
+    // byte (a drop mark starts on a line of its own).
     let log = |name: &str| -> std::io::Result<OwnedFd> {
         Ok(std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)

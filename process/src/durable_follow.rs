@@ -18,8 +18,9 @@
 //! - Every log byte past the starting offsets is forwarded once, in order;
 //!   the offsets only grow.
 //! - Bounded: one look reads at most [`LOOK_BYTES`] per stream, and the
-//!   follower waits while the sink is full (K's logs are capped by the
-//!   grant's spill cap, so a slow reader costs disk, never memory).
+//!   follower waits while the sink is full (K's logs hold at most the
+//!   grant's spill cap of unread output, what was read for good being
+//!   punched out by [`LogRelease`]: a slow reader costs disk, never memory).
 //! - Dropping a [`FollowedTree`] stops the follower and leaves the tree
 //!   running (the tree outlives its server); [`FollowedTree::kill`] ends it.
 //!   Its directory is its owner's to remove once the end is recorded
@@ -403,6 +404,89 @@ impl Drop for LogChanges {
                 waiting.remove(&wd);
                 // SAFETY: removes our own watch.
                 unsafe { libc::inotify_rm_watch(inotify.fd.as_raw_fd(), wd) };
+            }
+        }
+    }
+}
+
+/// Lets go of the log bytes a durable tree's reader took for good: once the
+/// store holds a read cursor, nothing before it is read again (a later
+/// server resumes there), so those bytes' blocks are punched out
+/// (`FALLOC_FL_PUNCH_HOLE`: offsets stay, the disk is freed). K caps what
+/// the logs hold on disk, so this is what lets a reader that keeps up read
+/// past the cap.
+///
+/// Invariants: only whole blocks before the cursor go, and never a log's
+/// last byte (K reads it to start its drop mark on a line of its own); a
+/// filesystem that cannot punch holes is told once in the log and left
+/// alone (the cap then bounds the whole output, as the mark says).
+#[derive(Debug)]
+pub struct LogRelease {
+    dir: std::path::PathBuf,
+    state: std::sync::Mutex<Released>,
+}
+
+#[derive(Debug, Default)]
+struct Released {
+    files: [Option<std::fs::File>; 2],
+    /// Each log is punched out up to here.
+    through: [u64; 2],
+    unsupported: bool,
+}
+
+/// The granularity of what is punched out.
+const RELEASE_BLOCK: u64 = 4096;
+
+impl LogRelease {
+    /// For the tree of `record`; opens its logs at the first release.
+    pub fn new(record: &crate::durable::DurableRecord) -> Self {
+        Self { dir: record.dir.clone(), state: Default::default() }
+    }
+
+    /// Punches out what lies before `cursor` (a mark as stored:
+    /// [`TreeCursor::to_mark`]); an unreadable mark releases nothing.
+    pub fn release_before(&self, cursor: &str) {
+        use std::os::fd::AsRawFd;
+        let Some(cursor) = TreeCursor::parse(cursor) else { return };
+        let mut state = lock(&self.state);
+        if state.unsupported {
+            return;
+        }
+        for (index, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            let offset = if stream == Stream::Stderr { cursor.stderr } else { cursor.stdout };
+            let end = offset.saturating_sub(1) / RELEASE_BLOCK * RELEASE_BLOCK;
+            let start = state.through[index];
+            if end <= start {
+                continue;
+            }
+            if state.files[index].is_none() {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                let path = self.dir.join(crate::durable::log_name(stream));
+                match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
+                    Ok(file) => state.files[index] = Some(file),
+                    Err(error) => {
+                        tracing::debug!(log = %path.display(), %error, "cannot open a durable tree's log to release what was read");
+                        continue;
+                    }
+                }
+            }
+            let Some(file) = &state.files[index] else { continue };
+            // SAFETY: fallocate on a descriptor we own; offsets in range.
+            let punched = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    start as libc::off_t,
+                    (end - start) as libc::off_t,
+                )
+            };
+            if punched == 0 {
+                state.through[index] = end;
+            } else {
+                let error = std::io::Error::last_os_error();
+                tracing::warn!(dir = %self.dir.display(), %error, "cannot punch read output out of a durable tree's logs: they keep it, and the log cap bounds the command's whole output");
+                state.unsupported = true;
+                return;
             }
         }
     }

@@ -68,7 +68,7 @@ use std::time::Duration;
 
 pub use confine::{Applied, ConfinementSupport};
 pub use durable::{AdoptError, DurableExit, DurableProcess, DurableRecord, DurableSpawn};
-pub use durable_follow::{FollowedTree, LogOffsets, TreeCursor, TreeEnd};
+pub use durable_follow::{FollowedTree, LogOffsets, LogRelease, TreeCursor, TreeEnd};
 pub use forward::{OutputSink, StreamSections};
 pub use grant::{ArgumentRule, EnvPolicy, ProcessGrant, ProcessLimits, Refusal};
 pub use handle::{ExitStatus, Process, ProcessWatch, Stream, kill_all, live_count, signal_name};

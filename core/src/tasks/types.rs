@@ -208,6 +208,11 @@ pub trait TaskControl: Send + Sync + 'static {
     fn tree_cursor(&self) -> Option<std::sync::Arc<str>> {
         None
     }
+
+    /// For a handed-over tree: the store now holds `cursor` (from
+    /// [`Self::tree_cursor`]), so no process reads the tree's output before
+    /// it again, and the tree may let go of it. Default: nothing.
+    fn tree_cursor_stored(&self, _cursor: &str) {}
 }
 
 /// Re-adopts handed-over trees at start-up ([`crate::tasks::TaskRegistry::readopt`]):

@@ -78,8 +78,9 @@ struct Shared {
     /// The durable tree the guest handed over (`spawn-handed-over` for a
     /// stable owner), as the store keeps it.
     handed_over: Option<String>,
-    /// Removes the handed-over tree's directory once the record goes.
-    _tree_dir: Option<crate::durable_tasks::TreeDir>,
+    /// Lets go of what the owner read of the handed-over tree's logs, and
+    /// removes its directory once the record goes.
+    tree_dir: Option<crate::durable_tasks::TreeDir>,
 }
 
 /// Everything the driver needs to run a task that `run` just returned.
@@ -106,7 +107,7 @@ pub(crate) fn spawn(mut parts: TaskParts, span: tracing::Span) -> TaskHooks {
         _spill_files: Mutex::new(Vec::new()),
         abandoned: AtomicBool::new(false),
         handed_over: handed_over.clone(),
-        _tree_dir: handed_over.as_deref().and_then(crate::durable_tasks::TreeDir::of),
+        tree_dir: handed_over.as_deref().and_then(crate::durable_tasks::TreeDir::of),
     });
     let streams_output = parts.streams_output;
     let plugin = parts.store.data().tag().plugin.clone();
@@ -239,6 +240,12 @@ impl TaskControl for WasmTaskControl {
 
     fn tree_cursor(&self) -> Option<Arc<str>> {
         self.shared.handed_over.as_ref().and_then(|_| self.shared.pulled.taken_mark())
+    }
+
+    fn tree_cursor_stored(&self, cursor: &str) {
+        if let Some(dir) = &self.shared.tree_dir {
+            dir.cursor_stored(cursor);
+        }
     }
 }
 

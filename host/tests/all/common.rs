@@ -122,7 +122,7 @@ pub fn serve_command(dir: &std::path::Path, config: Option<&str>) -> tokio::proc
 
 /// Spawns `command` (a `taskhost serve --http 127.0.0.1:0 …`) and waits up
 /// to 20 s for the address it prints on stderr. The rest of its stderr is
-/// kept in the file `log` when given (rewritten as lines arrive), drained
+/// kept in the file `log` when given (appended as lines arrive), drained
 /// otherwise.
 pub async fn spawn_http_server(
     mut command: tokio::process::Command,
@@ -148,15 +148,17 @@ pub async fn spawn_http_server(
     })
     .await
     .expect("the server starts within 20 s");
-    if let Some(log) = &log {
-        let _ = std::fs::write(log, &text);
+    // Appended line by line to a file opened once: a server's stderr is
+    // never held up by its test (rewriting the whole log per line made a
+    // long test's server wait on its own logging).
+    let mut log = log.and_then(|log| std::fs::File::create(log).ok());
+    if let Some(file) = &mut log {
+        let _ = std::io::Write::write_all(file, text.as_bytes());
     }
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(log) = &log {
-                text.push_str(&line);
-                text.push('\n');
-                let _ = std::fs::write(log, &text);
+            if let Some(file) = &mut log {
+                let _ = std::io::Write::write_all(file, format!("{line}\n").as_bytes());
             }
         }
     });

@@ -14,6 +14,7 @@ mod dashboard;
 mod dev_store;
 mod dev_watch;
 mod durable;
+mod durable_output;
 mod http_limits;
 mod http_wait;
 mod launch_fence;

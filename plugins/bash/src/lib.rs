@@ -9,7 +9,7 @@
 //!   header (a header marks every change of stream, `[stdout]` included, and a read that
 //!   begins inside stderr starts with one). The log keeps its own bounds (memory, then a log
 //!   file the owner's commands can read), so `memory_cap_bytes` applies to foreground runs
-//!   only (`spill_cap_bytes` bounds a durable tree's logs) and `read-output` adds nothing.
+//!   only (`spill_cap_bytes` bounds a durable tree's unread output) and `read-output` adds nothing.
 //! - Interactive (background with `interactive: true`): as background, with a stdin pipe;
 //!   `write-input` writes to it (never blocking: the host queues what the pipe cannot take)
 //!   and `close` closes it. Every other run's stdin is `/dev/null` (end-of-file at once).

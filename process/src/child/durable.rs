@@ -3,8 +3,14 @@
 //! socket, enforces the deadline and writes the tree's end next to the logs.
 //!
 //! Invariants (besides [`super`]'s: no allocation, async-signal-safe):
-//! - The logs only grow, by K's writes alone; together they hold at most
-//!   the cap, and the `truncated` mark says when K dropped output past it.
+//! - K alone writes the logs, each at its end. What they hold on disk stays
+//!   within the cap: the server punches out what its reader took for good
+//!   ([`crate::durable_follow::LogRelease`]), so the cap bounds the
+//!   *unread* output, and a reader that keeps up gets all of it.
+//! - Output that finds the logs at their cap is dropped, never held (the
+//!   tree is not slowed), and a mark line in that stream's log says where
+//!   (the `truncated` file says that it happened); the stream is written
+//!   again once the reader freed a quarter of the cap (at most a pipe).
 //! - The `status` file appears whole (written as `status.tmp`, then
 //!   renamed) once the tree is reaped: `code N` or `signal N`, then
 //!   `deadline` when K killed the tree at its deadline.
@@ -24,11 +30,27 @@ const COPY_BYTES: usize = 64 * 1024;
 /// `pipe-max-size`), and one splice moves at most this much: a chatty
 /// command wakes K 16 times less often than with a 64 KiB pipe.
 const PIPE_BYTES: usize = 1 << 20;
+/// Room kept in the logs for drop marks: output stops this short of the
+/// cap, so the line saying where output was dropped always fits.
+const MARK_ROOM: u64 = 1024;
+/// A drop mark at most.
+const MARK_BYTES: usize = 256;
+
+/// The streams, as indices of [`Keeping`]'s arrays.
+const STDOUT: usize = 0;
+const STDERR: usize = 1;
 
 /// K's loop state: what is still open.
 struct Keeping {
     stdin: RawFd,
-    written: u64,
+    /// Each log's length (stdout, stderr): where K's next write lands.
+    lengths: [u64; 2],
+    /// What the logs hold on disk, at most: their lengths less what the
+    /// server punched out, measured again near the cap ([`DurablePlan::output_room`]).
+    held: u64,
+    /// The stream's output is dropped (since the logs were at their cap)
+    /// until the reader freed [`DurablePlan::resume_room`].
+    dropping: [bool; 2],
     truncated: bool,
     deadline_hit: bool,
     /// Output still moves pipe → log by `splice` (no copy through K): false
@@ -58,7 +80,9 @@ impl DurablePlan {
             let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as RawFd;
             let mut state = Keeping {
                 stdin: self.stdin.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
-                written: 0,
+                lengths: [0; 2],
+                held: 0,
+                dropping: [false; 2],
                 truncated: false,
                 deadline_hit: false,
                 splice: true,
@@ -93,10 +117,10 @@ impl DurablePlan {
                     state.deadline_hit = true;
                     self.end_tree(child);
                 }
-                if fds[1].revents != 0 && !self.copy(out, self.stdout_log.as_raw_fd(), &mut buf, &mut state, false) {
+                if fds[1].revents != 0 && !self.copy(out, STDOUT, &mut buf, &mut state, false) {
                     out = -1;
                 }
-                if fds[2].revents != 0 && !self.copy(err, self.stderr_log.as_raw_fd(), &mut buf, &mut state, false) {
+                if fds[2].revents != 0 && !self.copy(err, STDERR, &mut buf, &mut state, false) {
                     err = -1;
                 }
                 if fds[3].revents != 0 {
@@ -121,12 +145,12 @@ impl DurablePlan {
             // What the tree wrote before it ended is in the pipes (with a
             // PID namespace nothing holds their write ends any more; without,
             // a descendant that left may: then only what is there now).
-            for (fd, log) in [(out, self.stdout_log.as_raw_fd()), (err, self.stderr_log.as_raw_fd())] {
+            for (fd, stream) in [(out, STDOUT), (err, STDERR)] {
                 if fd < 0 {
                     continue;
                 }
                 libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK);
-                while self.copy(fd, log, &mut buf, &mut state, true) {}
+                while self.copy(fd, stream, &mut buf, &mut state, true) {}
             }
             self.write_status(status, &state);
             // Without a PID namespace, what the command left in the group
@@ -138,30 +162,40 @@ impl DurablePlan {
         }
     }
 
-    /// Moves what `from` holds now into `log`, within the cap: spliced
-    /// (the kernel moves the pages; no copy through K) while the cap has
-    /// room, else read and dropped past the cap. False at end of file (or
-    /// error, or nothing to read when `draining` a non-blocking end).
+    /// Moves what `from` holds now into `stream`'s log, within the cap:
+    /// spliced (the kernel moves the pages; no copy through K) while the
+    /// cap has room, else read, and dropped past the cap with a mark. False
+    /// at end of file (or error, or nothing to read when `draining` a
+    /// non-blocking end).
     ///
     /// # Safety
     /// In K.
     unsafe fn copy(
         &self,
         from: RawFd,
-        log: RawFd,
+        stream: usize,
         buf: &mut [u8; COPY_BYTES],
         state: &mut Keeping,
         draining: bool,
     ) -> bool {
+        let log = self.log(stream);
         // SAFETY: splice/read/write on K's descriptors and its stack buffer.
         unsafe {
-            let room = self.log_cap.saturating_sub(state.written);
+            let mut room = self.output_room(state);
+            if state.dropping[stream] {
+                if room < self.resume_room() {
+                    room = 0;
+                } else {
+                    state.dropping[stream] = false;
+                }
+            }
             if state.splice && room > 0 {
                 let flags = libc::SPLICE_F_MOVE | if draining { libc::SPLICE_F_NONBLOCK } else { 0 };
                 let len = (room as usize).min(PIPE_BYTES);
                 let n = libc::splice(from, std::ptr::null_mut(), log, std::ptr::null_mut(), len, flags);
                 if n >= 0 {
-                    state.written += n as u64;
+                    state.lengths[stream] += n as u64;
+                    state.held += n as u64;
                     return n > 0;
                 }
                 match super::sys::errno() {
@@ -179,19 +213,81 @@ impl DurablePlan {
             }
             let n = n as u64;
             let keep = n.min(room) as usize;
-            let mut at = 0;
-            while at < keep {
-                let w = libc::write(log, buf[at..].as_ptr().cast(), keep - at);
-                if w < 0 && super::sys::errno() == libc::EINTR {
-                    continue;
-                }
-                if w <= 0 {
-                    break;
-                }
-                at += w as usize;
+            let at = write_all(log, &buf[..keep]);
+            state.lengths[stream] += at as u64;
+            state.held += at as u64;
+            if (at as u64) < n && !state.dropping[stream] {
+                state.dropping[stream] = true;
+                self.mark_drop(stream, state);
             }
-            state.written += at as u64;
-            if (at as u64) < n && !state.truncated {
+            true
+        }
+    }
+
+    /// `stream`'s log.
+    fn log(&self, stream: usize) -> RawFd {
+        if stream == STDERR { self.stderr_log.as_raw_fd() } else { self.stdout_log.as_raw_fd() }
+    }
+
+    /// How much more output the logs take: the cap (less the marks' room)
+    /// less what they hold. Near the cap, what they hold is measured (the
+    /// blocks they take, no more than their lengths), so what the server
+    /// punched out is room again.
+    fn output_room(&self, state: &mut Keeping) -> u64 {
+        let cap = self.log_cap.saturating_sub(MARK_ROOM);
+        if cap.saturating_sub(state.held) < PIPE_BYTES as u64 {
+            let mut blocks = 0u64;
+            for stream in [STDOUT, STDERR] {
+                // SAFETY: a plain C struct, all zeroes valid.
+                let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: fstat of K's own descriptor into a local.
+                if unsafe { libc::fstat(self.log(stream), &mut stat) } != 0 {
+                    return cap.saturating_sub(state.held);
+                }
+                blocks += stat.st_blocks as u64 * 512;
+            }
+            state.held = blocks.min(state.lengths[STDOUT] + state.lengths[STDERR]);
+        }
+        cap.saturating_sub(state.held)
+    }
+
+    /// The room a dropping stream waits for before it is written again: a
+    /// quarter of the cap, at most a pipe (not a mark for every line).
+    fn resume_room(&self) -> u64 {
+        (self.log_cap.saturating_sub(MARK_ROOM) / 4).clamp(1, PIPE_BYTES as u64)
+    }
+
+    /// Writes the line that says output was dropped here into `stream`'s
+    /// log (on a line of its own), and the `truncated` mark once.
+    ///
+    /// # Safety
+    /// In K.
+    unsafe fn mark_drop(&self, stream: usize, state: &mut Keeping) {
+        // SAFETY: pread/write/openat on K's descriptors and stack buffers.
+        unsafe {
+            let log = self.log(stream);
+            let mut mark = [0u8; MARK_BYTES];
+            let mut len = 0;
+            let mut last = [b'\n'];
+            let length = state.lengths[stream];
+            if length > 0
+                && libc::pread(log, last.as_mut_ptr().cast(), 1, (length - 1) as libc::off_t) == 1
+                && last[0] != b'\n'
+            {
+                push(&mut mark, &mut len, b"\n");
+            }
+            push(
+                &mut mark,
+                &mut len,
+                b"[taskhost: output dropped here: the command's unread output filled its log cap of ",
+            );
+            let mut digits = [0u8; 20];
+            push(&mut mark, &mut len, super::exit::decimal(self.log_cap, &mut digits));
+            push(&mut mark, &mut len, b" bytes (spill_cap_bytes); what it wrote until the reader caught up is lost]\n");
+            let at = write_all(log, &mark[..len]);
+            state.lengths[stream] += at as u64;
+            state.held += at as u64;
+            if !state.truncated {
                 state.truncated = true;
                 let fd = libc::openat(
                     self.dir.as_raw_fd(),
@@ -203,7 +299,6 @@ impl DurablePlan {
                     libc::close(fd);
                 }
             }
-            true
         }
     }
 
@@ -348,7 +443,28 @@ impl DurablePlan {
     }
 }
 
-fn push(buf: &mut [u8; STATUS_BYTES], len: &mut usize, bytes: &[u8]) {
+/// Writes `bytes` at `fd`'s position, through interruptions; returns how
+/// many were written (fewer on an error: a full disk, the size limit).
+///
+/// # Safety
+/// In K.
+unsafe fn write_all(fd: RawFd, bytes: &[u8]) -> usize {
+    let mut at = 0;
+    while at < bytes.len() {
+        // SAFETY: a write from a live slice.
+        let w = unsafe { libc::write(fd, bytes[at..].as_ptr().cast(), bytes.len() - at) };
+        if w < 0 && super::sys::errno() == libc::EINTR {
+            continue;
+        }
+        if w <= 0 {
+            break;
+        }
+        at += w as usize;
+    }
+    at
+}
+
+fn push<const N: usize>(buf: &mut [u8; N], len: &mut usize, bytes: &[u8]) {
     let n = bytes.len().min(buf.len() - *len);
     buf[*len..*len + n].copy_from_slice(&bytes[..n]);
     *len += n;
@@ -358,8 +474,8 @@ fn push_number(buf: &mut [u8; STATUS_BYTES], len: &mut usize, number: i32) {
     if number < 0 {
         push(buf, len, b"-");
     }
-    let mut digits = [0u8; 12];
-    push(buf, len, super::exit::decimal(number.unsigned_abs(), &mut digits));
+    let mut digits = [0u8; 20];
+    push(buf, len, super::exit::decimal(number.unsigned_abs().into(), &mut digits));
 }
 
 /// Milliseconds from now until `deadline` (`CLOCK_MONOTONIC` seconds), at

@@ -31,7 +31,7 @@ pub(crate) unsafe fn fail_at(code: i32, what: &[u8], path: &std::ffi::CStr) -> !
 
 /// `n` in decimal, written into the end of `digits` without allocating
 /// (async-signal-safe); returns the digits written.
-pub(crate) fn decimal(mut n: u32, digits: &mut [u8; 12]) -> &[u8] {
+pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     loop {
         at -= 1;
@@ -52,8 +52,8 @@ unsafe fn fail_parts(code: i32, what: &[&[u8]]) -> ! {
     // SAFETY: reads errno and writes a stack buffer to fd 2, then _exit: async-signal-safe.
     unsafe {
         let errno = *libc::__errno_location();
-        let mut digits = [0u8; 12];
-        let digits = decimal(errno.unsigned_abs(), &mut digits);
+        let mut digits = [0u8; 20];
+        let digits = decimal(errno.unsigned_abs().into(), &mut digits);
         libc::write(2, b"taskhost: ".as_ptr().cast(), 10);
         for part in what {
             libc::write(2, part.as_ptr().cast(), part.len());

@@ -227,8 +227,9 @@ async fn the_keeper_kills_the_tree_at_its_deadline() {
     assert_eq!(log(&adopted, Stream::Stdout, 0), "started\n");
 }
 
-/// The logs hold at most the spill cap together; the keeper marks that it
-/// dropped the rest, and the tree is not held up by it.
+/// The logs hold at most the spill cap of unread output together; the
+/// keeper drops the rest without holding the tree up, and says where, on a
+/// line of its own in each stream it cut.
 #[tokio::test]
 async fn the_logs_are_bounded_by_the_spill_cap() {
     let state = State::new("cap");
@@ -242,10 +243,61 @@ async fn the_logs_are_bounded_by_the_spill_cap() {
         .unwrap();
     assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
     let out = process.read_log(Stream::Stdout, 0, 1 << 20).unwrap();
-    let err = process.read_log(Stream::Stderr, 0, 1 << 20).unwrap();
-    assert_eq!(out.len(), 100_000);
-    assert!(err.is_empty(), "the cap is for both logs together");
+    let err = log(&process, Stream::Stderr, 0);
+    let mark = "[taskhost: output dropped here: the command's unread output filled its log cap of 100000 bytes \
+                (spill_cap_bytes); what it wrote until the reader caught up is lost]\n";
+    // The output stops short of the cap by the marks' room (1 KiB).
+    let kept = 100_000 - 1024;
+    assert!(out[..kept].iter().all(|&b| b == 0), "stdout's first bytes are the command's");
+    assert_eq!(String::from_utf8_lossy(&out[kept..]), format!("\n{mark}"), "a cut line ends before the mark");
+    assert_eq!(err, mark, "the cap is for both logs together: stderr gets only its mark");
+    assert!(out.len() + err.len() <= 100_000);
     assert!(process.truncated());
+}
+
+/// A reader that keeps up reads far past the cap: what it took for good is
+/// punched out of the logs ([`crate::LogRelease`]), and the keeper counts
+/// what the logs hold on disk, not what they ever held.
+#[tokio::test]
+async fn a_reader_that_keeps_up_reads_past_the_cap() {
+    let state = State::new("release");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    // 20 lines of 100 000 bytes, each once the reader asks: 2 MB through a 300 kB cap.
+    let script = "for i in $(seq 1 20); do read go; head -c 100000 /dev/zero | tr '\\0' a; echo; done";
+    let mut request = piped(script);
+    request.spill_cap = Some(300_000);
+    let process = host
+        .spawn_durable(&owner, &bash_grant(), request, state.spawn(1, Duration::from_secs(60)), &tracing::Span::none())
+        .await
+        .unwrap();
+    let release = crate::LogRelease::new(process.record());
+    let stdout = process.record().dir.join(crate::durable::log_name(Stream::Stdout));
+    let line = 100_001u64;
+    for chunk in 1..=20u64 {
+        process.write_stdin(b"go\n").unwrap();
+        let want = chunk * line;
+        let length = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let length = std::fs::metadata(&stdout).map_or(0, |m| m.len());
+                if length >= want {
+                    return length;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("the chunk reached the log");
+        assert_eq!(length, want, "chunk {chunk}: nothing dropped, nothing more");
+        let text = process.read_log(Stream::Stdout, want - line, line as usize).unwrap();
+        assert!(text[..100_000].iter().all(|&b| b == b'a') && text[100_000] == b'\n', "chunk {chunk} is whole");
+        release.release_before(&crate::TreeCursor { stdout: want, ..Default::default() }.to_mark());
+    }
+    assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
+    assert!(!process.truncated(), "nothing was dropped");
+    use std::os::unix::fs::MetadataExt as _;
+    let held = std::fs::metadata(&stdout).unwrap().blocks() * 512;
+    assert!(held < 300_000, "the log holds {held} bytes on disk: what was read went");
 }
 
 /// No tree sees the state directory: not the logs, not the socket (the

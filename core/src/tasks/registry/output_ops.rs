@@ -194,10 +194,13 @@ impl TaskRegistry {
                 let kept = if text.is_empty() { None } else { self.replicate_read(id, &output) };
                 // Everything taken is read now: a handed-over tree's output
                 // resumes after it on a later process.
-                if let Some(cursor) = control.tree_cursor()
-                    && let Err(error) = self.shared.store.set_tree_cursor(id, &cursor)
-                {
-                    tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record where the task's output was read to");
+                if let Some(cursor) = control.tree_cursor() {
+                    match self.shared.store.set_tree_cursor(id, &cursor) {
+                        Ok(()) => control.tree_cursor_stored(&cursor),
+                        Err(error) => {
+                            tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record where the task's output was read to");
+                        }
+                    }
                 }
                 drop(output);
                 if let Some(kept) = kept {
