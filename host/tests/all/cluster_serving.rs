@@ -175,11 +175,11 @@ async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
         &call(a.peer(), "bash", json!({"command": command, "run_in_background": true, "interactive": true})).await,
     );
     let victim = cluster.index_of(&joined_server(&b_dir));
-    let (mut next, mut sent, mut bytes, mut reads) = (1u64, 0u64, 0u64, 0u64);
-    let mut carry = String::new();
+    let (mut sent, mut bytes, mut reads) = (0u64, 0u64, 0u64);
+    let mut lines = common::NumberedLines::new();
     let mut killed = false;
     loop {
-        if next > sent * CHUNK && sent < CHUNKS {
+        if lines.next > sent * CHUNK && sent < CHUNKS {
             let given = call(b.peer(), "task_input", json!({"task_id": id, "text": "go\n"})).await;
             if common::is_error(&given) {
                 assert!(texts(&given)[0].starts_with("cluster unavailable, retry"), "{:?}", texts(&given));
@@ -194,25 +194,10 @@ async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
         let (body, status) = read.rsplit_once('\n').unwrap_or(("", &read));
         if body != "(no new output)" {
             bytes += body.len() as u64;
-            let text = std::mem::take(&mut carry) + body;
-            let mut lines = text.split('\n').peekable();
-            while let Some(line) = lines.next() {
-                match line.strip_suffix(';') {
-                    // A read that ended right after a `;` left the newline
-                    // for the next read to start with.
-                    None if line.is_empty() => {}
-                    Some(number) => {
-                        assert_eq!(number, next.to_string(), "after {reads} reads");
-                        next += 1;
-                    }
-                    // Cut by the read: the rest comes first in the next one.
-                    None if lines.peek().is_none() => carry = line.to_string(),
-                    None => panic!("a broken line {line:?} after {reads} reads (expecting {next})"),
-                }
-            }
+            lines.take(body, |n| n.to_string(), &format!("after {reads} reads"));
         }
         reads += 1;
-        if !killed && next > CHUNKS * CHUNK / 4 {
+        if !killed && lines.next > CHUNKS * CHUNK / 4 {
             cluster.kill(victim);
             killed = true;
         }
@@ -221,8 +206,8 @@ async fn a_gib_remote_stream_loses_and_repeats_no_line_when_a_nats_node_dies() {
         }
         assert_eq!(status, "[status: running]", "after {reads} reads");
     }
-    assert!(killed && carry.is_empty(), "{carry:?}");
-    assert_eq!(next, CHUNKS * CHUNK + 1, "every line once");
+    assert!(killed && lines.is_whole());
+    assert_eq!(lines.next, CHUNKS * CHUNK + 1, "every line once");
     assert!(bytes >= 1 << 30, "{bytes} bytes read");
     eprintln!("{bytes} bytes in {reads} reads through node b");
     common::stop_with_sigterm(&mut a_child).await;

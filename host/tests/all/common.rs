@@ -120,6 +120,68 @@ pub fn serve_command(dir: &std::path::Path, config: Option<&str>) -> tokio::proc
     command
 }
 
+/// `taskhost serve [--owner NAME]` over stdio in `dir` (with `config` when
+/// given), its stderr in the directory's log, and a client on it.
+pub async fn serve_stdio(
+    dir: &std::path::Path,
+    config: Option<&str>,
+    owner: Option<&str>,
+) -> (Client, tokio::process::Child) {
+    let mut command = serve_command(dir, config);
+    if let Some(owner) = owner {
+        command.arg("--owner").arg(owner);
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn taskhost serve");
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    (().serve((stdout, stdin)).await.expect("initialize over stdio"), child)
+}
+
+/// Numbered lines ending in `;`, checked as consuming reads return them: a
+/// read may cut a line, whose rest starts the next read (the `;` tells a
+/// whole line from a cut one).
+pub struct NumberedLines {
+    /// The number the next line must carry.
+    pub next: u64,
+    carry: String,
+}
+
+impl NumberedLines {
+    pub fn new() -> Self {
+        Self { next: 1, carry: String::new() }
+    }
+
+    /// Checks one read's text: each whole line is `number(next)` then `;`.
+    pub fn take(&mut self, read: &str, number: impl Fn(u64) -> String, context: &str) {
+        let text = std::mem::take(&mut self.carry) + read;
+        let mut lines = text.split('\n').peekable();
+        while let Some(line) = lines.next() {
+            match line.strip_suffix(';') {
+                // A read that ended right after a `;` left the newline for
+                // the next read to start with.
+                None if line.is_empty() => {}
+                Some(numbered) => {
+                    assert_eq!(numbered, number(self.next), "{context}");
+                    self.next += 1;
+                }
+                // Cut by the read: the rest comes first in the next one.
+                None if lines.peek().is_none() => self.carry = line.to_string(),
+                None => panic!("a broken line {line:?} ({context}; expecting {})", self.next),
+            }
+        }
+    }
+
+    /// No cut line waits for its rest.
+    pub fn is_whole(&self) -> bool {
+        self.carry.is_empty()
+    }
+}
+
 /// Spawns `command` (a `taskhost serve --http 127.0.0.1:0 …`) and waits up
 /// to 20 s for the address it prints on stderr. The rest of its stderr is
 /// kept in the file `log` when given (appended as lines arrive), drained

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Client, call, is_error, log_file, only_text, serve_command, state_home, temp_dir, texts};
+use common::{Client, call, is_error, only_text, serve_command, state_home, temp_dir, texts};
 use rmcp::ServiceExt as _;
 use serde_json::json;
 
@@ -22,21 +22,7 @@ pub(crate) fn store_file(dir: &Path) -> PathBuf {
 
 /// `taskhost serve [--owner NAME]` over stdio in `dir`, and a client on it.
 pub(crate) async fn serve(dir: &Path, owner: Option<&str>) -> (Client, tokio::process::Child) {
-    let mut command = serve_command(dir, None);
-    if let Some(owner) = owner {
-        command.arg("--owner").arg(owner);
-    }
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(log_file(dir))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn taskhost serve");
-    let stdout = child.stdout.take().unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let client = ().serve((stdout, stdin)).await.expect("initialize over stdio");
-    (client, child)
+    common::serve_stdio(dir, None, owner).await
 }
 
 /// SIGKILLs the server and waits for it to be gone.

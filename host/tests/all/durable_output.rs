@@ -7,10 +7,7 @@
 use crate::cluster::id_of;
 use crate::common;
 
-use std::process::Stdio;
-
-use common::{Client, call, log_file, serve_command, temp_dir, texts};
-use rmcp::ServiceExt as _;
+use common::{Client, call, temp_dir, texts};
 use serde_json::json;
 
 /// The log cap of these tests' bash (1 MiB).
@@ -23,17 +20,7 @@ async fn serve_alice(dir: &std::path::Path) -> (Client, tokio::process::Child) {
         "[[producer]]\ntool = \"bash\"\nplugin = \"builtin:bash\"\nconfig = {{ spill_cap_bytes = {CAP} }}\n\
          grants = {{ process = {{ programs = [\"bash\"] }} }}\n"
     );
-    let mut child = serve_command(dir, Some(&config))
-        .arg("--owner")
-        .arg("alice")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(log_file(dir))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn taskhost serve");
-    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    (().serve((stdout, stdin)).await.expect("initialize over stdio"), child)
+    common::serve_stdio(dir, Some(&config), Some("alice")).await
 }
 
 /// 50 chunks of 1 000 numbered lines (50 bytes each, ending in `;` so a
@@ -54,7 +41,7 @@ async fn a_reader_that_keeps_up_reads_past_the_log_cap() {
     let started =
         call(client.peer(), "bash", json!({"command": command, "run_in_background": true, "interactive": true}));
     let id = id_of(&started.await);
-    let (mut next, mut carry) = (1u64, String::new());
+    let mut lines = common::NumberedLines::new();
     for chunk in 1..=CHUNKS {
         if chunk == CHUNKS / 2 {
             common::stop_with_sigterm(&mut child).await;
@@ -64,7 +51,7 @@ async fn a_reader_that_keeps_up_reads_past_the_log_cap() {
         assert!(!common::is_error(&given), "{:?}", texts(&given));
         // Reads until the whole chunk came (a read may cut a line: its
         // rest starts the next read).
-        while next <= chunk * CHUNK {
+        while lines.next <= chunk * CHUNK {
             let read = texts(&call(client.peer(), "task_output", json!({"task_id": id})).await).remove(0);
             let (body, status) = read.rsplit_once('\n').unwrap_or(("", &read));
             // The read that takes the last lines may be the one that
@@ -72,31 +59,16 @@ async fn a_reader_that_keeps_up_reads_past_the_log_cap() {
             let ended = status == "[status: completed, exit code: 0]";
             assert!(status == "[status: running]" || chunk == CHUNKS && ended, "chunk {chunk}: {status}");
             if body == "(no new output)" {
-                assert!(!ended, "the end came before the lines {next}..");
+                assert!(!ended, "the end came before the lines {}..", lines.next);
                 continue;
             }
             assert!(!body.contains("[taskhost:"), "chunk {chunk}: {body:.300}");
-            let text = std::mem::take(&mut carry) + body;
-            let mut lines = text.split('\n').peekable();
-            while let Some(line) = lines.next() {
-                match line.strip_suffix(';') {
-                    // A read that ended right after a `;` left the newline
-                    // for the next read to start with.
-                    None if line.is_empty() => {}
-                    Some(number) => {
-                        assert_eq!(number, format!("{next:048}"), "chunk {chunk}");
-                        next += 1;
-                    }
-                    // Cut by the read: the rest comes first in the next one.
-                    None if lines.peek().is_none() => carry = line.to_string(),
-                    None => panic!("a broken line {line:?} in chunk {chunk}"),
-                }
-            }
+            lines.take(body, |n| format!("{n:048}"), &format!("chunk {chunk}"));
         }
     }
-    assert!(carry.is_empty(), "{carry:?}");
-    assert_eq!(next, CHUNKS * CHUNK + 1, "every line once");
-    assert!((next - 1) * 50 > 2 * CAP, "read past the cap");
+    assert!(lines.is_whole());
+    assert_eq!(lines.next, CHUNKS * CHUNK + 1, "every line once");
+    assert!((lines.next - 1) * 50 > 2 * CAP, "read past the cap");
     common::stop_with_sigterm(&mut child).await;
 }
 

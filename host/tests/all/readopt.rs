@@ -34,18 +34,7 @@ async fn serve_http(dir: &Path) -> (Client, tokio::process::Child) {
 
 /// `taskhost serve --owner NAME` over stdio in `dir`, and a client on it.
 pub(crate) async fn serve_owner(dir: &Path, owner: &str) -> (Client, tokio::process::Child) {
-    let mut child = serve_command(dir, None)
-        .arg("--owner")
-        .arg(owner)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(log_file(dir))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn taskhost serve");
-    let stdout = child.stdout.take().unwrap();
-    let stdin = child.stdin.take().unwrap();
-    (().serve((stdout, stdin)).await.expect("initialize over stdio"), child)
+    common::serve_stdio(dir, None, Some(owner)).await
 }
 
 pub(crate) async fn sigkill(mut child: tokio::process::Child, client: Client) {
