@@ -55,50 +55,66 @@ pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -
     }
     let now = std::time::SystemTime::now();
     let (lost, killed) = (lost_detail(gone, settler, silent_ms), killed_detail(gone));
-    let mut settled = Vec::new();
-    for id in live {
-        // The record as the last change that was written left it.
-        let written = std::sync::Mutex::new(None);
-        let won = transition(bucket, &id, doing, gone, |record| {
-            let (status, detail) = match record.status() {
-                TaskStatus::Running => (TaskStatus::Lost, &lost),
-                TaskStatus::Stopping => (TaskStatus::Killed, &killed),
-                _ => return false,
-            };
-            record.status = status.as_str().to_string();
-            record.detail = Some(detail.clone());
-            record.finished_at_ns = Some(nanos(now));
-            record.node = settler.to_string();
-            record.reporting =
-                if record.owner_durable { ReportState::Untold } else { ReportState::Reported }.as_str().to_string();
-            *written.lock().unwrap_or_else(|e| e.into_inner()) = Some(record.to_task());
-            true
-        })
-        .await?;
-        if won {
-            tracing::warn!(task = %id, gone, settler, "a gone node's task is settled");
-            settled.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
-        }
+    let mut settled = change_each(bucket, live, doing, gone, |record| {
+        let (status, detail) = match record.status() {
+            TaskStatus::Running => (TaskStatus::Lost, &lost),
+            TaskStatus::Stopping => (TaskStatus::Killed, &killed),
+            _ => return false,
+        };
+        record.status = status.as_str().to_string();
+        record.detail = Some(detail.clone());
+        record.finished_at_ns = Some(nanos(now));
+        record.node = settler.to_string();
+        record.reporting =
+            if record.owner_durable { ReportState::Untold } else { ReportState::Reported }.as_str().to_string();
+        true
+    })
+    .await?;
+    for task in &settled {
+        tracing::warn!(task = %task.id, gone, settler, "a gone node's task is settled");
     }
     // Its stable owners' ended records change hands as they are (told or
     // not): their owners read and list them from the settler.
-    for id in ended {
+    let taken = change_each(bucket, ended, doing, gone, |record| {
+        record.status().is_terminal() && {
+            record.node = settler.to_string();
+            true
+        }
+    })
+    .await?;
+    for task in &taken {
+        tracing::info!(task = %task.id, gone, settler, "a gone node's ended task is taken over");
+    }
+    settled.extend(taken);
+    Ok(settled)
+}
+
+/// Changes each record of `ids` that still names `gone` by `change` (a
+/// compare-and-set each: false leaves it); returns the records this call
+/// changed, as it wrote them.
+async fn change_each(
+    bucket: &Bucket,
+    ids: Vec<TaskId>,
+    doing: &str,
+    gone: &str,
+    change: impl Fn(&mut Record) -> bool,
+) -> Result<Vec<StoredTask>, StoreError> {
+    let mut changed = Vec::new();
+    for id in ids {
+        // The record as the last change that was written left it.
         let written = std::sync::Mutex::new(None);
         let won = transition(bucket, &id, doing, gone, |record| {
-            if !record.status().is_terminal() {
-                return false;
+            change(record) && {
+                *written.lock().unwrap_or_else(|e| e.into_inner()) = Some(record.to_task());
+                true
             }
-            record.node = settler.to_string();
-            *written.lock().unwrap_or_else(|e| e.into_inner()) = Some(record.to_task());
-            true
         })
         .await?;
         if won {
-            tracing::info!(task = %id, gone, settler, "a gone node's ended task is taken over");
-            settled.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
+            changed.extend(written.into_inner().unwrap_or_else(|e| e.into_inner()));
         }
     }
-    Ok(settled)
+    Ok(changed)
 }
 
 /// A task another node took over from this one, as its record says.
