@@ -71,13 +71,17 @@ struct ForwardedCall {
 }
 
 impl ForwardedAnswer {
-    fn error(text: String) -> Self {
-        Self { text, is_error: true, notices: Vec::new(), started: None }
+    pub(super) fn with_data(data: Value) -> Self {
+        Self { text: String::new(), is_error: false, notices: Vec::new(), started: None, data: Some(data) }
+    }
+
+    pub(super) fn error(text: String) -> Self {
+        Self { text, is_error: true, notices: Vec::new(), started: None, data: None }
     }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
-struct ForwardedAnswer {
+pub(super) struct ForwardedAnswer {
     text: String,
     is_error: bool,
     /// Completion notices the answering node held unread for the owner.
@@ -86,12 +90,17 @@ struct ForwardedAnswer {
     /// The task a forwarded start registered.
     #[serde(default)]
     started: Option<String>,
+    /// A typed answer (a dashboard call's), besides the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<Value>,
 }
 
 /// A forwarded call's answer, as the caller's node serves it.
 pub struct Forwarded {
     pub output: ToolOutput,
     pub notices: Vec<String>,
+    /// The typed answer, when the call has one (a dashboard call's).
+    pub data: Option<Value>,
 }
 
 /// The subject node `node` answers forwarded calls on.
@@ -222,7 +231,7 @@ impl Membership {
     }
 
     /// The node whose record names task `id`, if any.
-    async fn node_of(self: &Arc<Self>, id: &str) -> Result<Option<String>, String> {
+    pub(super) async fn node_of(self: &Arc<Self>, id: &str) -> Result<Option<String>, String> {
         let membership = self.clone();
         let key = task_key(&TaskId::new(id.to_string()));
         let read = self.on_client(async move { membership.bucket.read(&key).await }).await;
@@ -300,9 +309,26 @@ impl Membership {
             Ok(answer) => {
                 let mut output = tool_output(answer.text, answer.is_error);
                 output.started = answer.started.map(TaskId::new);
-                Forwarded { output, notices: answer.notices }
+                Forwarded { output, notices: answer.notices, data: answer.data }
             }
             Err(error) => refusal(format!("node {node} answered with something unreadable ({error})")),
+        }
+    }
+
+    /// The other nodes the roster names and no node fenced; `None` when
+    /// the roster cannot be read.
+    pub(super) async fn other_live_nodes(self: &Arc<Self>) -> Option<Vec<String>> {
+        let membership = self.clone();
+        match self.on_client(async move { super::roster::read(&membership.bucket).await }).await {
+            Ok(Ok(roster)) => Some(
+                roster
+                    .nodes
+                    .into_iter()
+                    .filter(|(name, entry)| name != &self.node && entry.fenced_by.is_none())
+                    .map(|(name, _)| name)
+                    .collect(),
+            ),
+            _ => None,
         }
     }
 
@@ -314,17 +340,9 @@ impl Membership {
             Ok(output) => output,
             Err(error) => return refusal(error.to_string()),
         };
-        let membership = self.clone();
-        let others: Vec<String> =
-            match self.on_client(async move { super::roster::read(&membership.bucket).await }).await {
-                Ok(Ok(roster)) => roster
-                    .nodes
-                    .into_iter()
-                    .filter(|(name, entry)| name != &self.node && entry.fenced_by.is_none())
-                    .map(|(name, _)| name)
-                    .collect(),
-                _ => return refusal("cluster unavailable, retry: the roster could not be read".into()),
-            };
+        let Some(others) = self.other_live_nodes().await else {
+            return refusal("cluster unavailable, retry: the roster could not be read".into());
+        };
         let empty = "(no background tasks)";
         let mut lines: Vec<String> = local.text.lines().filter(|line| *line != empty).map(str::to_string).collect();
         let mut notices = Vec::new();
@@ -342,7 +360,7 @@ impl Membership {
         if lines.is_empty() {
             lines.push(empty.to_string());
         }
-        Forwarded { output: ToolOutput::ok(lines.join("\n")), notices }
+        Forwarded { output: ToolOutput::ok(lines.join("\n")), notices, data: None }
     }
 
     /// Answers the calls other nodes forward to this one, on the host's
@@ -373,6 +391,10 @@ impl Membership {
                         // hands over notices the cluster may have given
                         // another node to tell).
                         Ok(_) if let Err(refusal) = membership.confirm().await => ForwardedAnswer::error(refusal),
+                        Ok(call) if call.tool == super::dashboard::DASHBOARD_CALL => {
+                            let once = answers.slot(&call.request);
+                            once.get_or_init(|| membership.answer_dashboard(call.arguments)).await.clone()
+                        }
                         Ok(call) => {
                             let once = answers.slot(&call.request);
                             once.get_or_init(|| answer_call(&host, &owners, call)).await.clone()
@@ -471,7 +493,7 @@ async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: Fo
     if take_notices {
         let notices: Vec<String> = agent.take_unread().into_iter().map(|message| message.text).collect();
         tracing::debug!(owner = %call.session, count = notices.len(), "notices handed to the owner's node");
-        return ForwardedAnswer { text: String::new(), is_error: false, notices, started: None };
+        return ForwardedAnswer { text: String::new(), is_error: false, notices, started: None, data: None };
     }
     let span = tracing::info_span!("forwarded call", owner = %call.session, tool = %call.tool);
     let output = tracing::Instrument::instrument(
@@ -486,13 +508,14 @@ async fn answer_call(host: &taskhost_core::Host, owners: &RemoteOwners, call: Fo
             is_error: output.is_error,
             notices,
             started: output.started.map(|id| id.as_str().to_string()),
+            data: None,
         },
         Err(error) => ForwardedAnswer { notices, ..ForwardedAnswer::error(error.to_string()) },
     }
 }
 
 fn refusal(text: String) -> Forwarded {
-    Forwarded { output: tool_output(text, true), notices: Vec::new() }
+    Forwarded { output: tool_output(text, true), notices: Vec::new(), data: None }
 }
 
 fn tool_output(text: String, is_error: bool) -> ToolOutput {

@@ -82,6 +82,8 @@ pub struct Membership {
     pub(super) hints: Hints,
     /// Hints at the ends of this node's tasks while it serves.
     pub(super) hinting: OnceLock<taskhost_core::tasks::ListenerGuard>,
+    /// Answers other nodes' dashboards, once this node serves one.
+    pub(super) dashboard: OnceLock<super::dashboard::DashboardAnswerer>,
 }
 
 /// The sessions whose notice hints a node keeps.
@@ -162,6 +164,7 @@ impl Membership {
             rejoin: tokio::sync::Mutex::new(()),
             hints: Default::default(),
             hinting: OnceLock::new(),
+            dashboard: OnceLock::new(),
         });
         let claiming = membership.clone();
         membership.on_client(async move { claiming.claim_name(&session).await }).await??;

@@ -26,6 +26,7 @@
 pub mod bucket;
 pub mod config;
 pub mod connect;
+pub mod dashboard;
 pub mod forward;
 pub mod ids;
 pub mod membership;

@@ -15,7 +15,9 @@
 //!   answering `task_kill`'s reply text. It reports nothing: the owner's model gets one notice
 //!   (`… was killed from the dashboard [status: …]`) unless it collects or kills the task first.
 //! - Live updates are server-sent events (`GET /dashboard/api/events`) fed by
-//!   [`taskhost_core::tasks::TaskRegistry::subscribe`] and the reload events; nothing polls.
+//!   [`taskhost_core::tasks::TaskRegistry::subscribe`] and the reload events; nothing polls,
+//!   but on a cluster, where other nodes' tasks are asked for (`dashboard/cluster.rs`), a stream sends a
+//!   fresh snapshot every [`events::CLUSTER_RESYNC`].
 //!   A stream starts with a `snapshot` of the viewer's tasks, sends a new one when its
 //!   receiver lagged, sends a keep-alive after [`PING`] without an event (so a dead client is
 //!   noticed), and ends when the server shuts down.
@@ -50,6 +52,7 @@ use taskhost_core::ids::{SessionId, TaskId};
 use taskhost_core::tasks::{StopCause, TaskError, TaskSnapshot};
 use taskhost_core::tools::control::kill_reply;
 
+mod cluster;
 mod events;
 
 /// Event streams served at once, over every token.
@@ -102,6 +105,16 @@ struct Viewer {
 }
 
 impl Viewer {
+    fn of(entry: &super::tokens::TokenEntry) -> Self {
+        Self {
+            name: entry.name.clone(),
+            owner: entry.owner.clone(),
+            admin: entry.admin,
+            streams: entry.streams.clone(),
+            max_streams: entry.max_streams,
+        }
+    }
+
     fn sees(&self, owner_session: Option<&SessionId>) -> bool {
         self.admin || owner_session.is_none_or(|session| session == self.owner.session())
     }
@@ -125,6 +138,7 @@ pub fn router(server: Arc<McpServer>, tokens: Arc<TokenTable>, shutdown: Cancell
         allowed_origins,
     });
     dashboard.follow_reloads();
+    dashboard.answer_other_nodes();
     axum::Router::new()
         .route("/", get(index))
         .route("/dashboard/app.js", get(app_js))
@@ -267,13 +281,7 @@ impl Dashboard {
             tracing::info!("dashboard: refused: invalid bearer token");
             return Err(refusal(StatusCode::UNAUTHORIZED, "Unauthorized: invalid bearer token"));
         };
-        Ok(Viewer {
-            name: entry.name.clone(),
-            owner: entry.owner.clone(),
-            admin: entry.admin,
-            streams: entry.streams.clone(),
-            max_streams: entry.max_streams,
-        })
+        Ok(Viewer::of(entry))
     }
 
     /// The tasks `viewer` may see, in start order.
@@ -442,7 +450,7 @@ async fn session(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) ->
 
 async fn tasks(State(dashboard): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
     match dashboard.viewer(&headers) {
-        Ok(viewer) => json_response(tasks_body(&dashboard.visible_tasks(&viewer))),
+        Ok(viewer) => json_response(dashboard.tasks_everywhere(&viewer).await),
         Err(refusal) => *refusal,
     }
 }
@@ -466,23 +474,62 @@ async fn output(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>,
         Some(Ok(since)) => since,
         Some(Err(refusal)) => return *refusal,
     };
-    let (id, actor) = match dashboard.actor(&viewer, &id) {
-        Ok(found) => found,
-        Err(refusal) => return *refusal,
-    };
-    match dashboard.server.host().registry().peek(&id, Some(&actor), since).await {
-        Ok(peek) => axum::Json(json!({
-            "text": peek.text,
-            "start": peek.start,
-            "end": peek.end,
-            "skipped": peek.skipped,
-            "task": task_json(&peek.snapshot),
-        }))
-        .into_response(),
-        Err(TaskError::UnknownTask(_) | TaskError::ForeignTask(_)) => {
-            error(StatusCode::NOT_FOUND, format!("no task {id} among the tasks this token may see"))
+    let response = dashboard.output_here(&viewer, &id, since).await;
+    if response.status() != StatusCode::NOT_FOUND {
+        return response;
+    }
+    let call = crate::cluster::dashboard::DashboardCall::Output { task_id: id.clone(), since };
+    dashboard.on_its_node(&viewer, &id, call).await.unwrap_or(response)
+}
+
+impl Dashboard {
+    /// The output of task `id` after `since`, when this node has it.
+    async fn output_here(&self, viewer: &Viewer, id: &str, since: u64) -> Response {
+        let (id, actor) = match self.actor(viewer, id) {
+            Ok(found) => found,
+            Err(refusal) => return *refusal,
+        };
+        match self.server.host().registry().peek(&id, Some(&actor), since).await {
+            Ok(peek) => axum::Json(json!({
+                "text": peek.text,
+                "start": peek.start,
+                "end": peek.end,
+                "skipped": peek.skipped,
+                "task": task_json(&peek.snapshot),
+            }))
+            .into_response(),
+            Err(TaskError::UnknownTask(_) | TaskError::ForeignTask(_)) => {
+                error(StatusCode::NOT_FOUND, format!("no task {id} among the tasks this token may see"))
+            }
+            Err(other) => error(StatusCode::BAD_GATEWAY, other.to_string()),
         }
-        Err(other) => error(StatusCode::BAD_GATEWAY, other.to_string()),
+    }
+
+    /// Stops task `id`, when this node has it.
+    async fn kill_here(&self, viewer: &Viewer, id: &str) -> Response {
+        let (id, actor) = match self.actor(viewer, id) {
+            Ok(found) => found,
+            Err(refusal) => return *refusal,
+        };
+        let span = tracing::info_span!("dashboard_kill", task = %id, owner = %actor.session(), viewer = %viewer.name);
+        let reason = format!("killed from the dashboard by {}", viewer.name);
+        let registry = self.server.host().registry();
+        // Not the owner's request: the owner's model is told with a notice.
+        let cause = StopCause::Dashboard { viewer: viewer.name.clone() };
+        match registry.stop(&id, cause, Some(&reason)).instrument(span.clone()).await {
+            Ok(killed) => {
+                let text = kill_reply(&id, &killed);
+                span.in_scope(|| tracing::info!(reply = %text, "killed from the dashboard"));
+                let task = registry.get(&id, Some(&actor)).ok();
+                axum::Json(json!({
+                    "text": text,
+                    "is_error": false,
+                    "task": task.as_ref().map(task_json),
+                }))
+                .into_response()
+            }
+            Err(refusal) => error(StatusCode::CONFLICT, refusal.to_string()),
+        }
     }
 }
 
@@ -508,27 +555,10 @@ async fn kill(State(dashboard): State<Arc<Dashboard>>, Path(id): Path<String>, h
         Ok(viewer) => viewer,
         Err(refusal) => return *refusal,
     };
-    let (id, actor) = match dashboard.actor(&viewer, &id) {
-        Ok(found) => found,
-        Err(refusal) => return *refusal,
-    };
-    let span = tracing::info_span!("dashboard_kill", task = %id, owner = %actor.session(), viewer = %viewer.name);
-    let reason = format!("killed from the dashboard by {}", viewer.name);
-    let registry = dashboard.server.host().registry();
-    // Not the owner's request: the owner's model is told with a notice.
-    let cause = StopCause::Dashboard { viewer: viewer.name.clone() };
-    match registry.stop(&id, cause, Some(&reason)).instrument(span.clone()).await {
-        Ok(killed) => {
-            let text = kill_reply(&id, &killed);
-            span.in_scope(|| tracing::info!(reply = %text, "killed from the dashboard"));
-            let task = registry.get(&id, Some(&actor)).ok();
-            axum::Json(json!({
-                "text": text,
-                "is_error": false,
-                "task": task.as_ref().map(task_json),
-            }))
-            .into_response()
-        }
-        Err(refusal) => error(StatusCode::CONFLICT, refusal.to_string()),
+    let response = dashboard.kill_here(&viewer, &id).await;
+    if response.status() != StatusCode::NOT_FOUND {
+        return response;
     }
+    let call = crate::cluster::dashboard::DashboardCall::Kill { task_id: id.clone() };
+    dashboard.on_its_node(&viewer, &id, call).await.unwrap_or(response)
 }

@@ -13,10 +13,10 @@ use crate::cluster::{ALICE, id_of, serve_node_at};
 use crate::common::{self, call, only_text, temp_dir, texts};
 use crate::nats::NatsCluster;
 
-const BOB: &str = "bob-secret-0123456789abcdef0123";
+pub(crate) const BOB: &str = "bob-secret-0123456789abcdef0123";
 
 /// Both tokens, then `[cluster]` (written after the tokens table).
-fn with_bob() -> String {
+pub(crate) fn with_bob() -> String {
     format!("\n[[serve.http.tokens]]\nname = \"bob\"\ntoken = \"{BOB}\"\n")
 }
 

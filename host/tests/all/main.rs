@@ -6,6 +6,7 @@ mod cli;
 mod cli_new;
 mod cli_plugin;
 mod cluster;
+mod cluster_dashboard;
 mod cluster_failure;
 mod cluster_serving;
 mod cold_start;

@@ -3,8 +3,9 @@
 //!
 //! Invariants: a stream holds one slot of every token's and one of its own
 //! token's until it ends; it starts with a `snapshot` (subscribed first, so
-//! nothing falls between), resyncs with a new one after a lag, and ends when
-//! the server shuts down or a broadcast closes.
+//! nothing falls between), resyncs with a new one after a lag (and, on a
+//! cluster, every [`CLUSTER_RESYNC`], for the other nodes' tasks), and ends
+//! when the server shuts down or a broadcast closes.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,7 +18,12 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::{Dashboard, MAX_EVENT_STREAMS, PING, Viewer, error, task_json, tasks_body};
+use super::{Dashboard, MAX_EVENT_STREAMS, PING, Viewer, error, task_json};
+
+/// On a cluster, how often a stream sends a new snapshot of every node's
+/// tasks: the one bounded poll of the dashboard (other nodes' starts, ends
+/// and output raise no event on this node).
+pub const CLUSTER_RESYNC: std::time::Duration = std::time::Duration::from_secs(2);
 use taskhost_core::tasks::TaskEvent;
 
 /// One server-sent event.
@@ -61,13 +67,17 @@ pub(super) async fn events(State(dashboard): State<Arc<Dashboard>>, headers: Hea
         return refusal;
     };
     // Subscribed before the snapshot is taken, so nothing falls between.
+    let tasks = dashboard.server.host().registry().subscribe();
+    let snapshot = dashboard.tasks_everywhere(&viewer).await;
     let pump = EventPump {
-        tasks: dashboard.server.host().registry().subscribe(),
+        tasks,
         reloads: dashboard.reloads.subscribe(),
-        queue: vec![
-            sse_text("snapshot", &tasks_body(&dashboard.visible_tasks(&viewer))),
-            sse("plugins", &dashboard.plugins_json()),
-        ],
+        queue: vec![sse_text("snapshot", &snapshot), sse("plugins", &dashboard.plugins_json())],
+        resync: dashboard.server.membership().map(|_| {
+            let mut every = tokio::time::interval_at(tokio::time::Instant::now() + CLUSTER_RESYNC, CLUSTER_RESYNC);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        }),
         stop: dashboard.shutdown.clone(),
         dashboard,
         viewer,
@@ -93,6 +103,9 @@ struct EventPump {
     tasks: broadcast::Receiver<TaskEvent>,
     reloads: broadcast::Receiver<()>,
     queue: Vec<Event>,
+    /// On a cluster: when the next snapshot of every node's tasks is due
+    /// (other nodes' changes send no event here).
+    resync: Option<tokio::time::Interval>,
     stop: CancellationToken,
     dashboard: Arc<Dashboard>,
     viewer: Viewer,
@@ -114,11 +127,14 @@ impl EventPump {
                     Ok(event) => self.on_task_event(event),
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::debug!(missed, "dashboard: event stream lagged; resyncing");
-                        self.queue.push(sse_text("snapshot", &tasks_body(&self.dashboard.visible_tasks(&self.viewer))));
+                        self.queue.push(sse_text("snapshot", &self.dashboard.tasks_everywhere(&self.viewer).await));
                         self.queue.push(sse("plugins", &self.dashboard.plugins_json()));
                     }
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },
+                _ = async { self.resync.as_mut().expect("resyncing").tick().await }, if self.resync.is_some() => {
+                    self.queue.push(sse_text("snapshot", &self.dashboard.tasks_everywhere(&self.viewer).await));
+                }
                 reload = self.reloads.recv() => match reload {
                     Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
                         self.queue.push(sse("plugins", &self.dashboard.plugins_json()));
