@@ -180,10 +180,11 @@ function isLive(task) {
 }
 
 function taskRow(task) {
-  const row = el("tr", { "data-task-id": task.id, "data-status": task.status, "data-owner": task.owner });
+  const row = el("tr", { "data-task-id": task.id, "data-status": task.status, "data-owner": task.owner, "data-node": task.node || "" });
   if (task.id === state.selected) row.classList.add("selected");
   row.append(
-    el("td", { class: "id" }, task.id),
+    // On a cluster, the node that runs it (`node`) is the id's tooltip.
+    el("td", task.node ? { class: "id", title: `runs on node ${task.node}` } : { class: "id" }, task.id),
     el("td", { class: "kind" }, task.kind),
     el("td", { class: "status", title: task.status_line }, task.detail ? `${task.status} (${task.detail})` : task.status),
     el("td", { class: "label" }, task.label),
