@@ -163,6 +163,8 @@ fn launched_tree(dir: &Path) -> Option<HandedOverTree> {
 pub struct TreeDir {
     record: DurableRecord,
     release: LogRelease,
+    /// The cursor the store holds, as this process last stored it.
+    stored: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 impl TreeDir {
@@ -172,11 +174,19 @@ impl TreeDir {
     }
 
     fn new(record: DurableRecord) -> Self {
-        Self { release: LogRelease::new(&record), record }
+        Self { release: LogRelease::new(&record), record, stored: Default::default() }
+    }
+
+    /// `cursor` when the store does not hold it yet: a read that took
+    /// nothing new costs the store no write.
+    pub fn unstored(&self, cursor: Option<Arc<str>>) -> Option<Arc<str>> {
+        let stored = self.stored.lock().unwrap_or_else(|e| e.into_inner());
+        cursor.filter(|cursor| stored.as_ref() != Some(cursor))
     }
 
     /// The store holds `cursor`: the logs let go of what lies before it.
     pub fn cursor_stored(&self, cursor: &str) {
+        *self.stored.lock().unwrap_or_else(|e| e.into_inner()) = Some(cursor.into());
         self.release.release_before(cursor);
     }
 }
@@ -317,7 +327,7 @@ impl TaskControl for AdoptedTree {
     }
 
     fn tree_cursor(&self) -> Option<Arc<str>> {
-        self.sink.taken_mark()
+        self.dir.unstored(self.sink.taken_mark())
     }
 
     fn tree_cursor_stored(&self, cursor: &str) {

@@ -204,7 +204,9 @@ pub trait TaskControl: Send + Sync + 'static {
     /// For a handed-over tree: where its output stood after the text the
     /// registry took last (see [`Self::take_pulled_sections`]); the
     /// registry stores it after each consuming read, so a later process
-    /// resumes the output right after what the owner read. Default: none.
+    /// resumes the output right after what the owner read. None: nothing
+    /// to store (no tree, or the store holds this cursor already). Default:
+    /// none.
     fn tree_cursor(&self) -> Option<std::sync::Arc<str>> {
         None
     }

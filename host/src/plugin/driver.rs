@@ -239,7 +239,7 @@ impl TaskControl for WasmTaskControl {
     }
 
     fn tree_cursor(&self) -> Option<Arc<str>> {
-        self.shared.handed_over.as_ref().and_then(|_| self.shared.pulled.taken_mark())
+        self.shared.tree_dir.as_ref().and_then(|dir| dir.unstored(self.shared.pulled.taken_mark()))
     }
 
     fn tree_cursor_stored(&self, cursor: &str) {
