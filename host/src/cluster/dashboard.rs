@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use taskhost_core::agents::Agent;
 
-use super::forward::ForwardedAnswer;
 use super::membership::Membership;
 
 /// The forwarded call's name (never a tool's: tool names have no `/`).
@@ -63,7 +62,16 @@ impl Membership {
     /// Lets other nodes' dashboards reach this one's (set once, by the
     /// dashboard).
     pub fn answer_dashboard_with(&self, answerer: DashboardAnswerer) {
-        let _ = self.dashboard.set(answerer);
+        let hook: super::membership::DashboardHook = Arc::new(move |arguments| {
+            let answerer = answerer.clone();
+            Box::pin(async move {
+                let asked: Asked = serde_json::from_value(arguments)
+                    .map_err(|error| format!("an unreadable dashboard call: {error}"))?;
+                let answer = answerer(asked.token, asked.call).await;
+                Ok(serde_json::to_value(answer).expect("an answer serializes"))
+            })
+        });
+        let _ = self.dashboard.set(hook);
     }
 
     /// Asks every other live node's dashboard, as token `token` (of
@@ -112,16 +120,12 @@ impl Membership {
         }
     }
 
-    /// Answers another node's dashboard call with this node's dashboard.
-    pub(super) async fn answer_dashboard(&self, arguments: Value) -> ForwardedAnswer {
-        let Some(answerer) = self.dashboard.get().cloned() else {
-            return ForwardedAnswer::error(format!("node {} serves no dashboard (no serve --http)", self.node));
+    /// Answers another node's dashboard call with this node's dashboard
+    /// (a [`DashboardAnswer`] as JSON), or says why it cannot.
+    pub(super) async fn answer_dashboard(&self, arguments: Value) -> Result<Value, String> {
+        let Some(hook) = self.dashboard.get().cloned() else {
+            return Err(format!("node {} serves no dashboard (no serve --http)", self.node));
         };
-        let asked: Asked = match serde_json::from_value(arguments) {
-            Ok(asked) => asked,
-            Err(error) => return ForwardedAnswer::error(format!("an unreadable dashboard call: {error}")),
-        };
-        let answer = answerer(asked.token, asked.call).await;
-        ForwardedAnswer::with_data(serde_json::to_value(answer).expect("an answer serializes"))
+        hook(arguments).await
     }
 }

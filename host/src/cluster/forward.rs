@@ -71,17 +71,17 @@ struct ForwardedCall {
 }
 
 impl ForwardedAnswer {
-    pub(super) fn with_data(data: Value) -> Self {
+    fn with_data(data: Value) -> Self {
         Self { text: String::new(), is_error: false, notices: Vec::new(), started: None, data: Some(data) }
     }
 
-    pub(super) fn error(text: String) -> Self {
+    fn error(text: String) -> Self {
         Self { text, is_error: true, notices: Vec::new(), started: None, data: None }
     }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
-pub(super) struct ForwardedAnswer {
+struct ForwardedAnswer {
     text: String,
     is_error: bool,
     /// Completion notices the answering node held unread for the owner.
@@ -393,7 +393,13 @@ impl Membership {
                         Ok(_) if let Err(refusal) = membership.confirm().await => ForwardedAnswer::error(refusal),
                         Ok(call) if call.tool == super::dashboard::DASHBOARD_CALL => {
                             let once = answers.slot(&call.request);
-                            once.get_or_init(|| membership.answer_dashboard(call.arguments)).await.clone()
+                            let answer = async {
+                                match membership.answer_dashboard(call.arguments).await {
+                                    Ok(data) => ForwardedAnswer::with_data(data),
+                                    Err(text) => ForwardedAnswer::error(text),
+                                }
+                            };
+                            once.get_or_init(|| answer).await.clone()
                         }
                         Ok(call) => {
                             let once = answers.slot(&call.request);

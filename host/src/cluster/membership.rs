@@ -82,9 +82,17 @@ pub struct Membership {
     pub(super) hints: Hints,
     /// Hints at the ends of this node's tasks while it serves.
     pub(super) hinting: OnceLock<taskhost_core::tasks::ListenerGuard>,
-    /// Answers other nodes' dashboards, once this node serves one.
-    pub(super) dashboard: OnceLock<super::dashboard::DashboardAnswerer>,
+    /// Answers other nodes' dashboards, once this node serves one
+    /// ([`super::dashboard`] sets it).
+    pub(super) dashboard: OnceLock<DashboardHook>,
 }
+
+/// A node's dashboard as other nodes' asks reach it: the ask's JSON in,
+/// the answer's JSON out (typed in `dashboard.rs`; kept as JSON here so the
+/// membership depends on no caller's types).
+pub type DashboardHook = Arc<
+    dyn Fn(serde_json::Value) -> futures::future::BoxFuture<'static, Result<serde_json::Value, String>> + Send + Sync,
+>;
 
 /// The sessions whose notice hints a node keeps.
 pub const MAX_HINTED_SESSIONS: usize = 4_096;

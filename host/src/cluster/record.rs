@@ -38,6 +38,12 @@ pub struct Record {
     /// The plugin and its version.
     pub producer_info: Option<String>,
     pub reporting: String,
+    /// The node whose write last made `reporting` noticed or reported: a
+    /// node that returns after a fence keeps a notice waiting for the owner
+    /// only when it told it itself (else the node that took the record
+    /// over tells it). Absent in records older than it, and while untold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub told_by: Option<String>,
     pub output: Option<String>,
     pub tree: Option<String>,
     pub tree_cursor: Option<String>,
@@ -73,8 +79,17 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl Record {
+    /// Records `reporting` as written by `node` (see [`Self::told_by`]).
+    pub fn set_reporting(&mut self, reporting: ReportState, node: &str) {
+        self.reporting = reporting.as_str().to_string();
+        self.told_by = match reporting {
+            ReportState::Noticed | ReportState::Reported => Some(node.to_string()),
+            _ => None,
+        };
+    }
+
     pub fn of(task: &StoredTask, node: &str) -> Self {
-        Self {
+        let mut record = Self {
             id: task.id.as_str().to_string(),
             kind: task.kind.clone(),
             label: task.label.clone(),
@@ -87,6 +102,7 @@ impl Record {
             finished_at_ns: task.finished_at.map(nanos),
             producer_info: task.producer_info.clone(),
             reporting: task.reporting.as_str().to_string(),
+            told_by: None,
             output: task.output.clone(),
             tree: task.tree.as_ref().map(|tree| tree.record.clone()),
             tree_cursor: task.tree.as_ref().and_then(|tree| tree.cursor.clone()),
@@ -96,7 +112,9 @@ impl Record {
             ttl_ms: task.options.ttl.map(millis),
             expires_at_ns: task.options.expires_at.map(nanos),
             write: write_token(),
-        }
+        };
+        record.set_reporting(task.reporting, node);
+        record
     }
 
     /// The record stored under `key`.

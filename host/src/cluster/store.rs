@@ -357,7 +357,7 @@ impl TaskStore for ClusterStore {
                     record.status = end.status.as_str().to_string();
                     record.detail = end.detail.clone();
                     record.finished_at_ns = Some(nanos(end.finished_at));
-                    record.reporting = end.reporting.as_str().to_string();
+                    record.set_reporting(end.reporting, &node);
                     record.output = end.output.clone();
                     true
                 })
@@ -371,7 +371,7 @@ impl TaskStore for ClusterStore {
         self.call("recording who was told", move |bucket| {
             Box::pin(async move {
                 transition(&bucket, &id, "recording who was told", &node, |record| {
-                    record.reporting = reporting.as_str().to_string();
+                    record.set_reporting(reporting, &node);
                     true
                 })
                 .await

@@ -13,6 +13,10 @@
 //!   node comes back with it (a pause), else never (the record says the
 //!   end counts as told: nobody is left to tell).
 //! - The task is never run again anywhere.
+//! - Every end is told once: an ended record whose notice waited in the
+//!   gone node's session (noticed, not delivered) is made untold, so the
+//!   settler tells it; the gone node, should it return, takes its copy
+//!   back unless the record says it told the end itself (`told_by`).
 
 use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskStatus;
@@ -65,8 +69,8 @@ pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -
         record.detail = Some(detail.clone());
         record.finished_at_ns = Some(nanos(now));
         record.node = settler.to_string();
-        record.reporting =
-            if record.owner_durable { ReportState::Untold } else { ReportState::Reported }.as_str().to_string();
+        let reporting = if record.owner_durable { ReportState::Untold } else { ReportState::Reported };
+        record.set_reporting(reporting, settler);
         true
     })
     .await?;
@@ -78,6 +82,12 @@ pub async fn sweep(bucket: &Bucket, gone: &str, settler: &str, silent_ms: u64) -
     let taken = change_each(bucket, ended, doing, gone, |record| {
         record.status().is_terminal() && {
             record.node = settler.to_string();
+            // A notice put in the owner's session on the gone node, but
+            // not yet delivered, is gone with it (or is taken back there,
+            // should it return): the settler tells it.
+            if record.reporting == ReportState::Noticed.as_str() {
+                record.set_reporting(ReportState::Untold, settler);
+            }
             true
         }
     })
@@ -122,8 +132,9 @@ pub struct TakenOver {
     pub id: TaskId,
     /// Its owner's session.
     pub session: Option<String>,
-    /// The record says nobody was told of its end yet: the node that took
-    /// it over tells it (so this one must not).
+    /// The record does not say this node told its end (nobody did yet, or
+    /// the node that took it over did): that node tells it, so a notice
+    /// waiting here must be taken back.
     pub untold: bool,
 }
 
@@ -138,7 +149,9 @@ pub async fn taken_over(bucket: &Bucket, node: &str, ids: Vec<TaskId>) -> Result
         let Some((value, _)) = bucket.read(&key).await.map_err(|error| failed(doing, error))? else { continue };
         let record = Record::parse(&key, &value)?;
         if record.node != node && record.owner_durable {
-            let untold = record.reporting == ReportState::Untold.as_str();
+            // Told by this node before the fence (its notice here is the
+            // one): kept; else the node that took it over tells it.
+            let untold = record.told_by.as_deref() != Some(node);
             taken.push(TakenOver { id, session: record.owner, untold });
         }
     }

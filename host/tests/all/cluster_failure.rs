@@ -127,6 +127,10 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     seen.extend(texts(&call(b.peer(), "task_list", json!({})).await));
     let notices = seen.iter().filter(|text| text.starts_with(&format!("background task {on_a} "))).count();
     assert_eq!(notices, 1, "one notice of {on_a}: {seen:?}");
+    // The end of the task that had ended on a, whose notice waited in
+    // alice's session on a (put there, never delivered), is told by b once.
+    let notices = seen.iter().filter(|text| text.starts_with(&format!("background task {ended} "))).count();
+    assert_eq!(notices, 1, "one notice of {ended}: {seen:?}");
 
     // a returns: the tree it left is killed, never reported running.
     let (a, mut a_child, a_dir) = serve_node_with(&cluster, "a", a_dir, QUICK).await;
@@ -134,6 +138,7 @@ async fn a_killed_nodes_tasks_are_settled_lost_once_and_its_trees_killed_when_it
     let listed = texts(&call(a.peer(), "task_list", json!({})).await).join("\n");
     assert!(!reports_running(&listed, &on_a), "{listed}");
     assert!(listed.contains(&format!("{on_a} [bash] lost")), "listed from a, kept by b: {listed}");
+    assert!(!listed.contains(&format!("background task {ended} ")), "told again from a: {listed}");
     assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
     let after = settled_record(&js, &on_a).await;
     assert_eq!((after["status"].as_str(), after["node"].as_str()), (Some("lost"), Some("b")), "{after}");
