@@ -257,7 +257,8 @@ async fn the_logs_are_bounded_by_the_spill_cap() {
 
 /// A reader that keeps up reads far past the cap: what it took for good is
 /// punched out of the logs ([`crate::LogRelease`]), and the keeper counts
-/// what the logs hold on disk, not what they ever held.
+/// what the logs hold on disk, not what they ever held. Read as the server
+/// reads it: followed into a sink, woken by the sink's signal.
 #[tokio::test]
 async fn a_reader_that_keeps_up_reads_past_the_cap() {
     let state = State::new("release");
@@ -273,28 +274,28 @@ async fn a_reader_that_keeps_up_reads_past_the_cap() {
         .unwrap();
     let release = crate::LogRelease::new(process.record());
     let stdout = process.record().dir.join(crate::durable::log_name(Stream::Stdout));
-    let line = 100_001u64;
-    for chunk in 1..=20u64 {
-        process.write_stdin(b"go\n").unwrap();
-        let want = chunk * line;
-        let length = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                let length = std::fs::metadata(&stdout).map_or(0, |m| m.len());
-                if length >= want {
-                    return length;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+    let sink = crate::OutputSink::new(1 << 20);
+    let forwarded = Arc::new(tokio::sync::Notify::new());
+    let signal = forwarded.clone();
+    sink.set_signal(Box::new(move || signal.notify_one()));
+    let tree = crate::FollowedTree::follow(process, sink.clone(), crate::TreeCursor::default(), Duration::from_secs(1));
+    let line = format!("{}\n", "a".repeat(100_000));
+    for chunk in 1..=20 {
+        tree.process().write_stdin(b"go\n").unwrap();
+        let mut got = String::new();
+        while got.len() < line.len() {
+            got.push_str(&sink.take());
+            if got.len() < line.len() {
+                // A signal raised since the take is kept (`notify_one`).
+                tokio::time::timeout(Duration::from_secs(20), forwarded.notified()).await.expect("the chunk came");
             }
-        })
-        .await
-        .expect("the chunk reached the log");
-        assert_eq!(length, want, "chunk {chunk}: nothing dropped, nothing more");
-        let text = process.read_log(Stream::Stdout, want - line, line as usize).unwrap();
-        assert!(text[..100_000].iter().all(|&b| b == b'a') && text[100_000] == b'\n', "chunk {chunk} is whole");
-        release.release_before(&crate::TreeCursor { stdout: want, ..Default::default() }.to_mark());
+        }
+        assert_eq!(got, line, "chunk {chunk}: whole, nothing dropped, nothing more");
+        release.release_before(&sink.taken_mark().expect("a mark of what was taken"));
     }
-    assert_eq!(finished(&process).await.unwrap().status, ExitStatus::Code(0));
-    assert!(!process.truncated(), "nothing was dropped");
+    tokio::time::timeout(Duration::from_secs(20), tree.ended()).await.expect("the tree ends");
+    assert_eq!(tree.process().exit().unwrap().unwrap().status, ExitStatus::Code(0));
+    assert!(!tree.process().truncated(), "nothing was dropped");
     use std::os::unix::fs::MetadataExt as _;
     let held = std::fs::metadata(&stdout).unwrap().blocks() * 512;
     assert!(held < 300_000, "the log holds {held} bytes on disk: what was read went");
