@@ -75,18 +75,19 @@ impl Membership {
     }
 
     /// Asks every other live node's dashboard, as token `token` (of
-    /// `owner`); each node's answer, or why it gave none.
+    /// `owner`); each node's answer, or why it gave none. Err: the roster,
+    /// which names the nodes, could not be read.
     pub async fn ask_dashboards(
         self: &Arc<Self>,
         owner: &Agent,
         token: &str,
         call: DashboardCall,
-    ) -> Vec<(String, Result<DashboardAnswer, String>)> {
+    ) -> Result<Vec<(String, Result<DashboardAnswer, String>)>, String> {
         let Some(others) = self.other_live_nodes().await else {
-            return vec![(self.node.clone(), Err("cluster unavailable, retry: the roster could not be read".into()))];
+            return Err("cluster unavailable, retry: the roster could not be read".into());
         };
         let asked = others.iter().map(|node| self.ask_dashboard(node, owner, token, call.clone()));
-        others.iter().cloned().zip(futures::future::join_all(asked).await).collect()
+        Ok(others.iter().cloned().zip(futures::future::join_all(asked).await).collect())
     }
 
     /// Asks the dashboard of the node whose record holds `task_id`; `None`

@@ -76,7 +76,14 @@ impl Dashboard {
             task["node"] = Value::String(here.clone());
         }
         let mut unreachable = Vec::new();
-        for (node, answer) in membership.ask_dashboards(&viewer.owner, &viewer.name, DashboardCall::Tasks).await {
+        let answers = match membership.ask_dashboards(&viewer.owner, &viewer.name, DashboardCall::Tasks).await {
+            Ok(answers) => answers,
+            Err(error) => {
+                unreachable.push(json!({"node": "(every other node: the roster)", "error": error}));
+                Vec::new()
+            }
+        };
+        for (node, answer) in answers {
             match answer {
                 Ok(DashboardAnswer { status: 200, body }) => {
                     let listed = body.get("tasks").and_then(Value::as_array).cloned().unwrap_or_default();
