@@ -59,6 +59,7 @@ pub enum Command {
 
 /// Parses the command line, runs the subcommand, and reports its error.
 pub fn main() -> ExitCode {
+    return_large_buffers_to_the_system();
     let cli = Cli::parse();
     let default_filter = match cli.command {
         // The demo provokes a failed reload on purpose; its warning would
@@ -115,4 +116,22 @@ fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+}
+
+/// Fixes glibc's mmap threshold at its default (128 KiB), which turns off
+/// its sliding threshold. A server keeps many task output windows of a few
+/// hundred KiB and frees them as tasks leave memory; with the sliding
+/// threshold, the first such free raises it, every later window comes from
+/// the heap, and the freed ones stay resident as fragments (measured: 50
+/// owners × 110 tasks of 400 KB grew the server by 160–170 MiB instead of
+/// 90–111 MiB, `memory_under_50_owners_of_110_tasks_stays_within_the_bound`).
+/// Fixed, a buffer that large is its own mapping, returned when freed. Only
+/// the command line does this; an embedder keeps its own allocator policy.
+fn return_large_buffers_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; the command line
+    // calls it first, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
 }
