@@ -14,6 +14,9 @@
 //! - The `status` file appears whole (written as `status.tmp`, then
 //!   renamed) once the tree is reaped: `code N` or `signal N`, then
 //!   `deadline` when K killed the tree at its deadline.
+//! - A tree whose logs were removed (its state directory deleted: no
+//!   server can ever adopt it, read it or end it) is SIGKILLed within
+//!   [`ORPHAN_CHECK_MS`]: K checks the logs' link counts that often.
 //! - A connection is served only after the secret it sends matches (in
 //!   constant time), within [`CLIENT_WAIT_MS`]; K never blocks on a client
 //!   longer than that.
@@ -24,6 +27,9 @@ use crate::plan::{Command, DurablePlan, SECRET_BYTES, STATUS_BYTES};
 
 /// How long K waits for a connected client's request.
 const CLIENT_WAIT_MS: libc::c_int = 1_000;
+/// How often K checks that its logs are still linked (the state directory
+/// was not deleted under a running tree).
+pub(crate) const ORPHAN_CHECK_MS: libc::c_int = 5_000;
 /// K's copy buffer (on its stack), for what is not spliced.
 const COPY_BYTES: usize = 64 * 1024;
 /// The tree's output pipes are made this large (within the system's
@@ -53,6 +59,12 @@ struct Keeping {
     dropping: [bool; 2],
     truncated: bool,
     deadline_hit: bool,
+    /// The logs' link counts are checked: from the start, unless the file
+    /// system reports none (then it cannot tell), until they were found
+    /// unlinked and the tree was killed.
+    orphan_check: bool,
+    /// When the logs' links are checked next (`CLOCK_MONOTONIC` ms).
+    next_orphan_check: i64,
     /// Output still moves pipe → log by `splice` (no copy through K): false
     /// once a splice was refused (then K reads and writes).
     splice: bool,
@@ -85,6 +97,8 @@ impl DurablePlan {
                 dropping: [false; 2],
                 truncated: false,
                 deadline_hit: false,
+                orphan_check: !self.logs_unlinked(),
+                next_orphan_check: monotonic_millis() + i64::from(ORPHAN_CHECK_MS),
                 splice: true,
                 status: self.reserve_status(),
             };
@@ -100,7 +114,17 @@ impl DurablePlan {
             }
             let mut buf = [0u8; COPY_BYTES];
             loop {
-                let timeout = if state.deadline_hit { -1 } else { millis_until(self.deadline) };
+                let until_deadline = if state.deadline_hit { -1 } else { millis_until(self.deadline) };
+                let timeout = if !state.orphan_check {
+                    until_deadline
+                } else {
+                    let until_check = (state.next_orphan_check - monotonic_millis()).clamp(0, ORPHAN_CHECK_MS.into());
+                    if until_deadline < 0 {
+                        until_check as libc::c_int
+                    } else {
+                        until_deadline.min(until_check as libc::c_int)
+                    }
+                };
                 let mut fds = [
                     libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
                     libc::pollfd { fd: out, events: libc::POLLIN, revents: 0 },
@@ -116,6 +140,13 @@ impl DurablePlan {
                 if !state.deadline_hit && millis_until(self.deadline) == 0 {
                     state.deadline_hit = true;
                     self.end_tree(child);
+                }
+                if state.orphan_check && monotonic_millis() >= state.next_orphan_check {
+                    state.next_orphan_check = monotonic_millis() + i64::from(ORPHAN_CHECK_MS);
+                    if self.logs_unlinked() {
+                        state.orphan_check = false;
+                        self.end_tree(child);
+                    }
                 }
                 if fds[1].revents != 0 && !self.copy(out, STDOUT, &mut buf, &mut state, false) {
                     out = -1;
@@ -249,6 +280,17 @@ impl DurablePlan {
             state.held = blocks.min(state.lengths[STDOUT] + state.lengths[STDERR]);
         }
         cap.saturating_sub(state.held)
+    }
+
+    /// True when a log has no name left (its directory was deleted): no
+    /// server can find this tree again.
+    fn logs_unlinked(&self) -> bool {
+        [STDOUT, STDERR].into_iter().any(|stream| {
+            // SAFETY: a plain C struct, all zeroes valid.
+            let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fstat of K's own descriptor into a local.
+            unsafe { libc::fstat(self.log(stream), &mut stat) == 0 && stat.st_nlink == 0 }
+        })
     }
 
     /// The room a dropping stream waits for before it is written again: a
@@ -481,12 +523,19 @@ fn push_number(buf: &mut [u8; STATUS_BYTES], len: &mut usize, number: i32) {
 /// Milliseconds from now until `deadline` (`CLOCK_MONOTONIC` seconds), at
 /// most a day (poll's timeout is an int); 0 once it passed.
 fn millis_until(deadline: libc::time_t) -> libc::c_int {
+    #[allow(clippy::unnecessary_cast, reason = "time_t is not i64 on every target")]
+    let left = deadline as i64 * 1000 - monotonic_millis();
+    left.clamp(0, 86_400_000) as libc::c_int
+}
+
+/// `CLOCK_MONOTONIC` now, in milliseconds.
+fn monotonic_millis() -> i64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime into a local: async-signal-safe.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     #[allow(clippy::unnecessary_cast, reason = "time_t and c_long are not i64 on every target")]
-    let left = (deadline as i64 - now.tv_sec as i64) * 1000 - now.tv_nsec as i64 / 1_000_000;
-    left.clamp(0, 86_400_000) as libc::c_int
+    let millis = now.tv_sec as i64 * 1000 + now.tv_nsec as i64 / 1_000_000;
+    millis
 }
 
 /// One reply byte.

@@ -18,7 +18,7 @@
 //! - [`sys`]: descriptors and `errno`.
 //! - [`exit`]: how a failed set-up ends.
 
-mod durable;
+pub(crate) mod durable;
 pub(crate) mod exit;
 mod lockdown;
 mod mounts;

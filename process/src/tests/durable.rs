@@ -475,3 +475,47 @@ async fn the_command_cannot_read_the_keepers_memory() {
         assert!(out.ends_with("probed\n"), "PID namespace {pid_namespace}: {out}");
     }
 }
+
+/// A running tree whose state directory is deleted (no server can ever
+/// adopt, read or end it again) is killed by its keeper, which then exits:
+/// nothing is left running for its time to live.
+#[tokio::test]
+async fn a_tree_whose_directory_is_deleted_is_killed_by_its_keeper() {
+    let state = State::new("orphaned");
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let mark = marker("durable-orphaned");
+    let mut request = bash("sleep 1000", &mark);
+    request.stdin = StdinMode::Empty;
+    let process = host
+        .spawn_durable(
+            &owner,
+            &bash_grant(),
+            request,
+            state.spawn(1, Duration::from_secs(3_600)),
+            &tracing::Span::none(),
+        )
+        .await
+        .unwrap();
+    await_marked(&mark, 1).await;
+    let record = process.record().clone();
+    drop((process, owner, host));
+    // SAFETY: pidfd_open of the keeper this test started (a plain syscall).
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, record.keeper_pid as libc::pid_t, 0) } as i32;
+    assert!(pidfd >= 0, "the keeper is running: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptor pidfd_open just returned, owned from here on.
+    let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+    std::fs::remove_dir_all(&state.dir).unwrap();
+    // The pidfd turns readable when the keeper exits; it checks every
+    // ORPHAN_CHECK_MS.
+    let within = Duration::from_millis(crate::child::durable::ORPHAN_CHECK_MS as u64) + Duration::from_secs(15);
+    // SAFETY: the OwnedFd stays open for as long as the AsyncFd owns it.
+    let exited = unsafe { tokio::io::unix::AsyncFd::register(pidfd) }.unwrap();
+    let _ready = tokio::time::timeout(within, exited.readable())
+        .await
+        .expect("the keeper outlived its deleted directory")
+        .unwrap();
+    if confine::support().pid_namespace {
+        assert_no_marked(&mark).await;
+    }
+}
