@@ -38,8 +38,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// output_read_bytes`): its answer, JSON-escaped (at most 6 bytes a byte),
 /// fits in one message with room for the notices.
 pub const MAX_FORWARDED_READ_BYTES: usize = 128 * 1024;
-/// How long a node has to answer beyond the call's own wait.
-pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+/// How long a node has to answer beyond the call's own wait: the store
+/// call the answer may make, and the answer's way back.
+pub const ANSWER_WITHIN: Duration = super::store::CALL_TIMEOUT.saturating_add(Duration::from_secs(5));
 /// How long a node has to list its tasks for another's `task_list` (a node
 /// that died and is not declared gone yet is left out of the listing, with
 /// a line saying so, rather than holding it).

@@ -42,8 +42,9 @@ use tokio::sync::{mpsc, oneshot};
 pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 /// Publishes awaiting their acknowledgement at once.
 pub const MAX_IN_FLIGHT: usize = 64;
-/// The longest one piece is tried again while NATS recovers.
-pub const PUBLISH_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest one piece is tried again while NATS recovers (a stream
+/// leader's election: [`super::bucket::RETRY_WITHIN`]).
+pub const PUBLISH_PATIENCE: Duration = super::bucket::RETRY_WITHIN;
 /// The longest a consuming read waits for its mark to be kept.
 pub const FLUSH_WITHIN: Duration = Duration::from_secs(2);
 /// The largest piece in one message.

@@ -7,7 +7,7 @@
 //!   settlement from two nodes has one winner, a stop request moves only
 //!   `running` to `stopping`, and a write that lost a race reads again.
 //! - A NATS failure that may pass (a node died, a leader is being
-//!   elected) is tried again for up to 8 s; a write whose answer was lost
+//!   elected) is tried again for up to [`RETRY_WITHIN`]; a write whose answer was lost
 //!   is recognised by its token when read back, never applied twice.
 //! - The seam is synchronous and the client async: the client lives on a
 //!   runtime of its own (one thread, `taskhost-cluster`); a store call
@@ -27,12 +27,13 @@ use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskStatus;
 use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, TaskStore};
 
-use super::bucket::{Bucket, Change, Patience, WriteError, failed};
+use super::bucket::{Bucket, Change, Patience, RETRY_WITHIN, WriteError, failed};
 use super::ids;
 use super::record::{Record, nanos, task_key};
 
-/// The longest a store call waits for the cluster.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a store call waits for the cluster: its retries while a
+/// stream leader is elected, and the answer.
+pub const CALL_TIMEOUT: Duration = RETRY_WITHIN.saturating_add(Duration::from_secs(5));
 /// The JetStream error code of "replicas > 1 not supported in non-clustered mode".
 const NOT_CLUSTERED: &str = "10074";
 

@@ -244,11 +244,18 @@ async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
     };
     let a = open("a").await;
     let b = open("b").await;
-    let ids: Vec<TaskId> = (1..=40).map(|n| TaskId::new(format!("bash-{n}"))).collect();
-    for id in &ids {
+    // The first 40 are all started before the races. Each of the last 40
+    // takes its id as a node does (from a block of 16) and is started just
+    // before its race, so a's settlement is decided on the start it wrote
+    // last (one round trip) while b reads afresh.
+    let start = |id: &TaskId| {
         let task = StoredTask::new(id.clone(), "bash", "race", SystemTime::now());
         let a = a.clone();
-        tokio::task::spawn_blocking(move || a.record_start(&task)).await.unwrap().unwrap();
+        tokio::task::spawn_blocking(move || a.record_start(&task))
+    };
+    let mut ids: Vec<TaskId> = (1..=40).map(|n| TaskId::new(format!("bash-{n}"))).collect();
+    for id in &ids {
+        start(id).await.unwrap().unwrap();
     }
     let settle = |store: Arc<ClusterStore>, id: TaskId, status: TaskStatus| {
         tokio::task::spawn_blocking(move || {
@@ -274,10 +281,24 @@ async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
     let js = jetstream::new(cluster.client().await);
     let bucket = js.get_key_value("taskhost-race").await.unwrap();
     let mut wins = [0, 0];
-    for id in &ids {
-        let by_a = settle(a.clone(), id.clone(), TaskStatus::Completed);
-        let by_b = sweep(id.clone());
-        let (by_a, by_b) = (by_a.await.unwrap(), by_b.await.unwrap());
+    for n in 0..80 {
+        if n >= 40 {
+            let issuer = a.clone();
+            let number = tokio::task::spawn_blocking(move || issuer.issue_number("bash", 0)).await.unwrap().unwrap();
+            ids.push(TaskId::new(format!("bash-{number}")));
+            start(&ids[n]).await.unwrap().unwrap();
+        }
+        let id = &ids[n];
+        // Every other one of those, b sweeps first: a's settlement is then
+        // decided on a start that is no longer the record's latest.
+        let (by_a, by_b) = if n >= 40 && n % 2 == 1 {
+            let by_b = sweep(id.clone()).await.unwrap();
+            (settle(a.clone(), id.clone(), TaskStatus::Completed).await.unwrap(), by_b)
+        } else {
+            let by_a = settle(a.clone(), id.clone(), TaskStatus::Completed);
+            let by_b = sweep(id.clone());
+            (by_a.await.unwrap(), by_b.await.unwrap())
+        };
         assert!(by_a != by_b, "{id}: a won {by_a}, b won {by_b}");
         wins[usize::from(by_b)] += 1;
         let stored: serde_json::Value =
@@ -288,7 +309,7 @@ async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
     // A later settlement changes nothing; b's own store never settles a's record.
     let late = settle(a.clone(), ids[0].clone(), TaskStatus::Failed).await.unwrap();
     assert!(!late);
-    let b_on_a = TaskId::new("bash-41");
+    let b_on_a = TaskId::new("bash-81");
     let task = StoredTask::new(b_on_a.clone(), "bash", "a's", SystemTime::now());
     let a_start = a.clone();
     tokio::task::spawn_blocking(move || a_start.record_start(&task)).await.unwrap().unwrap();
@@ -297,9 +318,10 @@ async fn a_settle_race_between_two_nodes_has_exactly_one_winner() {
     let (a_loaded, b_loaded) = (a.clone(), b.clone());
     let a_loaded = tokio::task::spawn_blocking(move || a_loaded.load()).await.unwrap().unwrap();
     let b_loaded = tokio::task::spawn_blocking(move || b_loaded.load()).await.unwrap().unwrap();
-    assert_eq!(a_loaded.tasks.len(), 41 - wins[1], "wins {wins:?}");
+    assert_eq!(a_loaded.tasks.len(), 81 - wins[1], "wins {wins:?}");
     assert_eq!(b_loaded.tasks.len(), wins[1]);
-    assert_eq!(a_loaded.counters, [("bash".to_string(), 41)]);
+    // 40 raised one by one, then three blocks of 16 issued.
+    assert_eq!(a_loaded.counters, [("bash".to_string(), 88)]);
 }
 
 /// SIGKILL of the NATS node leading the registry's stream changes nothing
