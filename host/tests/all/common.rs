@@ -79,6 +79,7 @@ pub fn state_home(dir: &std::path::Path) -> PathBuf {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let home = PathBuf::from(format!("{}-state", dir.display()));
     let state = home.join("taskhost");
+    end_trees_at_exit(state.join("trees"));
     let key_file = state.join("cache.key");
     if !key_file.exists() {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&state).unwrap();
@@ -89,6 +90,30 @@ pub fn state_home(dir: &std::path::Path) -> PathBuf {
         }
     }
     home
+}
+
+/// The durable trees' directories of the test's servers, removed when the
+/// test process exits (passed or failed): each tree's keeper then kills it
+/// within 5 s (its logs are unlinked), instead of a stable owner's command
+/// outliving the test for its time to live. The servers' logs stay.
+static TREE_ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn end_trees_at_exit(trees: PathBuf) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_tree_roots() {
+        let roots = std::mem::take(&mut *TREE_ROOTS.lock().unwrap_or_else(|e| e.into_inner()));
+        for root in roots {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: registers a plain function that runs at exit.
+        unsafe { libc::atexit(remove_tree_roots) };
+    });
+    let mut roots = TREE_ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+    if !roots.contains(&trees) {
+        roots.push(trees);
+    }
 }
 
 /// `taskhost trust <file>` with the test's state directory (see
