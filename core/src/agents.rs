@@ -118,6 +118,13 @@ impl AgentRegistry {
         self.shared.live.lock().expect("agent registry poisoned").values().cloned().collect()
     }
 
+    /// The live durable agents of stable owner `session` (one per
+    /// connection it holds), without copying the others.
+    pub fn durable_of(&self, session: &str) -> Vec<Agent> {
+        let live = self.shared.live.lock().expect("agent registry poisoned");
+        live.values().filter(|agent| agent.is_durable() && agent.session().as_str() == session).cloned().collect()
+    }
+
     /// Disposes every live agent, awaiting each one's cleanups.
     pub async fn dispose_all(&self) {
         let agents = self.list();

@@ -22,8 +22,6 @@ use super::membership::Membership;
 
 /// The forwarded call's name (never a tool's: tool names have no `/`).
 pub(super) const DASHBOARD_CALL: &str = "taskhost/dashboard";
-/// How long a node has to answer another's dashboard.
-pub const DASHBOARD_WITHIN: Duration = Duration::from_secs(3);
 
 /// What one node's dashboard asks another.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -114,7 +112,8 @@ impl Membership {
         call: DashboardCall,
     ) -> Result<DashboardAnswer, String> {
         let arguments = serde_json::to_value(Asked { token: token.to_string(), call }).expect("a call serializes");
-        let answer = self.forward(node, owner, DASHBOARD_CALL, arguments, Duration::ZERO, DASHBOARD_WITHIN).await;
+        let answer =
+            self.forward(node, owner, DASHBOARD_CALL, arguments, Duration::ZERO, super::forward::LIST_WITHIN).await;
         match answer.data {
             Some(data) => serde_json::from_value(data).map_err(|error| format!("node {node} answered oddly ({error})")),
             None => Err(answer.output.text),

@@ -41,10 +41,10 @@ pub const MAX_FORWARDED_READ_BYTES: usize = 128 * 1024;
 /// How long a node has to answer beyond the call's own wait: the store
 /// call the answer may make, and the answer's way back.
 pub const ANSWER_WITHIN: Duration = super::store::CALL_TIMEOUT.saturating_add(Duration::from_secs(5));
-/// How long a node has to list its tasks for another's `task_list` (a node
-/// that died and is not declared gone yet is left out of the listing, with
-/// a line saying so, rather than holding it).
-const LIST_WITHIN: Duration = Duration::from_secs(3);
+/// How long a node has to list its tasks for another's listing (`task_list`,
+/// a dashboard): a node that died and is not declared gone yet is left out
+/// of the listing, and named, rather than holding it.
+pub(super) const LIST_WITHIN: Duration = Duration::from_secs(3);
 /// How long one try of a forwarded call waits beyond the call's own wait.
 const TRY_WITHIN: Duration = Duration::from_secs(2);
 /// The task locations a node keeps (task → the node running it); all are
@@ -471,7 +471,7 @@ impl RemoteOwners {
     /// The owner `session` here: its live stable agent (a token's, an
     /// `--owner` connection's), else one made for forwarded calls.
     fn agent(&self, host: &taskhost_core::Host, session: &str) -> Result<(Agent, bool), String> {
-        let live = host.agents().list().into_iter().find(|a| a.is_durable() && a.session().as_str() == session);
+        let live = host.agents().durable_of(session).into_iter().next();
         if let Some(agent) = live {
             return Ok((agent, false));
         }

@@ -380,11 +380,10 @@ impl Membership {
                 // An end noticed here but recorded untold (the node was
                 // fenced before the store heard): the node that took it
                 // over tells it, so the notice waiting here is taken back.
-                let agents = host.agents().list();
                 let mut retracted = 0;
                 for task in taken.iter().filter(|task| task.untold) {
-                    let session = task.session.as_deref();
-                    for agent in agents.iter().filter(|a| a.is_durable() && Some(a.session().as_str()) == session) {
+                    let Some(session) = task.session.as_deref() else { continue };
+                    for agent in host.agents().durable_of(session) {
                         retracted += agent.retract_unread_about(&task.id);
                     }
                 }
