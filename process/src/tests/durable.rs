@@ -37,6 +37,23 @@ impl Drop for State {
     }
 }
 
+/// A durable tree that sleeps (stdin empty), running its marked processes:
+/// with the server that spawned it and the owner's spill, which hold its view.
+async fn sleeping_tree(
+    state: &State,
+    mark: &ProcessMark,
+    ttl: Duration,
+) -> (Arc<ProcessHost>, Arc<crate::OwnerSpill>, DurableProcess) {
+    let host = state.host();
+    let owner = host.owner_spill("").unwrap();
+    let mut request = bash("sleep 1000", mark);
+    request.stdin = StdinMode::Empty;
+    let process =
+        host.spawn_durable(&owner, &bash_grant(), request, state.spawn(1, ttl), &tracing::Span::none()).await.unwrap();
+    await_marked(mark, 1).await;
+    (host, owner, process)
+}
+
 fn piped(script: &str) -> SpawnRequest {
     SpawnRequest { argv: vec!["bash".into(), "-c".into(), script.into()], stdin: StdinMode::Pipe, ..Default::default() }
 }
@@ -173,16 +190,8 @@ async fn adoption_needs_the_secret_the_pid_and_its_start_time() {
 #[tokio::test]
 async fn a_killed_keeper_means_a_lost_tree() {
     let state = State::new("killed-keeper");
-    let host = state.host();
-    let owner = host.owner_spill("").unwrap();
     let mark = marker("durable-killed-keeper");
-    let mut request = bash("sleep 1000", &mark);
-    request.stdin = StdinMode::Empty;
-    let process = host
-        .spawn_durable(&owner, &bash_grant(), request, state.spawn(1, Duration::from_secs(60)), &tracing::Span::none())
-        .await
-        .unwrap();
-    await_marked(&mark, 1).await;
+    let (_host, _owner, process) = sleeping_tree(&state, &mark, Duration::from_secs(60)).await;
     // SAFETY: SIGKILL to the keeper this test started.
     unsafe { libc::kill(process.pid() as i32, libc::SIGKILL) };
     let lost = finished(&process).await.expect_err("no status without the keeper");
@@ -482,22 +491,8 @@ async fn the_command_cannot_read_the_keepers_memory() {
 #[tokio::test]
 async fn a_tree_whose_directory_is_deleted_is_killed_by_its_keeper() {
     let state = State::new("orphaned");
-    let host = state.host();
-    let owner = host.owner_spill("").unwrap();
     let mark = marker("durable-orphaned");
-    let mut request = bash("sleep 1000", &mark);
-    request.stdin = StdinMode::Empty;
-    let process = host
-        .spawn_durable(
-            &owner,
-            &bash_grant(),
-            request,
-            state.spawn(1, Duration::from_secs(3_600)),
-            &tracing::Span::none(),
-        )
-        .await
-        .unwrap();
-    await_marked(&mark, 1).await;
+    let (host, owner, process) = sleeping_tree(&state, &mark, Duration::from_secs(3_600)).await;
     let record = process.record().clone();
     drop((process, owner, host));
     // SAFETY: pidfd_open of the keeper this test started (a plain syscall).
