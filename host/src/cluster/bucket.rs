@@ -177,7 +177,7 @@ impl Bucket {
         doing: &str,
         mut change: impl FnMut(Option<&bytes::Bytes>) -> Result<Change<T>, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut patience = Patience::starting_now();
+        let mut patience = Patience::starting_now(self);
         let mut races = 0;
         // This node wrote the key last: if nothing was written since, that
         // value is the latest, and the write's check says whether it was.
@@ -229,22 +229,30 @@ impl Bucket {
 /// answer. At 8 s, a start after the leader's SIGKILL was refused in 2 of
 /// 16 loaded runs of `killing_a_nats_node_changes_nothing_a_client_sees`.
 pub const RETRY_WITHIN: Duration = Duration::from_secs(20);
+/// How long a failure is tried again while the client reaches no NATS
+/// server at all (no election to wait for: the node is cut off).
+pub const CUT_OFF_WITHIN: Duration = Duration::from_secs(8);
 
 /// Retries after a failure that may pass: a short, growing pause (a new
-/// stream leader is elected within seconds), until [`RETRY_WITHIN`].
+/// stream leader is elected within seconds), until [`RETRY_WITHIN`], or
+/// [`CUT_OFF_WITHIN`] while the client is connected to no server.
 pub struct Patience {
-    deadline: tokio::time::Instant,
+    started: tokio::time::Instant,
     pause: Duration,
+    client: async_nats::Client,
 }
 
 impl Patience {
-    pub fn starting_now() -> Self {
-        Self { deadline: tokio::time::Instant::now() + RETRY_WITHIN, pause: Duration::from_millis(50) }
+    /// Patience for the calls of `bucket`'s client, from now.
+    pub fn starting_now(bucket: &Bucket) -> Self {
+        Self { started: tokio::time::Instant::now(), pause: Duration::from_millis(50), client: bucket.client() }
     }
 
     /// Waits before the next try; `Err` when the time is up.
     pub async fn again(&mut self, doing: &str, error: impl std::fmt::Display) -> Result<(), StoreError> {
-        if tokio::time::Instant::now() + self.pause > self.deadline {
+        let cut_off = self.client.connection_state() != async_nats::connection::State::Connected;
+        let within = if cut_off { CUT_OFF_WITHIN } else { RETRY_WITHIN };
+        if self.started.elapsed() + self.pause > within {
             return Err(failed(doing, error));
         }
         tracing::debug!(doing, %error, "cluster: trying again");

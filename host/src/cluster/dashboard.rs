@@ -113,7 +113,7 @@ impl Membership {
     ) -> Result<DashboardAnswer, String> {
         let arguments = serde_json::to_value(Asked { token: token.to_string(), call }).expect("a call serializes");
         let answer =
-            self.forward(node, owner, DASHBOARD_CALL, arguments, Duration::ZERO, super::forward::LIST_WITHIN).await;
+            self.forward(node, owner, DASHBOARD_CALL, arguments, Duration::ZERO, super::membership::LIST_WITHIN).await;
         match answer.data {
             Some(data) => serde_json::from_value(data).map_err(|error| format!("node {node} answered oddly ({error})")),
             None => Err(answer.output.text),

@@ -29,7 +29,7 @@ use taskhost_core::tools::{CallContext, ToolOutput};
 
 use super::bucket::RETRY_WITHIN;
 use super::config::Placement;
-use super::membership::Membership;
+use super::membership::{LIST_WITHIN, Membership};
 use super::record::{Record, task_key};
 
 /// The largest forwarded call or answer (NATS's default payload limit).
@@ -41,10 +41,6 @@ pub const MAX_FORWARDED_READ_BYTES: usize = 128 * 1024;
 /// How long a node has to answer beyond the call's own wait: the store
 /// call the answer may make, and the answer's way back.
 pub const ANSWER_WITHIN: Duration = super::store::CALL_TIMEOUT.saturating_add(Duration::from_secs(5));
-/// How long a node has to list its tasks for another's listing (`task_list`,
-/// a dashboard): a node that died and is not declared gone yet is left out
-/// of the listing, and named, rather than holding it.
-pub(super) const LIST_WITHIN: Duration = Duration::from_secs(3);
 /// How long one try of a forwarded call waits beyond the call's own wait.
 const TRY_WITHIN: Duration = Duration::from_secs(2);
 /// The task locations a node keeps (task → the node running it); all are

@@ -33,6 +33,10 @@ pub const LEASE_SHARE: f64 = 0.75;
 pub const BEATS_PER_TIMEOUT: u32 = 4;
 /// The longest a call waits for a renewal of a lapsed lease.
 const RENEW_WITHIN: Duration = Duration::from_secs(5);
+/// How long a node has to list its tasks for another's listing (`task_list`,
+/// a dashboard): a node that died and is not declared gone yet is left out
+/// of the listing, and named, rather than holding it.
+pub(super) const LIST_WITHIN: Duration = Duration::from_secs(3);
 
 /// What the node serves once the host is built: the host whose registry
 /// loses its tasks when the node is fenced, the directory of its durable

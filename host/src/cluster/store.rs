@@ -7,7 +7,8 @@
 //!   settlement from two nodes has one winner, a stop request moves only
 //!   `running` to `stopping`, and a write that lost a race reads again.
 //! - A NATS failure that may pass (a node died, a leader is being
-//!   elected) is tried again for up to [`RETRY_WITHIN`]; a write whose answer was lost
+//!   elected) is tried again for up to [`RETRY_WITHIN`] (less while the
+//!   node reaches no NATS server: [`super::bucket::CUT_OFF_WITHIN`]); a write whose answer was lost
 //!   is recognised by its token when read back, never applied twice.
 //! - The seam is synchronous and the client async: the client lives on a
 //!   runtime of its own (one thread, `taskhost-cluster`); a store call
@@ -25,7 +26,7 @@ use async_nats::jetstream::{self, kv};
 use futures::future::BoxFuture;
 use taskhost_core::ids::TaskId;
 use taskhost_core::tasks::TaskStatus;
-use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, TaskStore};
+use taskhost_core::tasks::store::{ReportState, StoreError, StoredEnd, StoredState, StoredTask, StoredTree, TaskStore};
 
 use super::bucket::{Bucket, Change, Patience, RETRY_WITHIN, WriteError, failed};
 use super::ids;
@@ -34,6 +35,12 @@ use super::record::{Record, nanos, task_key};
 /// The longest a store call waits for the cluster: its retries while a
 /// stream leader is elected, and the answer.
 pub const CALL_TIMEOUT: Duration = RETRY_WITHIN.saturating_add(Duration::from_secs(5));
+/// The longest a read waits to record its cursor or its renewed time to
+/// live. The read is answered either way (what it took was taken); a
+/// cursor not recorded means output after the last recorded one is shown
+/// again after a restart, and the next read records a newer one. Without
+/// this bound, every read during a NATS outage would wait [`CALL_TIMEOUT`].
+pub const READ_RECORD_WITHIN: Duration = Duration::from_secs(3);
 /// The JetStream error code of "replicas > 1 not supported in non-clustered mode".
 const NOT_CLUSTERED: &str = "10074";
 
@@ -114,20 +121,31 @@ impl ClusterStore {
         doing: &str,
         work: impl FnOnce(Bucket) -> BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.call_within(doing, CALL_TIMEOUT, work)
+    }
+
+    /// As [`Self::call`], waiting at most `within` (the work is dropped
+    /// then: a write it sent may still land, in order with later ones).
+    fn call_within<T: Send + 'static>(
+        &self,
+        doing: &str,
+        within: Duration,
+        work: impl FnOnce(Bucket) -> BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
         let bucket = self.bucket.clone();
         let span = tracing::debug_span!("cluster store", node = %self.node, doing);
         self.runtime.spawn(tracing::Instrument::instrument(
             async move {
-                let _ = reply.send(tokio::time::timeout(CALL_TIMEOUT, work(bucket)).await);
+                let _ = reply.send(tokio::time::timeout(within, work(bucket)).await);
             },
             span,
         ));
-        match answer.recv_timeout(CALL_TIMEOUT + Duration::from_secs(1)) {
+        match answer.recv_timeout(within + Duration::from_secs(1)) {
             Ok(Ok(result)) => result,
             Ok(Err(_)) | Err(_) => Err(StoreError::new(format!(
                 "cluster unavailable, retry: {doing} got no answer from NATS within {} s",
-                CALL_TIMEOUT.as_secs()
+                within.as_secs()
             ))),
         }
     }
@@ -296,7 +314,7 @@ impl TaskStore for ClusterStore {
             Box::pin(async move {
                 let doing = "recording a start";
                 let value: bytes::Bytes = serde_json::to_vec(&record).expect("a record serializes").into();
-                let mut patience = Patience::starting_now();
+                let mut patience = Patience::starting_now(&bucket);
                 loop {
                     match bucket.create(&key, value.clone()).await {
                         Ok(_) => break,
@@ -325,6 +343,28 @@ impl TaskStore for ClusterStore {
                     ids::raise(&bucket, &kind, |_| number).await?;
                 }
                 Ok(())
+            })
+        })
+    }
+
+    /// A start is recorded before its command runs: a start NATS cannot
+    /// take is refused with nothing run, so a client that asks again after
+    /// "cluster unavailable, retry" never makes a command run twice.
+    fn fences_launches(&self) -> bool {
+        true
+    }
+
+    fn record_tree(&self, id: &TaskId, tree: &StoredTree) -> Result<(), StoreError> {
+        let (id, tree, node) = (id.clone(), tree.clone(), self.node.clone());
+        self.call("recording a started task's tree", move |bucket| {
+            Box::pin(async move {
+                transition(&bucket, &id, "recording a started task's tree", &node, |record| {
+                    record.tree = Some(tree.record.clone());
+                    record.tree_cursor.clone_from(&tree.cursor);
+                    true
+                })
+                .await
+                .map(drop)
             })
         })
     }
@@ -383,7 +423,7 @@ impl TaskStore for ClusterStore {
 
     fn set_tree_cursor(&self, id: &TaskId, cursor: &str) -> Result<(), StoreError> {
         let (id, cursor, node) = (id.clone(), cursor.to_string(), self.node.clone());
-        self.call("recording a read cursor", move |bucket| {
+        self.call_within("recording a read cursor", READ_RECORD_WITHIN, move |bucket| {
             Box::pin(async move {
                 transition(&bucket, &id, "recording a read cursor", &node, |record| {
                     record.tree.is_some() && {
@@ -399,7 +439,7 @@ impl TaskStore for ClusterStore {
 
     fn set_expiry(&self, id: &TaskId, expires_at: SystemTime) -> Result<(), StoreError> {
         let (id, node) = (id.clone(), self.node.clone());
-        self.call("recording a renewed time to live", move |bucket| {
+        self.call_within("recording a renewed time to live", READ_RECORD_WITHIN, move |bucket| {
             Box::pin(async move {
                 transition(&bucket, &id, "recording a renewed time to live", &node, |record| {
                     record.expires_at_ns = Some(nanos(expires_at));
@@ -416,7 +456,7 @@ impl TaskStore for ClusterStore {
         let ids = ids.to_vec();
         self.call("deleting records", move |bucket| {
             Box::pin(async move {
-                let mut patience = Patience::starting_now();
+                let mut patience = Patience::starting_now(&bucket);
                 for key in keys {
                     while let Err(error) = bucket.kv.purge(key.as_str()).await {
                         patience.again("deleting records", error).await?;

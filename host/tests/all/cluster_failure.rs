@@ -286,3 +286,66 @@ async fn a_killed_nodes_output_is_read_on_where_its_owner_left_off() {
     assert_eq!(std::fs::read_to_string(a_dir.join("marker")).unwrap(), "run\n", "the command ran once");
     common::stop_with_sigterm(&mut b_child).await;
 }
+
+/// A node cut off from NATS (every NATS node SIGSTOPped: the sockets stay
+/// open and nothing answers) keeps its trees running and answers its
+/// owner's reads within seconds (a read records its cursor for at most
+/// `READ_RECORD_WITHIN`), refuses a start with "cluster unavailable, retry"
+/// (that command never runs), and once NATS answers again the owner reads
+/// every line once, in order, the ones printed during the outage too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_nats_refuses_starts_clearly_and_loses_no_line() {
+    const LINES: u64 = 400;
+    let cluster = NatsCluster::start("cut-off").await;
+    let (client, mut child, dir) = serve_node_with(&cluster, "a", temp_dir("cluster-cut-off-a"), "").await;
+    let command = format!("for i in $(seq 1 {LINES}); do echo \"$i;\"; sleep 0.05; done");
+    let id = id_of(&call(client.peer(), "bash", json!({"command": command, "run_in_background": true})).await);
+    let mut lines = common::NumberedLines::new();
+    let read = async |lines: &mut common::NumberedLines, context: &str| -> Option<String> {
+        let answer = texts(&call(client.peer(), "task_output", json!({"task_id": id})).await).remove(0);
+        if answer.starts_with("cluster unavailable, retry") {
+            return None; // nothing was consumed
+        }
+        let (body, status) = answer.rsplit_once('\n').unwrap_or(("", &answer));
+        if body != "(no new output)" {
+            lines.take(&format!("{body}\n"), |n| n.to_string(), context);
+        }
+        Some(status.to_string())
+    };
+    while lines.next < 5 {
+        read(&mut lines, "before the outage").await;
+    }
+
+    for node in 0..3 {
+        cluster.pause(node);
+    }
+    let asked = std::time::Instant::now();
+    let during = read(&mut lines, "during the outage").await;
+    let read_took = asked.elapsed();
+    assert!(read_took < Duration::from_secs(15), "a read during the outage took {read_took:?} ({during:?})");
+    let asked = std::time::Instant::now();
+    let refused = call(
+        client.peer(),
+        "bash",
+        json!({"command": "echo run >> refused-marker; exec sleep 600", "run_in_background": true}),
+    )
+    .await;
+    let start_took = asked.elapsed();
+    assert!(common::is_error(&refused), "a start during the outage: {:?}", texts(&refused));
+    assert!(texts(&refused)[0].contains("cluster unavailable, retry"), "{:?}", texts(&refused));
+    assert!(start_took < Duration::from_secs(30), "the refusal took {start_took:?}");
+    for node in 0..3 {
+        cluster.resume(node);
+    }
+
+    loop {
+        match read(&mut lines, "after the outage").await {
+            Some(status) if status.starts_with("[status: completed") => break,
+            Some(status) => assert_eq!(status, "[status: running]"),
+            None => {}
+        }
+    }
+    assert_eq!(lines.next, LINES + 1, "every line once");
+    assert!(!dir.join("refused-marker").exists(), "the refused start ran");
+    common::stop_with_sigterm(&mut child).await;
+}

@@ -7,7 +7,11 @@
 //! fails only when the store cannot record the task (write-ahead: no id is
 //! returned for a task a restart would not know); the work the runner
 //! started is then stopped, and the refused id is never issued again.
-//! A start refused before its runner allocates no id.
+//! A start refused before its runner allocates no id, except with a store
+//! that fences launches ([`TaskStore::fences_launches`](crate::tasks::store::TaskStore::fences_launches)): there the id is
+//! issued and the start recorded *before* the runner, so a start the store
+//! cannot record never runs; a runner that then fails has its record
+//! deleted (the id is never issued again).
 
 use super::guards::{Reservation, release_start};
 use super::settle::{WatchedTask, Watcher};
@@ -34,13 +38,28 @@ impl TaskRegistry {
         let reservation = self.preflight(&kind, &label, owner.as_ref()).inspect_err(|error| {
             span.in_scope(|| tracing::debug!(%error, "start refused in preflight"));
         })?;
+        let identity = Identity { kind, label, owner, producer_info, options };
+        let launch = if self.shared.store.fences_launches() {
+            let launch = self.launch(&identity).inspect_err(|error| {
+                span.in_scope(|| tracing::error!(%error, "start refused: the store cannot record it; nothing ran"));
+            })?;
+            span.record("task", launch.id.as_str());
+            Some(launch)
+        } else {
+            None
+        };
 
-        let hooks = crate::panics::contained(run())
-            .instrument(span.clone())
-            .await
-            .map_err(|cause| TaskError::Producer { context: format!("starting {kind} task failed"), cause })?;
+        let hooks = match crate::panics::contained(run()).instrument(span.clone()).await {
+            Ok(hooks) => hooks,
+            Err(cause) => {
+                if let Some(launch) = &launch {
+                    self.unlaunch(launch);
+                }
+                return Err(TaskError::Producer { context: format!("starting {} task failed", identity.kind), cause });
+            }
+        };
 
-        let id = match self.register(reservation, Identity { kind, label, owner, producer_info, options }, hooks) {
+        let id = match self.register_launched(reservation, identity, hooks, launch) {
             Ok(id) => id,
             Err((error, hooks)) => {
                 span.in_scope(
@@ -81,11 +100,23 @@ impl TaskRegistry {
         identity: Identity,
         hooks: TaskHooks,
     ) -> Result<TaskId, (TaskError, TaskHooks)> {
+        self.register_launched(reservation, identity, hooks, None)
+    }
+
+    /// As [`Self::register`], for a start already recorded by `launch`.
+    #[allow(clippy::result_large_err)]
+    fn register_launched(
+        &self,
+        reservation: Reservation,
+        identity: Identity,
+        hooks: TaskHooks,
+        launch: Option<Launch>,
+    ) -> Result<TaskId, (TaskError, TaskHooks)> {
         let control = hooks.control.clone();
         let owner_session = identity.owner.as_ref().map(|agent| agent.session().clone());
         let stable_owner = identity.owner.as_ref().is_some_and(Agent::is_durable);
         let ttl = identity.options.ttl.or(self.shared.config.default_ttl_for(stable_owner));
-        let (id, cancel_now) = self.commit(reservation, identity, hooks)?;
+        let (id, cancel_now) = self.commit(reservation, identity, hooks, launch)?;
         if let Some(ttl) = ttl {
             self.arm_ttl(&id, ttl);
         }
@@ -174,45 +205,28 @@ impl TaskRegistry {
         mut reservation: Reservation,
         identity: Identity,
         hooks: TaskHooks,
+        launch: Option<Launch>,
     ) -> Result<(TaskId, bool), (TaskError, TaskHooks)> {
-        let Identity { kind, label, owner, producer_info, options } = identity;
         // Whatever needs no id is made before the lock is taken.
-        let started_at = unix_nanos(SystemTime::now());
-        let label = label.into_boxed_str();
-        let producer_info = producer_info.map(String::into_boxed_str);
+        let started_at = launch.as_ref().map_or_else(|| unix_nanos(SystemTime::now()), |launch| launch.started_at);
+        let durable_owner = identity.owner.as_ref().is_some_and(Agent::is_durable);
+        let tree = hooks.control.handed_over_tree().filter(|_| durable_owner).map(StoredTree::new);
         let streams_output = hooks.control.streams_output();
         reservation.armed = false;
         let mut state = self.shared.lock();
         let bucket_key = reservation.bucket_key;
         release_start(&mut state, &self.shared, bucket_key);
 
-        let mut counter = match state.next_id_by_kind.get_mut(kind.as_str()) {
-            Some(next) => {
-                *next += 1;
-                *next
-            }
-            None => 1,
+        let id = match &launch {
+            Some(launch) => launch.id.clone(),
+            None => self.issue_id(&mut state, &identity.kind),
         };
-        // The store may know higher numbers (an earlier process, another
-        // process sharing it): ids are never reused.
-        match self.shared.store.issue_number(&kind, counter) {
-            Ok(issued) if issued > counter => {
-                counter = issued;
-                if let Some(next) = state.next_id_by_kind.get_mut(kind.as_str()) {
-                    *next = issued;
-                }
-            }
-            Ok(_) => {}
-            Err(error) => {
-                tracing::error!(kind = %kind, store = %self.shared.store.describe(), %error, "cannot issue an id through the store; issuing from memory");
-            }
-        }
-        let id = TaskId::issue(&kind, counter);
+        let unrecorded = launch.is_none().then(|| self.stored_task(&id, &identity, started_at, tree.clone()));
+        let Identity { kind, label, owner, producer_info, options } = identity;
+        let label = label.into_boxed_str();
+        let producer_info = producer_info.map(String::into_boxed_str);
         // A valid kind has at most 64 bytes.
         let kind_len = u8::try_from(kind.len()).expect("a valid kind is at most 64 bytes");
-        if !state.next_id_by_kind.contains_key(kind.as_str()) {
-            state.next_id_by_kind.insert(kind, counter);
-        }
         let mut owner_ref = None;
         if let Some(scope) = bucket_key.and_then(|k| state.owner_scopes.get_mut(&k)) {
             owner_ref = Some(scope.owner.clone());
@@ -226,27 +240,21 @@ impl TaskRegistry {
         // whose record is missing would vanish at a restart (its tree
         // unowned), and an MCP task must be durably created before it is
         // announced. The refused number is never issued again.
-        let mut stored = StoredTask::new(
-            id.clone(),
-            &id.as_str()[..usize::from(kind_len)],
-            &*label,
-            SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at),
-        );
-        stored.owner = owner.as_ref().map(|o| StoredOwner::new(o.session.clone(), o.durable));
-        stored.producer_info = producer_info.as_deref().map(str::to_string);
-        // Kept only for a stable owner: nobody else's task outlives this process.
-        let ttl = options.ttl.or(self.shared.config.default_ttl_for(owner.as_ref().is_some_and(|o| o.durable)));
-        let expires_at = ttl.map(|ttl| SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at) + ttl);
-        stored.options = StoredOptions::of(&options, ttl, expires_at);
-        stored.tree =
-            hooks.control.handed_over_tree().filter(|_| owner.as_ref().is_some_and(|o| o.durable)).map(StoredTree::new);
-        if let Err(error) = self.shared.store.record_start(&stored) {
-            let error = TaskError::NotRecorded {
-                id: id.clone(),
-                store: self.shared.store.describe(),
-                cause: error.to_string(),
-            };
-            return Err((error, hooks));
+        if let Some(stored) = unrecorded {
+            if let Err(error) = self.shared.store.record_start(&stored) {
+                let error = TaskError::NotRecorded {
+                    id: id.clone(),
+                    store: self.shared.store.describe(),
+                    cause: error.to_string(),
+                };
+                return Err((error, hooks));
+            }
+        } else if let Some(tree) = &tree
+            && let Err(error) = self.shared.store.record_tree(&id, tree)
+        {
+            // The work runs and its start is recorded: it is kept; only a
+            // restart would not find its tree (it then reports it lost).
+            tracing::error!(task = %id, store = %self.shared.store.describe(), %error, "cannot record the started task's tree");
         }
 
         let TaskHooks { control, done } = hooks;
@@ -293,6 +301,70 @@ impl TaskRegistry {
             let _ = self.shared.events.send(TaskEvent::Started { task: record.snapshot() });
         }
         Ok((id, cancel_now))
+    }
+}
+
+/// A start recorded before its runner ran (a store that fences launches).
+pub(super) struct Launch {
+    id: TaskId,
+    started_at: u64,
+}
+
+impl TaskRegistry {
+    /// Issues the next id of `kind`: above every number this registry and
+    /// the store issued (an earlier process, another sharing the store).
+    fn issue_id(&self, state: &mut State, kind: &str) -> TaskId {
+        let mut counter = match state.next_id_by_kind.get_mut(kind) {
+            Some(next) => {
+                *next += 1;
+                *next
+            }
+            None => 1,
+        };
+        match self.shared.store.issue_number(kind, counter) {
+            Ok(issued) if issued > counter => counter = issued,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(kind = %kind, store = %self.shared.store.describe(), %error, "cannot issue an id through the store; issuing from memory");
+            }
+        }
+        state.next_id_by_kind.insert(kind.to_string(), counter);
+        TaskId::issue(kind, counter)
+    }
+
+    /// The record of a start of `identity` as id `id`.
+    fn stored_task(&self, id: &TaskId, identity: &Identity, started_at: u64, tree: Option<StoredTree>) -> StoredTask {
+        let started = SystemTime::UNIX_EPOCH + Duration::from_nanos(started_at);
+        let mut stored = StoredTask::new(id.clone(), &identity.kind, &identity.label, started);
+        let durable = identity.owner.as_ref().is_some_and(Agent::is_durable);
+        stored.owner = identity.owner.as_ref().map(|agent| StoredOwner::new(agent.session().clone(), durable));
+        stored.producer_info.clone_from(&identity.producer_info);
+        // Kept only for a stable owner: nobody else's task outlives this process.
+        let ttl = identity.options.ttl.or(self.shared.config.default_ttl_for(durable));
+        let expires_at = ttl.map(|ttl| started + ttl);
+        stored.options = StoredOptions::of(&identity.options, ttl, expires_at);
+        stored.tree = tree;
+        stored
+    }
+
+    /// Issues the start's id and records it before anything runs.
+    fn launch(&self, identity: &Identity) -> Result<Launch, TaskError> {
+        let started_at = unix_nanos(SystemTime::now());
+        let id = self.issue_id(&mut self.shared.lock(), &identity.kind);
+        let stored = self.stored_task(&id, identity, started_at, None);
+        self.shared.store.record_start(&stored).map_err(|error| TaskError::NotRecorded {
+            id: id.clone(),
+            store: self.shared.store.describe(),
+            cause: error.to_string(),
+        })?;
+        Ok(Launch { id, started_at })
+    }
+
+    /// Deletes the record of a launch whose runner failed (nothing runs).
+    fn unlaunch(&self, launch: &Launch) {
+        if let Err(error) = self.shared.store.forget(std::slice::from_ref(&launch.id)) {
+            tracing::error!(task = %launch.id, store = %self.shared.store.describe(), %error, "cannot delete the record of a start whose runner failed; a restart reports it lost");
+        }
     }
 }
 

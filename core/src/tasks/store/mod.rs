@@ -274,6 +274,23 @@ pub trait TaskStore: Send + Sync + 'static {
     /// counter. Refuses an id already held.
     fn record_start(&self, task: &StoredTask) -> Result<(), StoreError>;
 
+    /// True when a start is recorded *before* its work runs (the launch
+    /// fence: a start the store cannot record never runs, so a client that
+    /// asks again after a refusal cannot make it run twice). The registry
+    /// then calls [`Self::record_start`] without a tree before the runner,
+    /// and [`Self::record_tree`] once the runner handed one over. Default:
+    /// false (the record is written once the work runs, with its tree).
+    fn fences_launches(&self) -> bool {
+        false
+    }
+
+    /// Adds the tree a fenced start's work handed over to its record
+    /// ([`Self::fences_launches`]). Default: not kept.
+    fn record_tree(&self, id: &TaskId, tree: &StoredTree) -> Result<(), StoreError> {
+        let _ = (id, tree);
+        Ok(())
+    }
+
     /// `running` → `stopping`: a stop was requested. False when the record
     /// is not running (already stopping, ended, or unknown).
     fn request_stop(&self, id: &TaskId) -> Result<bool, StoreError>;
