@@ -23,6 +23,8 @@
 //! - **Refused when unrecorded.** A start whose [`TaskStore::record_start`]
 //!   fails is refused ([`crate::tasks::TaskError::NotRecorded`]) and its
 //!   work stopped: no id is returned for a task a restart would not know.
+//!   With [`TaskStore::fences_launches`], the start is recorded before its
+//!   work runs, so a refused start ran nothing.
 
 mod memory;
 
