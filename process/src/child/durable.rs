@@ -141,8 +141,9 @@ impl DurablePlan {
                     state.deadline_hit = true;
                     self.end_tree(child);
                 }
-                if state.orphan_check && monotonic_millis() >= state.next_orphan_check {
-                    state.next_orphan_check = monotonic_millis() + i64::from(ORPHAN_CHECK_MS);
+                let now = monotonic_millis();
+                if state.orphan_check && now >= state.next_orphan_check {
+                    state.next_orphan_check = now + i64::from(ORPHAN_CHECK_MS);
                     if self.logs_unlinked() {
                         state.orphan_check = false;
                         self.end_tree(child);

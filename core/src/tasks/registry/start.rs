@@ -210,7 +210,7 @@ impl TaskRegistry {
         // Whatever needs no id is made before the lock is taken.
         let started_at = launch.as_ref().map_or_else(|| unix_nanos(SystemTime::now()), |launch| launch.started_at);
         let durable_owner = identity.owner.as_ref().is_some_and(Agent::is_durable);
-        let tree = hooks.control.handed_over_tree().filter(|_| durable_owner).map(StoredTree::new);
+        let mut tree = hooks.control.handed_over_tree().filter(|_| durable_owner).map(StoredTree::new);
         let streams_output = hooks.control.streams_output();
         reservation.armed = false;
         let mut state = self.shared.lock();
@@ -221,7 +221,8 @@ impl TaskRegistry {
             Some(launch) => launch.id.clone(),
             None => self.issue_id(&mut state, &identity.kind),
         };
-        let unrecorded = launch.is_none().then(|| self.stored_task(&id, &identity, started_at, tree.clone()));
+        // Without a launch the tree goes in the start's record; with one, in its own write.
+        let unrecorded = launch.is_none().then(|| self.stored_task(&id, &identity, started_at, tree.take()));
         let Identity { kind, label, owner, producer_info, options } = identity;
         let label = label.into_boxed_str();
         let producer_info = producer_info.map(String::into_boxed_str);
